@@ -1,0 +1,5 @@
+"""`python -m kimideploy` runs the CLI."""
+
+from kimideploy.cli.main import entrypoint
+
+entrypoint()

@@ -1,0 +1,1 @@
+"""The command line: thin click commands over services; the only importer of click."""

@@ -1,0 +1,66 @@
+"""Entry point: global options, command registration and the one error boundary."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from kimideploy import __version__
+from kimideploy.cli import config_cmd, drafter_cmd, render_cmd, up_cmd
+from kimideploy.cli.context import CliState
+from kimideploy.errors import ExitCode, KimiDeployError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+    help="Project file (default: ./kimideploy.yaml, else the built-in example).",
+)  # fmt: skip
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(__version__, prog_name="kimideploy")
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None, debug: bool) -> None:
+    """Deploy, train and measure EAGLE-3 speculative decoding for Kimi-K2.5 on Kubernetes.
+
+    Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 cluster unreachable or
+    forbidden, 4 rollout or job failed, 130 interrupted.
+    """
+    ctx.obj = CliState(config_path=config_path, debug=debug)
+
+
+cli.add_command(render_cmd.render)
+cli.add_command(up_cmd.up)
+cli.add_command(drafter_cmd.drafter)
+cli.add_command(config_cmd.config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; KimiDeployError becomes a message, a hint and its documented exit code."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="kimideploy", standalone_mode=False)
+    except KimiDeployError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        return int(ExitCode.INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        return int(ExitCode.USAGE)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return int(ExitCode.INTERRUPTED)
+    return int(ExitCode.OK)
+
+
+def entrypoint() -> None:
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Project configuration: strict models of kimideploy.yaml, and loading with clear errors."""

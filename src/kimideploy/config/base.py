@@ -1,0 +1,63 @@
+"""Shared building blocks of the config models: strictness, names, quantities, digests."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+_QUANTITY = re.compile(
+    r"^(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
+)
+_BINARY_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL_SUFFIX = {
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+    "E": 1e18,
+}  # fmt: skip
+
+
+class StrictModel(BaseModel):
+    """User-written config: unknown keys are errors, values are immutable once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def is_quantity(value: str) -> bool:
+    """True when value is a Kubernetes resource quantity such as 500Gi, 64, 1.5, 250m or 1e3."""
+    return bool(_QUANTITY.match(value))
+
+
+def quantity_to_float(value: str) -> float:
+    """The numeric value of a quantity in base units (bytes for memory, cores for cpu)."""
+    if not is_quantity(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    match = re.match(r"^([0-9.]+)(.*)$", value)
+    assert match is not None
+    number, suffix = float(match.group(1)), match.group(2)
+    if suffix in _BINARY_SUFFIX:
+        return number * _BINARY_SUFFIX[suffix]
+    if suffix in _DECIMAL_SUFFIX:
+        return number * _DECIMAL_SUFFIX[suffix]
+    return float(value)
+
+
+def _check_quantity(value: str) -> str:
+    if not is_quantity(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 500Gi, 64, 250m)")
+    return value
+
+
+Quantity = Annotated[str, AfterValidator(_check_quantity)]
+"""A Kubernetes quantity string, checked at load time so the error names the config path."""
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?$")]
+"""A DNS-label-like name usable in Kubernetes object names and labels."""
+
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+"""An OCI content digest; images are only ever referenced by digest."""
+
+GitRevision = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
+"""A full 40-hex commit of a Hugging Face repository; branches are not pins."""
+
+Port = Annotated[int, Field(ge=1, le=65535)]

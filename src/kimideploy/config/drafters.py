@@ -1,0 +1,77 @@
+"""The drafter registry: every EAGLE-3 drafter the team has, with its layer-id convention."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from kimideploy.config.base import GitRevision, StrictModel
+
+NO_DRAFTER = "none"
+"""Reserved drafter name: non-speculative serving."""
+
+LayerConvention = Literal["vllm", "sglang"]
+
+
+class HubSource(StrictModel):
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: GitRevision
+
+
+class DrafterSource(StrictModel):
+    """Exactly one of: a pinned Hugging Face repository, or a path on the models volume."""
+
+    hub: HubSource | None = None
+    path: str | None = Field(
+        default=None, pattern=r"^[\w.][\w./-]*$", description="Relative to the models volume."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DrafterSource:
+        if (self.hub is None) == (self.path is None):
+            raise ValueError("give exactly one of 'hub' or 'path'")
+        return self
+
+
+class Lineage(StrictModel):
+    """Where a drafter came from; `drafter check` compares it with the target."""
+
+    trained_for: str = Field(description="Target repo id the drafter was trained against.")
+    trained_for_revision: GitRevision | None = None
+    base_drafter: str | None = None
+    dataset: str | None = Field(default=None, description="Dataset path or name.")
+    samples: Annotated[int, Field(ge=0)] | None = None
+    training_run: str | None = None
+    notes: str = ""
+
+
+class Drafter(StrictModel):
+    """One EAGLE-3 drafter. Layer ids are stored in the convention they were written in."""
+
+    description: str = ""
+    method: Literal["eagle3"] = "eagle3"
+    source: DrafterSource
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 3
+    aux_layer_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        min_length=1,
+        max_length=8,
+        description="Aux hidden-state layer ids, in `layer_id_convention`.",
+    )
+    layer_id_convention: LayerConvention = Field(
+        description="vllm: id k is the input of layer k; sglang: id k is the output of layer k."
+    )
+    draft_vocab_size: Annotated[int, Field(ge=256, le=1_048_576)] = 32000
+    draft_tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        default=None, description="sha256 of model.safetensors, checked before serving."
+    )
+    status: Literal["planned", "candidate", "promoted", "rejected"] = Field(
+        default="candidate", description="Team verdict; the promotion gate records measured ones."
+    )
+    lineage: Lineage
+
+
+def to_vllm_layer_ids(ids: list[int], convention: LayerConvention) -> list[int]:
+    """Convert ids to vLLM's convention (id k = input of layer k): SGLang's output of k is k+1."""
+    return list(ids) if convention == "vllm" else [k + 1 for k in ids]

@@ -1,0 +1,42 @@
+"""The image matrix: named, pinned container images and what is inside them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kimideploy.config.base import Digest, StrictModel
+
+CudaArch = Literal["sm_90", "sm_100", "sm_103", "sm_120"]
+
+
+class Image(StrictModel):
+    """A pinned image. Manifests reference `repository@digest`, never a tag."""
+
+    repository: str = Field(description="Registry path without tag, e.g. ghcr.io/org/vllm.")
+    digest: Digest = Field(description="Pushed digest; `kimideploy image lock` records it.")
+    role: Literal["serve", "train", "tools"] = Field(
+        description="serve: vLLM server; train: extraction and training; tools: CPU-only jobs."
+    )
+    base: str = Field(description="Base image, by digest (repository@sha256:...).")
+    python: Annotated[str, Field(pattern=r"^3\.\d+$")]
+    cuda: Annotated[str, Field(pattern=r"^\d+\.\d+$")] | None = Field(
+        default=None, description="CUDA toolkit version; none for CPU-only images."
+    )
+    torch: str
+    vllm: str | None = Field(default=None, description="vLLM version, when installed.")
+    speculators: str | None = Field(default=None, description="speculators version, if any.")
+    cuda_archs: list[CudaArch] = Field(
+        default_factory=list, description="GPU architectures the image's kernels are built for."
+    )
+    patches: list[str] = Field(
+        default_factory=list, description="Patch files under docker/patches/vllm-<version>/."
+    )
+    run_as_user: Annotated[int, Field(ge=0)] = Field(
+        default=1000, description="UID the workload runs as (0 only where it must)."
+    )
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}@{self.digest}"

@@ -1,0 +1,233 @@
+"""Reading kimideploy.yaml into a Project, with errors that name the file, line and dotted path."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kimideploy.config.project import Project, reference_issues
+from kimideploy.errors import ConfigError
+from kimideploy.paths import example_config_path
+
+CONFIG_FILE_NAME = "kimideploy.yaml"
+
+
+@dataclass(frozen=True)
+class LoadedProject:
+    """A validated project plus where it came from (for messages and the config hash)."""
+
+    project: Project
+    path: Path
+    sha256: str
+
+
+def default_config_path(cwd: Path | None = None) -> Path:
+    """./kimideploy.yaml when present, else the built-in example."""
+    local = (cwd or Path.cwd()) / CONFIG_FILE_NAME
+    return local if local.is_file() else example_config_path()
+
+
+def load_project(path: Path) -> LoadedProject:
+    """Parse and validate a project file; every problem is reported at once, with its location."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot read the project file ({exc.strerror})",
+            hint="pass --config PATH, or run from a folder that has kimideploy.yaml",
+        ) from exc
+    data, lines = _parse_yaml(path, text)
+    project = _validate(path, data, lines)
+    issues = reference_issues(project)
+    if issues:
+        _raise(path, [_format(path, loc, message, lines) for loc, message in issues])
+    return LoadedProject(
+        project=project, path=path, sha256=hashlib.sha256(text.encode()).hexdigest()
+    )
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str | int, ...], int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(
+            f"{where}: invalid YAML: {problem}", hint="fix the syntax and retry"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    lines: dict[tuple[str | int, ...], int] = {}
+    _index_lines(node, (), lines)
+    return data, lines
+
+
+def _index_lines(node: yaml.Node | None, path: tuple[str | int, ...], out: dict[Any, int]) -> None:
+    """Map each dotted path to the 1-based line where its value starts, for error messages."""
+    if node is None:
+        return
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            out[(*path, key.value)] = key.start_mark.line + 1
+            _index_lines(value, (*path, key.value), out)
+            out[(*path, key.value)] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _index_lines(item, (*path, index), out)
+
+
+def _validate(path: Path, data: Any, lines: dict[Any, int]) -> Project:
+    try:
+        return Project.model_validate(data)
+    except ValidationError as exc:
+        messages = [
+            _format(path, _clean_loc(err["loc"]), _message(err, data), lines)
+            for err in exc.errors()
+        ]
+        _raise(path, messages)
+    raise AssertionError("unreachable")
+
+
+def _raise(path: Path, messages: list[str]) -> None:
+    count = len(messages)
+    summary = f"{path}: {count} problem{'s' if count != 1 else ''} in the project file"
+    raise ConfigError(
+        summary + "\n  " + "\n  ".join(messages),
+        hint=f"fix {path.name} and run again; `kimideploy config schema` shows every key",
+        issues=messages,
+    )
+
+
+def _clean_loc(loc: Iterable[Any]) -> tuple[str | int, ...]:
+    # pydantic inserts the chosen union member (e.g. 'str' or 'literal[...]') into locations.
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int"})))
+
+
+def _format(path: Path, loc: tuple[str | int, ...], message: str, lines: dict[Any, int]) -> str:
+    line = _nearest_line(loc, lines)
+    where = f"{path.name}:{line}" if line else path.name
+    return f"{where}: {dotted(loc) or '(top level)'}: {message}"
+
+
+def _nearest_line(loc: tuple[str | int, ...], lines: dict[Any, int]) -> int | None:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def dotted(loc: Iterable[str | int]) -> str:
+    """drafters.v3.aux_layer_ids[2] style path."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _message(err: Any, data: Any) -> str:
+    kind, ctx = err["type"], err.get("ctx", {})
+    if kind == "extra_forbidden":
+        return f"unknown key (valid keys here: {_valid_keys(err['loc'])})"
+    if kind == "missing":
+        return "required key is missing"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        return _bounds_message(err["loc"]) or err["msg"].lower()
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}"
+    if kind == "string_pattern_mismatch":
+        return f"{err['input']!r} does not match the pattern {ctx.get('pattern')}"
+    message: str = err["msg"]
+    return message.removeprefix("Value error, ")
+
+
+def _walk_field(loc: Iterable[Any]) -> Any:
+    """The pydantic FieldInfo at a location, following models, dict values and list items."""
+    annotation: Any = Project
+    field = None
+    for part in loc:
+        annotation = _unwrap(annotation)
+        origin = get_origin(annotation)
+        if origin is dict:
+            annotation = get_args(annotation)[1]
+        elif origin in (list, tuple):
+            annotation = get_args(annotation)[0]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(part)
+            if field is None:
+                return None
+            annotation = field.annotation
+        else:
+            return None
+    return field
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Annotated[...] and Optional[...] down to the one type that matters."""
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation = get_args(annotation)[0]
+            continue
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        if get_origin(annotation) in (Union, UnionType) and len(members) == 1:
+            annotation = members[0]
+            continue
+        return annotation
+
+
+def _inner_model(annotation: Any) -> Any:
+    stack = [annotation]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item
+        stack.extend(getattr(item, "__args__", ()))
+    return None
+
+
+def _valid_keys(loc: tuple[Any, ...]) -> str:
+    field = _walk_field(loc[:-1]) if len(loc) > 1 else None
+    model = _inner_model(field.annotation) if field is not None else Project
+    return ", ".join(model.model_fields) if model is not None else "?"
+
+
+def _bounds_message(loc: tuple[Any, ...]) -> str | None:
+    field = _walk_field(loc)
+    if field is None:
+        return None
+    bounds: dict[str, float] = {}
+    for meta in _all_metadata(field):
+        for attr in ("ge", "gt", "le", "lt"):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                bounds[attr] = value
+    low = bounds.get("ge", bounds.get("gt"))
+    high = bounds.get("le", bounds.get("lt"))
+    if low is not None and high is not None and "gt" not in bounds and "lt" not in bounds:
+        return f"must be between {low:g} and {high:g}"
+    if "gt" in bounds:
+        return f"must be greater than {bounds['gt']:g}"
+    if low is not None:
+        return f"must be at least {low:g}"
+    return f"must be at most {high:g}" if high is not None else None
+
+
+def _all_metadata(field: Any) -> list[Any]:
+    found = list(field.metadata)
+    stack = [field.annotation]
+    while stack:
+        item = stack.pop()
+        found.extend(getattr(item, "__metadata__", ()))
+        stack.extend(getattr(item, "__args__", ()))
+        for meta in getattr(item, "__metadata__", ()):
+            found.extend(getattr(meta, "metadata", ()))
+    return found

@@ -1,0 +1,138 @@
+"""The root of kimideploy.yaml and the cross-references pydantic cannot check field by field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import Field, field_validator
+
+from kimideploy.config.base import Name, StrictModel
+from kimideploy.config.clusters import Cluster
+from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
+from kimideploy.config.images import Image
+from kimideploy.config.target import TargetModel
+from kimideploy.config.workloads import GPU_WORKLOADS
+
+Path = tuple[str | int, ...]
+Issue = tuple[Path, str]
+"""A problem found after field validation: (path, message)."""
+
+
+class Project(StrictModel):
+    """Everything kimideploy knows about one model's speculative-decoding lifecycle."""
+
+    name: Name = Field(description="Release prefix; objects are named <name>-<workload>.")
+    default_cluster: Name = Field(description="Cluster used when --cluster is not given.")
+    model: TargetModel
+    images: dict[Name, Image] = Field(min_length=1)
+    clusters: dict[Name, Cluster] = Field(min_length=1)
+    drafters: dict[Name, Drafter] = Field(default_factory=dict)
+
+    @field_validator("drafters")
+    @classmethod
+    def _none_is_reserved(cls, drafters: dict[str, Drafter]) -> dict[str, Drafter]:
+        if NO_DRAFTER in drafters:
+            raise ValueError(f"'{NO_DRAFTER}' is reserved for non-speculative serving")
+        return drafters
+
+
+def _choices(names: Iterable[str]) -> str:
+    return ", ".join(sorted(names))
+
+
+def reference_issues(project: Project) -> list[Issue]:
+    """Names that point nowhere, images that cannot run on a cluster, ids out of range."""
+    issues: list[Issue] = []
+    if project.default_cluster not in project.clusters:
+        message = f"unknown cluster '{project.default_cluster}'"
+        issues.append((("default_cluster",), f"{message} (valid: {_choices(project.clusters)})"))
+    for cluster_name, cluster in project.clusters.items():
+        issues += _image_issues(project, cluster_name, cluster)
+        issues += _cluster_issues(project, cluster_name, cluster)
+    for drafter_name, drafter in project.drafters.items():
+        issues += _drafter_issues(project, drafter_name, drafter)
+    return issues
+
+
+def _image_issues(project: Project, name: str, cluster: Cluster) -> list[Issue]:
+    issues: list[Issue] = []
+    for workload, image_name in cluster.images.model_dump().items():
+        path: Path = ("clusters", name, "images", workload)
+        image = project.images.get(image_name)
+        if image is None:
+            valid = _choices(project.images)
+            issues.append((path, f"unknown image '{image_name}' (valid: {valid})"))
+            continue
+        if workload in GPU_WORKLOADS and cluster.gpu.arch not in image.cuda_archs:
+            built = ", ".join(image.cuda_archs) or "no GPU"
+            message = f"image '{image_name}' is built for {built}, not {cluster.gpu.arch}"
+            issues.append((path, f"{message} ({cluster.gpu.product})"))
+        if workload == "serve" and image.vllm is None:
+            issues.append((path, f"image '{image_name}' has no vLLM; serve needs one"))
+    return issues
+
+
+def _cluster_issues(project: Project, name: str, cluster: Cluster) -> list[Issue]:
+    issues: list[Issue] = []
+    train_path: Path = ("clusters", name, "workloads", "train")
+    train = cluster.workloads.train
+    for field, drafter_name in (("drafter", train.drafter), ("base_drafter", train.base_drafter)):
+        if drafter_name is not None and drafter_name not in project.drafters:
+            valid = _choices(project.drafters)
+            message = f"unknown drafter '{drafter_name}' (valid: {valid})"
+            issues.append(((*train_path, field), message))
+    trained = project.drafters.get(train.drafter)
+    if trained is not None and trained.source.path is None:
+        message = (
+            f"drafter '{train.drafter}' comes from the hub; training writes its output to the "
+            "models volume, so give the drafter a source.path"
+        )
+        issues.append(((*train_path, "drafter"), message))
+    if train.nodes > cluster.nodes:
+        message = f"{train.nodes} nodes requested but the cluster has {cluster.nodes}"
+        issues.append(((*train_path, "nodes"), message))
+    copies = cluster.workloads.serve.replicas + 1
+    if cluster.rollout == "rolling" and cluster.total_gpus < copies * cluster.gpu.per_node:
+        message = (
+            f"a rolling update needs room for {copies} copies of {cluster.gpu.per_node} GPUs; "
+            f"the cluster has {cluster.total_gpus} (use recreate or auto)"
+        )
+        issues.append((("clusters", name, "rollout"), message))
+    if cluster.workloads.extract.gpus_per_shard > cluster.gpu.per_node:
+        message = f"a node has only {cluster.gpu.per_node} GPUs"
+        issues.append((("clusters", name, "workloads", "extract", "gpus_per_shard"), message))
+    usable = cluster.gpu.per_node * cluster.gpu.memory_gb * 0.9
+    if project.model.weights_gb > usable:
+        message = (
+            f"{project.model.weights_gb:g} GB of weights do not fit on one node "
+            f"({cluster.gpu.per_node} x {cluster.gpu.memory_gb:g} GB, 90% usable)"
+        )
+        issues.append((("clusters", name, "gpu"), message))
+    return issues
+
+
+def _drafter_issues(project: Project, name: str, drafter: Drafter) -> list[Issue]:
+    issues: list[Issue] = []
+    path: Path = ("drafters", name)
+    layers = project.model.num_hidden_layers
+    convention = drafter.layer_id_convention
+    vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, convention)
+    # vLLM id k is the residual entering layer k, so 1..n-1 are the inner layers' outputs.
+    low, high = (1, layers - 1) if convention == "vllm" else (0, layers - 2)
+    for index, (written, vllm_id) in enumerate(zip(drafter.aux_layer_ids, vllm_ids, strict=True)):
+        if not 1 <= vllm_id <= layers - 1:
+            message = (
+                f"{written} is out of range for a {layers}-layer target in the {convention} "
+                f"convention ({low}..{high})"
+            )
+            issues.append(((*path, "aux_layer_ids", index), message))
+    if len(set(vllm_ids)) != len(vllm_ids):
+        issues.append(((*path, "aux_layer_ids"), "layer ids must be distinct"))
+    if drafter.draft_vocab_size > project.model.vocab_size:
+        message = f"must not exceed the target vocabulary ({project.model.vocab_size})"
+        issues.append(((*path, "draft_vocab_size"), message))
+    base = drafter.lineage.base_drafter
+    if base and base not in project.drafters:
+        message = f"unknown drafter '{base}' (valid: {_choices(project.drafters)})"
+        issues.append(((*path, "lineage", "base_drafter"), message))
+    return issues

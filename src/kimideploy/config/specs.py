@@ -1,0 +1,124 @@
+"""Workload specs: what each in-container entrypoint reads from /etc/kimideploy/spec.json.
+
+The renderer writes these and the workloads read them with the same models. Unlike the user's
+config they ignore unknown keys, so a pod running an older image accepts a spec from a newer CLI.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimideploy.config.drafters import LayerConvention
+
+SPEC_MOUNT_DIR = "/etc/kimideploy"
+SPEC_FILE_NAME = "spec.json"
+SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_FILE_NAME}"
+
+
+class SpecModel(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TargetRef(SpecModel):
+    repo: str
+    revision: str
+    served_name: str
+    path: str = Field(description="Weights directory inside the pod.")
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+
+
+class LayerSelection(SpecModel):
+    """Aux layer ids with the convention they are written in (CONTEXT §4)."""
+
+    ids: list[int]
+    convention: LayerConvention
+    vllm_ids: list[int] = Field(description="The same layers in vLLM's convention.")
+
+
+class WorkloadSpec(SpecModel):
+    workload: str
+    run_id: str
+    cluster: str
+    shards: int = 1
+    target: TargetRef
+
+
+class DatagenSpec(WorkloadSpec):
+    workload: Literal["datagen"] = "datagen"
+    prompts: str
+    output_dir: str
+    samples: int
+    endpoint: str
+    concurrency: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    request_timeout_s: int
+    max_retries: int
+
+
+class ExtractSpec(WorkloadSpec):
+    workload: Literal["extract"] = "extract"
+    conversations_dir: str
+    output_dir: str
+    layers: LayerSelection
+    dtype: str
+    backend: str
+    tensor_parallel_size: int
+    expected_bytes: int
+
+
+class VocabSpec(WorkloadSpec):
+    workload: Literal["vocab"] = "vocab"
+    conversations_dir: str
+    output_dir: str
+    draft_vocab_size: int
+
+
+class TrainSpec(WorkloadSpec):
+    workload: Literal["train"] = "train"
+    drafter: str
+    base_drafter_path: str | None
+    hidden_states_dir: str
+    vocab_dir: str
+    checkpoint_dir: str
+    output_dir: str
+    layers: LayerSelection
+    draft_vocab_size: int
+    num_speculative_tokens: int
+    mode: str
+    nodes: int
+    gpus_per_node: int
+    epochs: int
+    lr: float
+    batch_size: int
+    max_seq_len: int
+    checkpoint_every_steps: int
+
+
+class BenchSpec(WorkloadSpec):
+    workload: Literal["bench"] = "bench"
+    endpoint: str
+    metrics_url: str
+    drafter: str
+    prompt_sets: list[str]
+    concurrency: list[int]
+    num_prompts: int
+    max_tokens: int
+    results_dir: str
+
+
+class ServeSpec(WorkloadSpec):
+    """Read by the serve pod's start-up GPU check and by `drafter check`."""
+
+    workload: Literal["serve"] = "serve"
+    drafter: str
+    drafter_path: str | None
+    layers: LayerSelection | None
+    num_speculative_tokens: int | None
+    image_cuda_archs: list[str]
+    vllm_version: str | None

@@ -1,0 +1,47 @@
+"""The target model being served and accelerated (Kimi-K2.5 by default)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kimideploy.config.base import GitRevision, StrictModel
+
+
+class SecretRef(StrictModel):
+    """A reference to a key of a Kubernetes Secret; secrets are never inlined."""
+
+    name: str = Field(description="Secret name in the cluster profile's namespace.")
+    key: str = Field(description="Key inside the Secret.")
+
+
+class TargetModel(StrictModel):
+    """The model kimideploy serves, generates data with, and trains drafters for."""
+
+    repo: str = Field(
+        pattern=r"^[\w.-]+/[\w.-]+$", description="Hugging Face repository id, e.g. org/name."
+    )
+    revision: GitRevision = Field(description="Pinned commit of the repository (40 hex).")
+    quantization: Literal["int4", "fp8", "bf16"] = Field(
+        description="Weight format of the revision."
+    )
+    served_name: str = Field(description="Name the OpenAI-compatible API serves it under.")
+    architecture: str = Field(description="config.json architectures[0] of the checkpoint.")
+    model_type: str = Field(description="config.json model_type (kimi_k25 for the wrapper).")
+    text_model_type: str = Field(description="model_type of the text config (kimi_k2).")
+    num_hidden_layers: Annotated[int, Field(ge=2, le=512)]
+    hidden_size: Annotated[int, Field(ge=64, le=65536)]
+    vocab_size: Annotated[int, Field(ge=256, le=1_048_576)]
+    weights_gb: Annotated[float, Field(gt=0, description="On-disk size of the weights in GB.")]
+    max_model_len: Annotated[int, Field(ge=512, le=1_048_576)]
+    reasoning_parser: str | None = Field(default=None, description="vLLM --reasoning-parser.")
+    tool_call_parser: str | None = Field(default=None, description="vLLM --tool-call-parser.")
+    trust_remote_code: bool = True
+    hf_token: SecretRef | None = Field(
+        default=None, description="Secret holding a Hugging Face token, for gated downloads."
+    )
+
+    @property
+    def short_revision(self) -> str:
+        return self.revision[:12]

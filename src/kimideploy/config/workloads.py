@@ -1,0 +1,120 @@
+"""Per-cluster sizes and settings of each workload."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kimideploy.config.base import Name, Port, Quantity, StrictModel
+
+
+class PodResources(StrictModel):
+    cpu: Quantity
+    memory: Quantity
+
+
+class ServeSettings(StrictModel):
+    replicas: Annotated[int, Field(ge=1, le=64)] = 1
+    resources: PodResources
+    shm_size: Quantity = Field(default="64Gi", description="Memory-backed /dev/shm for NCCL.")
+    port: Port = 8000
+    startup_budget_s: Annotated[int, Field(ge=600, le=21600)] = Field(
+        default=2700, description="Time a replica may take to load weights (>= 40 min for 1T)."
+    )
+    probe_period_s: Annotated[int, Field(ge=1, le=300)] = 10
+    gpu_memory_utilization: Annotated[float, Field(gt=0.1, le=0.99)] = 0.92
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 128
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra vLLM flags, appended verbatim (checked by image verify).",
+    )
+
+
+class DatagenSettings(StrictModel):
+    prompts: str = Field(
+        description="Prompt dataset path on the datasets volume (.jsonl or .parquet)."
+    )
+    samples: Annotated[int, Field(ge=1, le=100_000_000)]
+    shards: Annotated[int, Field(ge=1, le=1024)]
+    concurrency: Annotated[int, Field(ge=1, le=4096)] = Field(
+        default=32, description="In-flight requests per shard."
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 8192
+    temperature: Annotated[float, Field(ge=0, le=2)] = 0.6
+    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    request_timeout_s: Annotated[int, Field(ge=1, le=7200)] = 900
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 5
+    expected_tokens_per_sample: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=1450, description="Planning figure for storage (828 GB / 10K samples last time)."
+    )
+    endpoint: str = Field(
+        default="serve",
+        description="'serve' for the non-speculative serve release, or an http(s) base URL.",
+    )
+    resources: PodResources
+
+
+class ExtractSettings(StrictModel):
+    shards: Annotated[int, Field(ge=1, le=1024)]
+    gpus_per_shard: Annotated[int, Field(ge=1, le=16)] = Field(
+        default=8, description="GPUs per extraction pod; the target must fit on them."
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    backend: Literal["vllm", "transformers"] = Field(
+        default="vllm", description="vllm: production path; transformers: reference path."
+    )
+    resources: PodResources
+
+
+class VocabSettings(StrictModel):
+    resources: PodResources
+
+
+class TrainSettings(StrictModel):
+    drafter: Name = Field(description="Drafter record this run produces (its layer ids and vocab).")
+    base_drafter: Name | None = Field(default=None, description="Drafter to fine-tune from.")
+    mode: Literal["offline", "online"] = Field(
+        default="offline", description="offline: stored hidden states; online: computed live."
+    )
+    nodes: Annotated[int, Field(ge=1, le=128)] = 1
+    epochs: Annotated[int, Field(ge=1, le=100)] = 5
+    lr: Annotated[float, Field(gt=0, le=1)] = 1e-4
+    batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(default=8, description="Per GPU.")
+    max_seq_len: Annotated[int, Field(ge=128, le=262_144)] = 8192
+    checkpoint_every_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    rendezvous_port: Port = 29500
+    resources: PodResources
+    shm_size: Quantity = "64Gi"
+
+
+PromptSet = Literal["chat", "reasoning"]
+PROMPT_SETS: tuple[PromptSet, ...] = ("chat", "reasoning")
+
+
+def _all_prompt_sets() -> list[PromptSet]:
+    return list(PROMPT_SETS)
+
+
+class BenchSettings(StrictModel):
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        min_length=1, description="Concurrency levels to measure."
+    )
+    prompt_sets: list[PromptSet] = Field(default_factory=_all_prompt_sets)
+    num_prompts: Annotated[int, Field(ge=1, le=100_000)] = 200
+    max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 1024
+    resources: PodResources
+
+
+class Workloads(StrictModel):
+    serve: ServeSettings
+    datagen: DatagenSettings
+    extract: ExtractSettings
+    vocab: VocabSettings
+    train: TrainSettings
+    bench: BenchSettings
+
+
+WORKLOAD_NAMES = ("datagen", "extract", "vocab", "train", "bench", "serve")
+GPU_WORKLOADS = frozenset({"serve", "extract", "train"})
+"""datagen and bench are clients of a serve release; vocab counts tokens on CPU."""

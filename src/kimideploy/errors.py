@@ -1,0 +1,61 @@
+"""The one error hierarchy: every user-facing failure carries a hint and a documented exit code."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes, documented in the README; scripts may rely on them."""
+
+    OK = 0
+    RUNTIME = 1
+    USAGE = 2
+    CLUSTER = 3
+    ROLLOUT = 4
+    INTERRUPTED = 130
+
+
+class KimiDeployError(Exception):
+    """Base of every error the CLI reports without a traceback."""
+
+    exit_code: ExitCode = ExitCode.RUNTIME
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigError(KimiDeployError):
+    """The project file is unreadable, invalid, or references something that does not exist."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, message: str, hint: str | None = None, issues: list[str] | None = None):
+        super().__init__(message, hint)
+        self.issues = issues or []
+
+
+class UsageError(KimiDeployError):
+    """A command-line argument is wrong (an unknown drafter, a malformed --set)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ManifestError(KimiDeployError):
+    """A rendered object failed schema or semantic validation; nothing was applied."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ClusterError(KimiDeployError):
+    """The cluster is unreachable, the context is missing, or an action is forbidden."""
+
+    exit_code = ExitCode.CLUSTER
+
+
+class RolloutError(KimiDeployError):
+    """A rollout or a job failed on the cluster."""
+
+    exit_code = ExitCode.ROLLOUT

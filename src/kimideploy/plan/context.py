@@ -1,0 +1,90 @@
+"""The resolved inputs of one plan: cluster, drafter and image after defaults and overrides."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from kimideploy.config.clusters import Cluster
+from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
+from kimideploy.config.images import Image
+from kimideploy.config.project import Project
+from kimideploy.config.specs import LayerSelection, TargetRef
+
+MODELS_MOUNT = "/models"
+DATASETS_MOUNT = "/data"
+HIDDEN_STATES_MOUNT = "/hidden-states"
+CHECKPOINTS_MOUNT = "/checkpoints"
+
+
+@dataclass(frozen=True)
+class Context:
+    project: Project
+    config_sha256: str
+    workload: str
+    cluster_name: str
+    cluster: Cluster
+    drafter_name: str
+    drafter: Drafter | None
+    image_name: str
+    image: Image
+    run_id: str | None
+    overrides: tuple[str, ...]
+
+    @property
+    def namespace(self) -> str:
+        return self.cluster.namespace
+
+    @property
+    def release(self) -> str:
+        return f"{self.project.name}-{self.workload}"
+
+    @property
+    def object_name(self) -> str:
+        """Serve is one long-lived release; each job run is a new, immutable object."""
+        return self.release if self.run_id is None else f"{self.release}-{self.run_id}"
+
+    def claim_name(self, claim: str) -> str:
+        return f"{self.project.name}-{claim.replace('_', '-')}"
+
+    def target_ref(self) -> TargetRef:
+        model = self.project.model
+        return TargetRef(
+            repo=model.repo,
+            revision=model.revision,
+            served_name=model.served_name,
+            path=target_model_path(self.project),
+            num_hidden_layers=model.num_hidden_layers,
+            hidden_size=model.hidden_size,
+            vocab_size=model.vocab_size,
+        )
+
+    def layers(self) -> LayerSelection:
+        assert self.drafter is not None
+        ids, convention = self.drafter.aux_layer_ids, self.drafter.layer_id_convention
+        return LayerSelection(
+            ids=list(ids), convention=convention, vllm_ids=to_vllm_layer_ids(ids, convention)
+        )
+
+
+def target_model_path(project: Project) -> str:
+    """Where `host sync-model` puts the pinned revision on the models volume."""
+    return f"{MODELS_MOUNT}/hub/{project.model.repo}/{project.model.revision}"
+
+
+def drafter_path(name: str, drafter: Drafter) -> str:
+    if drafter.source.path is not None:
+        return f"{MODELS_MOUNT}/{drafter.source.path}"
+    assert drafter.source.hub is not None
+    return f"{MODELS_MOUNT}/drafters/{drafter.source.hub.repo}/{drafter.source.hub.revision}"
+
+
+def deterministic_run_id(config_sha256: str, *parts: object) -> str:
+    """A stable id for `render`: same inputs, same names, byte-identical output."""
+    payload = json.dumps([config_sha256, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:6]
+
+
+def is_speculative(ctx: Context) -> bool:
+    return ctx.drafter_name != NO_DRAFTER

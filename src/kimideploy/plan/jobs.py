@@ -1,0 +1,222 @@
+"""Job workloads: datagen, extract, vocab, train and bench, each a new immutable Job per run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kimideploy.config.specs import (
+    SPEC_FILE_NAME,
+    SPEC_PATH,
+    BenchSpec,
+    DatagenSpec,
+    ExtractSpec,
+    TrainSpec,
+    VocabSpec,
+    WorkloadSpec,
+)
+from kimideploy.plan import pods
+from kimideploy.plan.claims import WORKLOAD_CLAIMS, HiddenStateEstimate
+from kimideploy.plan.context import (
+    CHECKPOINTS_MOUNT,
+    DATASETS_MOUNT,
+    HIDDEN_STATES_MOUNT,
+    Context,
+    drafter_path,
+)
+from kimideploy.plan.model import ObjectPlan
+
+RESUMABLE_EXIT_CODE = 75
+"""Workloads exit 75 (EX_TEMPFAIL) after a SIGTERM drain: the pod is replaced, not failed."""
+FINISHED_JOB_TTL_S = 7 * 24 * 3600
+INDEX_ANNOTATION = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def data_dirs(ctx: Context) -> dict[str, str]:
+    """Where one drafter's data lives; keyed by the drafter the pipeline is building."""
+    drafter = ctx.cluster.workloads.train.drafter if ctx.workload != "bench" else ctx.drafter_name
+    base = f"{DATASETS_MOUNT}/pipelines/{drafter}"
+    return {
+        "conversations": f"{base}/conversations",
+        "vocab": f"{base}/vocab",
+        "bench": f"{DATASETS_MOUNT}/bench",
+        "hidden_states": f"{HIDDEN_STATES_MOUNT}/{drafter}",
+        "checkpoints": f"{CHECKPOINTS_MOUNT}/{drafter}",
+    }
+
+
+def serve_endpoint(ctx: Context) -> str:
+    port = ctx.cluster.workloads.serve.port
+    return f"http://{ctx.project.name}-serve.{ctx.namespace}.svc:{port}"
+
+
+def datagen_spec(ctx: Context, run_id: str) -> DatagenSpec:
+    settings = ctx.cluster.workloads.datagen
+    endpoint = serve_endpoint(ctx) if settings.endpoint == "serve" else settings.endpoint
+    return DatagenSpec(
+        run_id=run_id, cluster=ctx.cluster_name, shards=settings.shards, target=ctx.target_ref(),
+        prompts=f"{DATASETS_MOUNT}/{settings.prompts}", output_dir=data_dirs(ctx)["conversations"],
+        samples=settings.samples, endpoint=endpoint, concurrency=settings.concurrency,
+        max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
+        request_timeout_s=settings.request_timeout_s, max_retries=settings.max_retries,
+    )  # fmt: skip
+
+
+def extract_spec(ctx: Context, run_id: str, estimate: HiddenStateEstimate) -> ExtractSpec:
+    settings = ctx.cluster.workloads.extract
+    dirs = data_dirs(ctx)
+    return ExtractSpec(
+        run_id=run_id, cluster=ctx.cluster_name, shards=settings.shards, target=ctx.target_ref(),
+        conversations_dir=dirs["conversations"], output_dir=dirs["hidden_states"],
+        layers=ctx.layers(), dtype=settings.dtype, backend=settings.backend,
+        tensor_parallel_size=settings.gpus_per_shard, expected_bytes=estimate.total_bytes,
+    )  # fmt: skip
+
+
+def vocab_spec(ctx: Context, run_id: str) -> VocabSpec:
+    assert ctx.drafter is not None
+    dirs = data_dirs(ctx)
+    return VocabSpec(
+        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
+        conversations_dir=dirs["conversations"], output_dir=dirs["vocab"],
+        draft_vocab_size=ctx.drafter.draft_vocab_size,
+    )  # fmt: skip
+
+
+def train_spec(ctx: Context, run_id: str) -> TrainSpec:
+    settings, drafter = ctx.cluster.workloads.train, ctx.drafter
+    assert drafter is not None
+    base = settings.base_drafter
+    dirs = data_dirs(ctx)
+    return TrainSpec(
+        run_id=run_id, cluster=ctx.cluster_name, shards=settings.nodes, target=ctx.target_ref(),
+        drafter=ctx.drafter_name,
+        base_drafter_path=drafter_path(base, ctx.project.drafters[base]) if base else None,
+        hidden_states_dir=dirs["hidden_states"], vocab_dir=dirs["vocab"],
+        checkpoint_dir=f"{dirs['checkpoints']}/{run_id}",
+        output_dir=drafter_path(ctx.drafter_name, drafter), layers=ctx.layers(),
+        draft_vocab_size=drafter.draft_vocab_size,
+        num_speculative_tokens=drafter.num_speculative_tokens, mode=settings.mode,
+        nodes=settings.nodes, gpus_per_node=ctx.cluster.gpu.per_node, epochs=settings.epochs,
+        lr=settings.lr, batch_size=settings.batch_size, max_seq_len=settings.max_seq_len,
+        checkpoint_every_steps=settings.checkpoint_every_steps,
+    )  # fmt: skip
+
+
+def bench_spec(ctx: Context, run_id: str) -> BenchSpec:
+    settings = ctx.cluster.workloads.bench
+    endpoint = serve_endpoint(ctx)
+    return BenchSpec(
+        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(), endpoint=endpoint,
+        metrics_url=f"{endpoint}/metrics", drafter=ctx.drafter_name,
+        prompt_sets=list(settings.prompt_sets), concurrency=list(settings.concurrency),
+        num_prompts=settings.num_prompts, max_tokens=settings.max_tokens,
+        results_dir=f"{data_dirs(ctx)['bench']}/{run_id}",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """Per-workload decisions: GPUs, indexes, parallelism, retries and the entrypoint."""
+
+    cpu: str
+    memory: str
+    command: list[str]
+    args: list[str]
+    completions: int
+    parallelism: int
+    retries: int
+    gpus: int = 0
+    shm: str = "1Gi"
+    subdomain: str = ""
+    port: int = 0
+
+
+def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[ObjectPlan]:
+    """The spec ConfigMap, the Job, and for multi-node training its headless Service."""
+    shape = _job_shape(ctx, spec)
+    labels = pods.standard_labels(ctx)
+    common = {"name": ctx.object_name, "namespace": ctx.namespace, "labels": labels}
+    claim_vols, claim_mounts = pods.claim_volumes(ctx, WORKLOAD_CLAIMS[ctx.workload])
+    spec_vol, spec_mount = pods.spec_volume(f"{ctx.object_name}-spec")
+    volumes, mounts = [*claim_vols, spec_vol], [*claim_mounts, spec_mount]
+    if shape.gpus:
+        shm_vol, shm_mount = pods.shm_volume(shape.shm)
+        volumes, mounts = [*volumes, shm_vol], [*mounts, shm_mount]
+    job = {
+        **common,
+        "annotations": pods.object_annotations(ctx),
+        "completions": shape.completions,
+        "parallelism": shape.parallelism,
+        "backoff_limit_per_index": shape.retries,
+        "resumable_exit_code": RESUMABLE_EXIT_CODE,
+        "ttl_s": FINISHED_JOB_TTL_S,
+        "subdomain": shape.subdomain,
+        "pod_labels": labels,
+        "node_selector": pods.node_selector(ctx, shape.gpus),
+        "tolerations": pods.tolerations(ctx),
+        "security": pods.pod_security(ctx),
+        "image": ctx.image.reference,
+        "command": shape.command,
+        "args": shape.args,
+        "env": _job_env(ctx, shape.gpus),
+        "resources": pods.resources(shape.cpu, shape.memory, shape.gpus),
+        "volumes": volumes,
+        "volume_mounts": mounts,
+    }
+    spec_map = {**common, "name": f"{ctx.object_name}-spec", "data": {SPEC_FILE_NAME: spec_json}}
+    objects = [ObjectPlan("configmap-spec", spec_map), ObjectPlan(f"job-{ctx.workload}", job)]
+    if shape.subdomain:
+        objects.append(ObjectPlan("service-train", {**common, "port": shape.port}))
+    return objects
+
+
+def _job_env(ctx: Context, gpus: int) -> list[dict[str, Any]]:
+    entries = pods.env(ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH})
+    # Declared explicitly so `$(JOB_COMPLETION_INDEX)` in torchrun's arguments always expands.
+    index = {"fieldRef": {"fieldPath": INDEX_ANNOTATION}}
+    return [*entries, {"name": "JOB_COMPLETION_INDEX", "valueFrom": index}]
+
+
+def _job_shape(ctx: Context, spec: WorkloadSpec) -> JobShape:
+    w = ctx.cluster.workloads
+    if ctx.workload == "train":
+        return _train_shape(ctx)
+    command = ["python", "-m", "kimideploy.workloads"]
+    args = [ctx.workload, "--spec", SPEC_PATH]
+    if ctx.workload == "extract":
+        gpus = w.extract.gpus_per_shard
+        copies = max(1, ctx.cluster.total_gpus // gpus)
+        res = w.extract.resources
+        parallelism = min(spec.shards, copies)
+        return JobShape(
+            res.cpu, res.memory, command, args, spec.shards, parallelism, 3, gpus=gpus, shm="64Gi"
+        )
+    # datagen, vocab and bench are CPU-only; datagen retries most (its requests are idempotent).
+    res = getattr(w, ctx.workload).resources
+    retries = {"datagen": 5, "vocab": 2, "bench": 1}[ctx.workload]
+    return JobShape(res.cpu, res.memory, command, args, spec.shards, spec.shards, retries)
+
+
+def _train_shape(ctx: Context) -> JobShape:
+    """torchrun: standalone on one node; static ranks from the completion index across nodes."""
+    train, gpus = ctx.cluster.workloads.train, ctx.cluster.gpu.per_node
+    tail = ["-m", "kimideploy.workloads", "train", "--spec", SPEC_PATH]
+    args = [f"--nproc-per-node={gpus}"]
+    subdomain = ""
+    if train.nodes == 1:
+        args += ["--standalone", "--nnodes=1"]
+    else:
+        subdomain = ctx.object_name
+        master = f"{ctx.object_name}-0.{subdomain}.{ctx.namespace}.svc"
+        args += [
+            f"--nnodes={train.nodes}",
+            "--node-rank=$(JOB_COMPLETION_INDEX)",
+            f"--master-addr={master}",
+            f"--master-port={train.rendezvous_port}",
+        ]
+    return JobShape(
+        train.resources.cpu, train.resources.memory, ["torchrun"], args + tail,
+        completions=train.nodes, parallelism=train.nodes, retries=2, gpus=gpus,
+        shm=train.shm_size, subdomain=subdomain, port=train.rendezvous_port,
+    )  # fmt: skip

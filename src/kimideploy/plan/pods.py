@@ -1,0 +1,126 @@
+"""Values shared by every pod: labels, scheduling, security, environment, volumes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kimideploy import __version__
+from kimideploy.config.specs import SPEC_MOUNT_DIR
+from kimideploy.plan.context import (
+    CHECKPOINTS_MOUNT,
+    DATASETS_MOUNT,
+    HIDDEN_STATES_MOUNT,
+    MODELS_MOUNT,
+    Context,
+)
+
+CLAIM_MOUNTS = {
+    "models": MODELS_MOUNT,
+    "datasets": DATASETS_MOUNT,
+    "hidden_states": HIDDEN_STATES_MOUNT,
+    "checkpoints": CHECKPOINTS_MOUNT,
+}
+LABEL_PREFIX = "kimideploy.io"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def selector_labels(ctx: Context) -> dict[str, str]:
+    """Labels a Deployment selects on: stable for the release's life (selectors are immutable)."""
+    return {
+        "app.kubernetes.io/instance": ctx.release,
+        "app.kubernetes.io/component": ctx.workload,
+    }
+
+
+def standard_labels(ctx: Context, component: str | None = None) -> dict[str, str]:
+    version = ctx.image.vllm or ctx.image.speculators or ctx.image_name
+    labels = {
+        "app.kubernetes.io/name": ctx.project.name,
+        "app.kubernetes.io/instance": ctx.release,
+        "app.kubernetes.io/component": component or ctx.workload,
+        "app.kubernetes.io/version": version,
+        "app.kubernetes.io/managed-by": "kimideploy",
+        "app.kubernetes.io/part-of": "kimideploy",
+        f"{LABEL_PREFIX}/cluster": ctx.cluster_name,
+        f"{LABEL_PREFIX}/drafter": ctx.drafter_name,
+    }
+    if ctx.run_id is not None:
+        labels[f"{LABEL_PREFIX}/run-id"] = ctx.run_id
+    return labels
+
+
+def object_annotations(ctx: Context) -> dict[str, str]:
+    return {
+        f"{LABEL_PREFIX}/config-sha256": ctx.config_sha256,
+        f"{LABEL_PREFIX}/kimideploy-version": __version__,
+    }
+
+
+def node_selector(ctx: Context, gpus: int) -> dict[str, str]:
+    selector = dict(sorted(ctx.cluster.node_selector.items()))
+    if gpus:
+        selector[GPU_PRODUCT_LABEL] = ctx.cluster.gpu.product
+    return selector
+
+
+def tolerations(ctx: Context) -> list[dict[str, Any]]:
+    return [t.model_dump(exclude_none=True) for t in ctx.cluster.tolerations]
+
+
+def resources(cpu: str, memory: str, gpus: int) -> dict[str, dict[str, str]]:
+    """Requests equal limits for GPU pods: extended resources cannot be overcommitted."""
+    requests = {"cpu": cpu, "memory": memory}
+    limits = {"memory": memory}
+    if gpus:
+        requests[GPU_RESOURCE] = str(gpus)
+        limits[GPU_RESOURCE] = str(gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def pod_security(ctx: Context) -> dict[str, Any]:
+    uid = ctx.image.run_as_user
+    return {
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "runAsNonRoot": uid != 0,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def env(ctx: Context, gpus: int, extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """GPU pods get the cluster's NCCL settings; the HF token is only ever a secret reference."""
+    plain = {"KIMIDEPLOY_CLUSTER": ctx.cluster_name, "PYTHONUNBUFFERED": "1"}
+    if gpus:
+        plain.update(ctx.cluster.env)
+    plain.update(extra or {})
+    entries: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(plain.items())]
+    token = ctx.project.model.hf_token
+    if token is not None:
+        ref = {"name": token.name, "key": token.key, "optional": True}
+        entries.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return entries
+
+
+def claim_volumes(ctx: Context, claims: dict[str, bool]) -> tuple[list[Any], list[Any]]:
+    """Volumes and mounts for the named claims; the bool says read-only."""
+    volumes, mounts = [], []
+    for claim, read_only in claims.items():
+        name = claim.replace("_", "-")
+        volumes.append(
+            {"name": name, "persistentVolumeClaim": {"claimName": ctx.claim_name(claim)}}
+        )
+        mounts.append({"name": name, "mountPath": CLAIM_MOUNTS[claim], "readOnly": read_only})
+    return volumes, mounts
+
+
+def shm_volume(size: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """NCCL and torch need a large /dev/shm; the container default is 64 MiB."""
+    volume = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+    return volume, {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def spec_volume(config_map: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    volume = {"name": "spec", "configMap": {"name": config_map}}
+    return volume, {"name": "spec", "mountPath": SPEC_MOUNT_DIR, "readOnly": True}

@@ -1,0 +1,153 @@
+"""The serve release: vLLM arguments, rollout strategy, probes and the objects that carry them."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from kimideploy.config.drafters import Drafter
+from kimideploy.config.specs import SPEC_FILE_NAME, ServeSpec
+from kimideploy.plan import pods
+from kimideploy.plan.context import Context, drafter_path, is_speculative, target_model_path
+from kimideploy.plan.model import ObjectPlan
+
+HEALTH_PATH = "/health"
+READY_PATH = "/v1/models"  # answers only once the model is served; /health may answer earlier
+
+
+def speculative_config(ctx: Context) -> dict[str, Any] | None:
+    """The --speculative-config value vLLM parses as JSON; None for non-speculative serving."""
+    if not is_speculative(ctx):
+        return None
+    drafter = ctx.drafter
+    assert drafter is not None
+    config: dict[str, Any] = {
+        "method": drafter.method,
+        "model": drafter_path(ctx.drafter_name, drafter),
+        "num_speculative_tokens": drafter.num_speculative_tokens,
+    }
+    if drafter.draft_tensor_parallel_size is not None:
+        config["draft_tensor_parallel_size"] = drafter.draft_tensor_parallel_size
+    return config
+
+
+def vllm_args(ctx: Context) -> list[str]:
+    """`vllm serve` arguments after the model path; no speculative flag at all without a drafter."""
+    model, serve = ctx.project.model, ctx.cluster.workloads.serve
+    args = [
+        "--served-model-name", model.served_name,
+        "--host", "0.0.0.0",
+        "--port", str(serve.port),
+        "--tensor-parallel-size", str(ctx.cluster.gpu.per_node),
+        "--max-model-len", str(model.max_model_len),
+        "--gpu-memory-utilization", str(serve.gpu_memory_utilization),
+        "--max-num-seqs", str(serve.max_num_seqs),
+    ]  # fmt: skip
+    if model.trust_remote_code:
+        args.append("--trust-remote-code")
+    if model.reasoning_parser:
+        args += ["--reasoning-parser", model.reasoning_parser]
+    if model.tool_call_parser:
+        args += ["--tool-call-parser", model.tool_call_parser, "--enable-auto-tool-choice"]
+    spec = speculative_config(ctx)
+    if spec is not None:
+        args += ["--speculative-config", json.dumps(spec)]
+    return args + list(serve.extra_args)
+
+
+def rollout_strategy(ctx: Context) -> tuple[dict[str, Any], str]:
+    """Rolling (maxUnavailable 0) when the cluster holds one replica more, else Recreate."""
+    serve, gpus = ctx.cluster.workloads.serve, ctx.cluster.gpu.per_node
+    needed = (serve.replicas + 1) * gpus
+    fits = ctx.cluster.total_gpus >= needed
+    choice = ctx.cluster.rollout
+    if choice == "recreate" or (choice == "auto" and not fits):
+        why = f"{ctx.cluster.total_gpus} GPUs cannot hold {serve.replicas + 1} copies of {gpus}"
+        return {"type": "Recreate"}, f"Recreate ({why})" if not fits else "Recreate (configured)"
+    rolling = {"maxUnavailable": 0, "maxSurge": 1}
+    return {"type": "RollingUpdate", "rollingUpdate": rolling}, (
+        f"RollingUpdate, maxUnavailable 0 ({ctx.cluster.total_gpus} GPUs hold {needed})"
+    )
+
+
+def probes(ctx: Context) -> dict[str, Any]:
+    """Startup covers the whole weight load; readiness on /v1/models; liveness on /health."""
+    serve = ctx.cluster.workloads.serve
+    period = serve.probe_period_s
+    port = serve.port
+    return {
+        "startupProbe": {
+            "httpGet": {"path": READY_PATH, "port": port},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": math.ceil(serve.startup_budget_s / period),
+        },
+        "readinessProbe": {
+            "httpGet": {"path": READY_PATH, "port": port},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": HEALTH_PATH, "port": port},
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 4,
+        },
+    }
+
+
+def serve_spec(ctx: Context) -> ServeSpec:
+    drafter: Drafter | None = ctx.drafter
+    return ServeSpec(
+        run_id="serve",
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        drafter=ctx.drafter_name,
+        drafter_path=drafter_path(ctx.drafter_name, drafter) if drafter else None,
+        layers=ctx.layers() if drafter else None,
+        num_speculative_tokens=drafter.num_speculative_tokens if drafter else None,
+        image_cuda_archs=list(ctx.image.cuda_archs),
+        vllm_version=ctx.image.vllm,
+    )
+
+
+def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[ObjectPlan]:
+    serve, gpus = ctx.cluster.workloads.serve, ctx.cluster.gpu.per_node
+    labels = pods.standard_labels(ctx)
+    claim_vols, claim_mounts = pods.claim_volumes(ctx, {"models": True})
+    shm_vol, shm_mount = pods.shm_volume(serve.shm_size)
+    spec_vol, spec_mount = pods.spec_volume(ctx.object_name)
+    strategy, _ = rollout_strategy(ctx)
+    common = {"name": ctx.object_name, "namespace": ctx.namespace, "labels": labels}
+    deployment = {
+        **common,
+        "annotations": pods.object_annotations(ctx),
+        "replicas": serve.replicas,
+        "selector": pods.selector_labels(ctx),
+        "strategy": strategy,
+        # The Deployment must not declare failure while a replica is still inside its load budget.
+        "progress_deadline_s": serve.startup_budget_s + 600,
+        "pod_labels": {**labels},
+        "pod_annotations": {"kimideploy.io/spec-sha256": spec_sha256},
+        "node_selector": pods.node_selector(ctx, gpus),
+        "tolerations": pods.tolerations(ctx),
+        "security": pods.pod_security(ctx),
+        "image": ctx.image.reference,
+        "command": ["vllm", "serve", target_model_path(ctx.project)],
+        "args": vllm_args(ctx),
+        "env": pods.env(ctx, gpus, {"HF_HUB_OFFLINE": "1"}),
+        "resources": pods.resources(serve.resources.cpu, serve.resources.memory, gpus),
+        "port": serve.port,
+        "probes": probes(ctx),
+        "volumes": [*claim_vols, shm_vol, spec_vol],
+        "volume_mounts": [*claim_mounts, shm_mount, spec_mount],
+    }
+    service = {**common, "selector": pods.selector_labels(ctx), "port": serve.port}
+    config_map = {**common, "data": {SPEC_FILE_NAME: spec_json}}
+    return [
+        ObjectPlan("configmap-serve", config_map),
+        ObjectPlan("service-serve", service),
+        ObjectPlan("deployment-serve", deployment),
+    ]

@@ -1,0 +1,1 @@
+"""Plans to Kubernetes objects: Jinja templates, parse-back, strict validation, apply order."""

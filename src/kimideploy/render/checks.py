@@ -1,0 +1,106 @@
+"""What the OpenAPI schema does not catch: enum values, resource quantities, names and labels.
+
+The published schemas type `completionMode` as a free string and quantities as int-or-string, so
+`completionMode: Indexd` or `memory: lots` pass them and fail only at the API server.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from fnmatch import fnmatchcase
+from typing import Any
+
+from kimideploy.config.base import is_quantity
+
+ENUMS: dict[str, frozenset[str]] = {
+    "spec.completionMode": frozenset({"NonIndexed", "Indexed"}),
+    "spec.podReplacementPolicy": frozenset({"TerminatingOrFailed", "Failed"}),
+    "spec.podFailurePolicy.rules[].action": frozenset({"FailJob", "FailIndex", "Ignore", "Count"}),
+    "spec.podFailurePolicy.rules[].onExitCodes.operator": frozenset({"In", "NotIn"}),
+    "spec.strategy.type": frozenset({"Recreate", "RollingUpdate"}),
+    "spec.type": frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"}),
+    "spec.accessModes[]": frozenset(
+        {"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"}
+    ),
+    "spec.volumeMode": frozenset({"Filesystem", "Block"}),
+    "*.restartPolicy": frozenset({"Always", "OnFailure", "Never"}),
+    "*.imagePullPolicy": frozenset({"Always", "IfNotPresent", "Never"}),
+    "*.ports[].protocol": frozenset({"TCP", "UDP", "SCTP"}),
+    "*.tolerations[].operator": frozenset({"Exists", "Equal"}),
+    "*.tolerations[].effect": frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"}),
+    "*.emptyDir.medium": frozenset({"", "Memory", "HugePages"}),
+    "*.seccompProfile.type": frozenset({"RuntimeDefault", "Localhost", "Unconfined"}),
+    "*.dnsPolicy": frozenset({"ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"}),
+}
+QUANTITY_PATHS = ("*.resources.requests.*", "*.resources.limits.*", "*.emptyDir.sizeLimit")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# Services and the pods of Indexed Jobs get DNS names, which must be DNS labels of <= 63 chars.
+DNS_LABEL_KINDS = frozenset({"Service", "Job", "Deployment"})
+
+
+def semantic_errors(obj: dict[str, Any]) -> list[str]:
+    """Problems the API server would reject although the schema accepts them."""
+    errors = _name_errors(obj)
+    for path, value in _leaves(obj, ""):
+        pattern_path = re.sub(r"\[\d+\]", "[]", path)
+        for pattern, allowed in ENUMS.items():
+            if (
+                fnmatchcase(pattern_path, pattern)
+                and isinstance(value, str)
+                and value not in allowed
+            ):
+                errors.append(f"{path}: {value!r} is not one of {', '.join(sorted(allowed))}")
+        if any(fnmatchcase(pattern_path, p) for p in QUANTITY_PATHS) and not _quantity_ok(value):
+            errors.append(f"{path}: {value!r} is not a resource quantity")
+        if pattern_path.endswith("spec.resources.requests.storage") and not _quantity_ok(value):
+            errors.append(f"{path}: {value!r} is not a resource quantity")
+    errors += _label_errors(obj)
+    return errors
+
+
+def _quantity_ok(value: Any) -> bool:
+    return isinstance(value, int | float) or (isinstance(value, str) and is_quantity(value))
+
+
+def _leaves(node: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _leaves(value, f"{path}[{index}]")
+    else:
+        yield path, node
+
+
+def _name_errors(obj: dict[str, Any]) -> list[str]:
+    name = obj.get("metadata", {}).get("name", "")
+    kind = obj.get("kind", "")
+    if kind in DNS_LABEL_KINDS:
+        if len(name) > 63 or not DNS_LABEL.match(name):
+            return [f"metadata.name: {name!r} must be a DNS label (a-z, 0-9, '-', at most 63)"]
+    elif len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+        return [f"metadata.name: {name!r} must be a DNS subdomain"]
+    return []
+
+
+def _label_errors(obj: dict[str, Any]) -> list[str]:
+    errors = []
+    for path, labels in _label_maps(obj):
+        for key, value in labels.items():
+            name = key.rsplit("/", 1)[-1]
+            if len(name) > 63 or not LABEL_NAME.match(name):
+                errors.append(f"{path}: label key {key!r} is invalid")
+            if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+                errors.append(f"{path}.{key}: label value {value!r} is invalid")
+    return errors
+
+
+def _label_maps(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield "metadata.labels", obj.get("metadata", {}).get("labels") or {}
+    template = obj.get("spec", {}).get("template", {})
+    yield "spec.template.metadata.labels", template.get("metadata", {}).get("labels") or {}

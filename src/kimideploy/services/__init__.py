@@ -1,0 +1,1 @@
+"""Use cases composed from config, plan, render (and later cluster, images, remote, provision)."""

@@ -1,0 +1,90 @@
+"""Use cases that need no cluster: render a workload, describe its plan, regenerate golden files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.config.project import Project
+from kimideploy.config.workloads import WORKLOAD_NAMES
+from kimideploy.plan.model import Plan, PlanRequest
+from kimideploy.plan.resolve import resolve
+from kimideploy.render.manifests import Manifest, file_name, render, to_yaml
+from kimideploy.render.schema import schema_version_for
+
+GOLDEN_DIR = Path("k8s") / "rendered"
+SCHEMA_FILE = Path("schema") / "kimideploy.schema.json"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    plan: Plan
+    objects: list[Manifest]
+
+    @property
+    def yaml(self) -> str:
+        return to_yaml(self.objects)
+
+
+def render_workload(loaded: LoadedProject, request: PlanRequest) -> Rendered:
+    """Resolve and render one workload; raises before anything is written when invalid."""
+    plan = resolve(loaded, request)
+    return Rendered(plan=plan, objects=render(plan))
+
+
+def write_objects(rendered: Rendered, directory: Path) -> list[Path]:
+    """One file per object, numbered in apply order; the folder's other files are left alone."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for index, obj in enumerate(rendered.objects, start=1):
+        path = directory / file_name(index, obj)
+        path.write_text(to_yaml([obj]), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def golden_files(config: Path) -> dict[Path, str]:
+    """Every (cluster, workload[, drafter]) of a config, keyed by its path under k8s/rendered/."""
+    loaded = load_project(config)
+    files: dict[Path, str] = {}
+    for cluster in sorted(loaded.project.clusters):
+        for workload in WORKLOAD_NAMES:
+            drafters = (
+                [NO_DRAFTER, *sorted(loaded.project.drafters)] if workload == "serve" else [None]
+            )
+            for drafter in drafters:
+                name = workload if drafter is None else f"{workload}-{drafter}"
+                rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter))
+                files[GOLDEN_DIR / cluster / f"{name}.yaml"] = rendered.yaml
+    return files
+
+
+def config_json_schema() -> str:
+    """The JSON Schema of kimideploy.yaml, for editors; committed and checked for staleness."""
+    schema: dict[str, Any] = Project.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "kimideploy.yaml"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def describe_plan(rendered: Rendered) -> str:
+    """The human summary `up --dry-run` prints: decisions, warnings, and the objects to apply."""
+    plan = rendered.plan
+    drafter = "none (non-speculative)" if plan.drafter == NO_DRAFTER else plan.drafter
+    lines = [f"Plan: {plan.workload} on {plan.cluster}, drafter {drafter}"]
+    width = max(len(k) for k, _ in plan.facts)
+    lines += [f"  {key.ljust(width)}  {value}" for key, value in plan.facts]
+    if plan.warnings:
+        lines.append("Warnings:")
+        lines += [f"  ! {w}" for w in plan.warnings]
+    version = schema_version_for(plan.kubernetes_version)
+    lines.append(
+        f"Objects ({len(rendered.objects)}, valid against the Kubernetes "
+        f"{version[0]}.{version[1]} OpenAPI schema, strict):"
+    )
+    lines += [f"  {o['kind']}/{o['metadata']['name']}" for o in rendered.objects]
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""Shared fixtures: the example project, and edited copies of it for error cases."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kimideploy.config.loading import LoadedProject, load_project
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "kimideploy.yaml"
+
+
+@pytest.fixture(scope="session")
+def example() -> LoadedProject:
+    return load_project(EXAMPLE)
+
+
+@pytest.fixture
+def edited_config(tmp_path: Path) -> Callable[..., Path]:
+    """Write the example with textual edits (each `old` must occur exactly once)."""
+
+    def make(*edits: tuple[str, str]) -> Path:
+        text = EXAMPLE.read_text()
+        for old, new in edits:
+            assert text.count(old) == 1, f"edit target not unique: {old!r}"
+            text = text.replace(old, new)
+        path = tmp_path / "kimideploy.yaml"
+        path.write_text(text)
+        return path
+
+    return make

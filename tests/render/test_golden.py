@@ -1,0 +1,49 @@
+"""k8s/rendered/ is the committed rendering of the example config; stale files fail with a diff.
+
+Regenerate with `scripts/update-golden` and review the diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from kimideploy.services.rendering import GOLDEN_DIR, SCHEMA_FILE, config_json_schema, golden_files
+from tests.conftest import EXAMPLE, REPO
+
+
+def _diff(path: Path, expected: str) -> str:
+    actual = (REPO / path).read_text() if (REPO / path).is_file() else ""
+    return "".join(
+        difflib.unified_diff(
+            actual.splitlines(keepends=True), expected.splitlines(keepends=True),
+            fromfile=f"{path} (committed)", tofile=f"{path} (rendered now)",
+        )
+    )  # fmt: skip
+
+
+def test_golden_manifests_are_fresh() -> None:
+    expected = golden_files(EXAMPLE)
+    committed = {p.relative_to(REPO) for p in (REPO / GOLDEN_DIR).rglob("*.yaml")}
+    diffs = [_diff(path, text) for path, text in expected.items()]
+    diffs = [d for d in diffs if d]
+    extra = committed - set(expected)
+    assert not extra, (
+        f"stale golden files with no rendering: {sorted(map(str, extra))}; run scripts/update-golden"
+    )
+    assert not diffs, (
+        "golden files are stale; run scripts/update-golden\n" + "\n".join(diffs)[:20000]
+    )
+
+
+def test_committed_json_schema_is_fresh() -> None:
+    diff = _diff(SCHEMA_FILE, config_json_schema())
+    assert not diff, (
+        "schema/kimideploy.schema.json is stale; run scripts/update-golden\n" + diff[:5000]
+    )
+
+
+def test_golden_naming_covers_every_workload_and_drafter() -> None:
+    names = {p.name for p in golden_files(EXAMPLE)}
+    assert {"serve-none.yaml", "serve-v1.yaml", "serve-v2.yaml", "serve-v3.yaml"} <= names
+    assert {"datagen.yaml", "extract.yaml", "vocab.yaml", "train.yaml", "bench.yaml"} <= names

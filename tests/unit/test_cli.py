@@ -1,0 +1,121 @@
+"""The CLI as a user drives it (click's runner plus the real error boundary)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kimideploy.cli.main import cli, main
+from tests.conftest import EXAMPLE, REPO
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_render_serve_to_stdout_is_pipeable_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "render", "serve", "--drafter", "v3")
+    assert code == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(out)]
+    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Service", "Deployment"]
+    assert out == (REPO / "k8s/rendered/rtx6000/serve-v3.yaml").read_text()
+
+
+def test_render_to_a_directory_writes_one_file_per_object(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, "render", "train", "--cluster", "b300", "-o", str(tmp_path / "out"))
+    assert code == 0
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files[0].startswith("01-configmap-") and files[-1].startswith("07-job-kimi-k25-train-")
+    assert len(files) == 7
+    assert all(
+        len(list(yaml.safe_load_all((tmp_path / "out" / f).read_text()))) == 1 for f in files
+    )
+    assert str(tmp_path / "out" / files[0]) in err
+
+
+def test_up_dry_run_prints_the_plan_and_touches_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "up", "serve", "--drafter", "v3", "--dry-run")
+    assert code == 0
+    assert "Plan: serve on rtx6000, drafter v3" in out
+    assert '"method": "eagle3", "model": "/models/drafters/v3", "num_speculative_tokens": 3' in out
+    assert "Recreate (8 GPUs cannot hold 2 copies of 8)" in out
+    assert "Deployment/kimi-k25-serve" in out
+    assert "Dry run (client): nothing was sent to a cluster." in out
+
+
+def test_up_dry_run_shows_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "up", "serve", "--drafter", "v2", "--dry-run=client")
+    assert "! drafter v2 drafts 5 tokens" in out
+
+
+def test_drafter_list_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "drafter", "list")
+    assert code == 0
+    header = out.splitlines()[0].split()
+    assert header[:7] == [
+        "NAME",
+        "METHOD",
+        "SOURCE",
+        "TOKENS",
+        "LAYER_IDS",
+        "CONVENTION",
+        "VLLM_IDS",
+    ]
+    code, out, _ = run(capsys, "drafter", "list", "-o", "json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["v1"]["convention"] == "sglang" and rows["v1"]["vllm_ids"] == [3, 31, 59]
+    assert rows["v3"]["source"] == "volume:drafters/v3"
+
+
+def test_config_schema_is_json_schema_of_the_project(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "config", "schema")
+    schema = json.loads(out)
+    assert code == 0 and schema["title"] == "kimideploy.yaml"
+    assert schema["additionalProperties"] is False
+    assert {"model", "clusters", "drafters", "images"} <= set(schema["properties"])
+
+
+def test_config_validate(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--config", str(EXAMPLE), "config", "validate")
+    assert code == 0 and "valid (3 clusters, 4 images, 3 drafters)" in out
+
+
+def test_default_config_is_local_file_then_builtin_example(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "config", "validate")
+    assert code == 0 and str(EXAMPLE) in out
+    local = tmp_path / "kimideploy.yaml"
+    local.write_text(EXAMPLE.read_text().replace("name: kimi-k25 ", "name: other "))
+    code, out, _ = run(capsys, "render", "serve")
+    assert code == 0 and "name: other-serve" in out
+
+
+def test_help_lists_the_commands() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for command in ("render", "up", "drafter", "config"):
+        assert command in result.output
+    assert "2 usage or config error" in result.output
+
+
+def test_unknown_command_and_bad_workload_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "deploy")[0] == 2
+    code, _, err = run(capsys, "render", "servr")
+    assert code == 2 and "servr" in err
+
+
+def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    from kimideploy.errors import UsageError
+
+    with pytest.raises(UsageError):
+        main(["--debug", "render", "serve", "--drafter", "v9"])
