@@ -1,0 +1,78 @@
+"""The real control plane (scripts/testcluster) as a session fixture, and a namespace per test.
+
+When the binaries cannot be built or started, tests that need them are skipped with the reason;
+with KIMIDEPLOY_REQUIRE_TESTCLUSTER=1 (set by .ci/run) that is a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts" / "testcluster"))
+import harness
+
+REQUIRED = os.environ.get("KIMIDEPLOY_REQUIRE_TESTCLUSTER") == "1"
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"test control plane required (KIMIDEPLOY_REQUIRE_TESTCLUSTER=1): {reason}")
+    pytest.skip(f"test control plane unavailable: {reason}")
+
+
+def _bin_dir() -> Any:
+    try:
+        return harness.find_bin_dir()
+    except harness.HarnessError:
+        build = subprocess.run(
+            [str(REPO / "scripts" / "testcluster" / "build")], capture_output=True, text=True
+        )
+        if build.returncode != 0:
+            _unavailable(f"scripts/testcluster/build failed: {build.stderr.strip()[-2000:]}")
+        return harness.find_bin_dir()
+
+
+@pytest.fixture(scope="session")
+def testcluster() -> Iterator[harness.TestCluster]:
+    bin_dir = _bin_dir()
+    try:
+        cluster = harness.up(bin_dir=bin_dir)
+    except harness.HarnessError as exc:
+        _unavailable(str(exc))
+    try:
+        yield cluster
+    finally:
+        harness.down(cluster.root)
+
+
+@pytest.fixture
+def namespace(testcluster: harness.TestCluster) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (pods are refused before it does)."""
+    name = f"t-{secrets.token_hex(4)}"
+    testcluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: testcluster.kubectl("-n", name, "get", "sa", "default", check=False), "default SA"
+    )
+    yield name
+    testcluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    """Poll until check() returns something truthy; fail with what was awaited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.25)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
