@@ -81,6 +81,7 @@ class TestCluster:
     api_port: int
     kwok_port: int
     token: str
+    restricted_token: str = ""
     pids: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
 
@@ -295,7 +296,11 @@ def start_etcd(cluster: TestCluster) -> int:
 def start_apiserver(cluster: TestCluster, etcd_port: int) -> None:
     pki = cluster.root / "pki"
     tokens = cluster.root / "tokens.csv"
-    tokens.write_text(f'{cluster.token},admin,admin-uid,"system:masters"\n')
+    # A second user with no RBAC bindings at all, for tests of forbidden requests.
+    tokens.write_text(
+        f'{cluster.token},admin,admin-uid,"system:masters"\n'
+        f"{cluster.restricted_token},nobody,nobody-uid\n"
+    )
     tokens.chmod(0o600)
     _start(
         cluster,
@@ -456,6 +461,7 @@ def up(
         api_port=free_port(),
         kwok_port=free_port(),
         token=secrets.token_hex(24),
+        restricted_token=secrets.token_hex(24),
     )
     cluster.save()
     try:

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kimideploy.cli.main import main
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts" / "testcluster"))
@@ -64,7 +66,16 @@ def namespace(testcluster: harness.TestCluster) -> Iterator[str]:
         lambda: testcluster.kubectl("-n", name, "get", "sa", "default", check=False), "default SA"
     )
     yield name
+    # Wait for the pods to go: the single rtx6000 node has 8 GPUs, and a pod still terminating
+    # from this test would leave the next one unschedulable.
     testcluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    wait_for(
+        lambda: (
+            not testcluster.kubectl("-n", name, "get", "pods", "-o", "name", check=False).strip()
+        ),
+        f"pods of namespace {name} to be deleted",
+        timeout=60,
+    )
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
@@ -76,3 +87,25 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
             return value
         time.sleep(0.25)
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture
+def kd(
+    testcluster: harness.TestCluster,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Callable[..., tuple[int, str, str]]]:
+    """Run the CLI in-process against the test cluster and this test's namespace."""
+    monkeypatch.setenv("KUBECONFIG", str(testcluster.kubeconfig))
+
+    def run(*args: str, config: Path | None = None) -> tuple[int, str, str]:
+        head = ["--config", str(config)] if config else []
+        command, rest = args[0], list(args[1:])
+        code = main(
+            [*head, command, *rest, "--context", "kimideploy-test", "--namespace", namespace]
+        )
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run

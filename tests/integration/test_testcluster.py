@@ -18,19 +18,24 @@ DIGEST_IMAGE = "registry.test/app@sha256:" + "0" * 64
 def deployment(
     name: str, image: str, replicas: int = 1, annotations: dict[str, str] | None = None
 ) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas, "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}, "annotations": annotations or {}},
-                "spec": {
-                    "nodeSelector": {harness.PROFILE_LABEL: "rtx6000"},
-                    "containers": [{"name": "main", "image": image}],
+    return yaml.safe_dump(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}, "annotations": annotations or {}},
+                    "spec": {
+                        "nodeSelector": {harness.PROFILE_LABEL: "rtx6000"},
+                        "containers": [{"name": "main", "image": image}],
+                    },
                 },
             },
-        },
-    })  # fmt: skip
+        }
+    )
 
 
 def job(
@@ -39,20 +44,27 @@ def job(
     container: dict[str, Any] = {"name": "main", "image": DIGEST_IMAGE}
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    return yaml.safe_dump({
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
-        "spec": {
-            "completionMode": "Indexed", "completions": completions, "parallelism": completions,
-            "backoffLimitPerIndex": 0,
-            "template": {
-                "metadata": {"annotations": annotations or {}},
-                "spec": {
-                    "restartPolicy": "Never", "nodeSelector": {harness.PROFILE_LABEL: "rtx6000"},
-                    "containers": [container],
+    return yaml.safe_dump(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {
+                "completionMode": "Indexed",
+                "completions": completions,
+                "parallelism": completions,
+                "backoffLimitPerIndex": 0,
+                "template": {
+                    "metadata": {"annotations": annotations or {}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "nodeSelector": {harness.PROFILE_LABEL: "rtx6000"},
+                        "containers": [container],
+                    },
                 },
             },
-        },
-    })  # fmt: skip
+        }
+    )
 
 
 def get(cluster: harness.TestCluster, ns: str, *args: str) -> Any:
@@ -86,10 +98,26 @@ def test_simulated_nodes_look_like_the_cluster_profiles(testcluster: harness.Tes
 def test_server_side_apply_twice_with_a_changed_field(
     testcluster: harness.TestCluster, namespace: str
 ) -> None:
-    testcluster.kubectl("-n", namespace, "apply", "--server-side", "--field-manager=kimideploy", "-f", "-",
-                        stdin=deployment("web", DIGEST_IMAGE, replicas=1))  # fmt: skip
-    testcluster.kubectl("-n", namespace, "apply", "--server-side", "--field-manager=kimideploy", "-f", "-",
-                        stdin=deployment("web", DIGEST_IMAGE, replicas=2))  # fmt: skip
+    testcluster.kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "--server-side",
+        "--field-manager=kimideploy",
+        "-f",
+        "-",
+        stdin=deployment("web", DIGEST_IMAGE, replicas=1),
+    )
+    testcluster.kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "--server-side",
+        "--field-manager=kimideploy",
+        "-f",
+        "-",
+        stdin=deployment("web", DIGEST_IMAGE, replicas=2),
+    )
     live = get(testcluster, namespace, "deployment", "web", "--show-managed-fields")
     assert live["spec"]["replicas"] == 2
     managers = {
@@ -171,8 +199,14 @@ def test_nine_gpus_stay_pending_with_failed_scheduling(
 def test_failure_hooks_produce_their_state(
     testcluster: harness.TestCluster, namespace: str, hook: str, phase: str, waiting: str | None
 ) -> None:
-    testcluster.kubectl("-n", namespace, "apply", "-f", "-",
-                        stdin=deployment("hooked", DIGEST_IMAGE, annotations={hook: "true"}))  # fmt: skip
+    testcluster.kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        stdin=deployment("hooked", DIGEST_IMAGE, annotations={hook: "true"}),
+    )
 
     def settled() -> Any:
         pods = get(testcluster, namespace, "pods", "-l", "app=hooked")["items"]
@@ -239,10 +273,15 @@ def test_claims_of_every_profile_storage_class_get_bound(
 ) -> None:
     for storage_class in ("local-path", "shared-fs"):
         claim = {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": storage_class},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
-                     "resources": {"requests": {"storage": "10Gi"}}},
-        }  # fmt: skip
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": storage_class},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": storage_class,
+                "resources": {"requests": {"storage": "10Gi"}},
+            },
+        }
         testcluster.kubectl("-n", namespace, "apply", "-f", "-", stdin=yaml.safe_dump(claim))
     for storage_class in ("local-path", "shared-fs"):
         wait_for(

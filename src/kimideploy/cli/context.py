@@ -32,9 +32,12 @@ class CliState:
 def plan_options(func: click.decorators.FC) -> click.decorators.FC:
     """--cluster, --drafter and --set, shared by every command that resolves a plan."""
     func = click.option(
-        "--set", "overrides", multiple=True, metavar="WORKLOAD.KEY=VALUE",
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="WORKLOAD.KEY=VALUE",
         help="Override a workload setting of the cluster, e.g. train.epochs=3 (repeatable).",
-    )(func)  # fmt: skip
+    )(func)
     func = click.option(
         "--drafter", help="Drafter name from the registry, or 'none' for no speculation."
     )(func)

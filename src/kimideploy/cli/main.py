@@ -8,16 +8,18 @@ from pathlib import Path
 import click
 
 from kimideploy import __version__
-from kimideploy.cli import config_cmd, drafter_cmd, render_cmd, up_cmd
+from kimideploy.cli import config_cmd, drafter_cmd, release_cmds, render_cmd, run_cmds, up_cmd
 from kimideploy.cli.context import CliState
 from kimideploy.errors import ExitCode, KimiDeployError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
-    "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
     help="Project file (default: ./kimideploy.yaml, else the built-in example).",
-)  # fmt: skip
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="kimideploy")
 @click.pass_context
@@ -34,6 +36,12 @@ cli.add_command(render_cmd.render)
 cli.add_command(up_cmd.up)
 cli.add_command(drafter_cmd.drafter)
 cli.add_command(config_cmd.config)
+cli.add_command(release_cmds.rollback)
+cli.add_command(release_cmds.history)
+cli.add_command(release_cmds.status)
+cli.add_command(release_cmds.down)
+cli.add_command(run_cmds.run)
+cli.add_command(run_cmds.logs)
 
 
 def main(argv: list[str] | None = None) -> int:

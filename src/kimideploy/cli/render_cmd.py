@@ -13,9 +13,11 @@ from kimideploy.cli.context import WORKLOAD_CHOICE, CliState, plan_options
 @click.argument("workload", type=WORKLOAD_CHOICE)
 @plan_options
 @click.option(
-    "-o", "--output-dir", type=click.Path(path_type=Path, file_okay=False),
+    "-o",
+    "--output-dir",
+    type=click.Path(path_type=Path, file_okay=False),
     help="Write one file per object into this folder instead of stdout.",
-)  # fmt: skip
+)
 @click.pass_obj
 def render(
     state: CliState,

@@ -26,6 +26,7 @@ class LoadedProject:
     project: Project
     path: Path
     sha256: str
+    text: str
 
 
 def default_config_path(cwd: Path | None = None) -> Path:
@@ -43,14 +44,18 @@ def load_project(path: Path) -> LoadedProject:
             f"{path}: cannot read the project file ({exc.strerror})",
             hint="pass --config PATH, or run from a folder that has kimideploy.yaml",
         ) from exc
+    return load_project_text(text, path)
+
+
+def load_project_text(text: str, path: Path) -> LoadedProject:
+    """Validate project text (a file's, or one stored in a release record); `path` names it."""
     data, lines = _parse_yaml(path, text)
     project = _validate(path, data, lines)
     issues = reference_issues(project)
     if issues:
         _raise(path, [_format(path, loc, message, lines) for loc, message in issues])
-    return LoadedProject(
-        project=project, path=path, sha256=hashlib.sha256(text.encode()).hexdigest()
-    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return LoadedProject(project=project, path=path, sha256=digest, text=text)
 
 
 def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str | int, ...], int]]:

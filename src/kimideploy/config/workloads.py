@@ -14,9 +14,17 @@ class PodResources(StrictModel):
     memory: Quantity
 
 
-class ServeSettings(StrictModel):
-    replicas: Annotated[int, Field(ge=1, le=64)] = 1
+class WorkloadSettings(StrictModel):
+    """Settings every workload has."""
+
     resources: PodResources
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra pod annotations (scrape configs, meshes, tests)."
+    )
+
+
+class ServeSettings(WorkloadSettings):
+    replicas: Annotated[int, Field(ge=1, le=64)] = 1
     shm_size: Quantity = Field(default="64Gi", description="Memory-backed /dev/shm for NCCL.")
     port: Port = 8000
     startup_budget_s: Annotated[int, Field(ge=600, le=21600)] = Field(
@@ -31,7 +39,7 @@ class ServeSettings(StrictModel):
     )
 
 
-class DatagenSettings(StrictModel):
+class DatagenSettings(WorkloadSettings):
     prompts: str = Field(
         description="Prompt dataset path on the datasets volume (.jsonl or .parquet)."
     )
@@ -52,10 +60,9 @@ class DatagenSettings(StrictModel):
         default="serve",
         description="'serve' for the non-speculative serve release, or an http(s) base URL.",
     )
-    resources: PodResources
 
 
-class ExtractSettings(StrictModel):
+class ExtractSettings(WorkloadSettings):
     shards: Annotated[int, Field(ge=1, le=1024)]
     gpus_per_shard: Annotated[int, Field(ge=1, le=16)] = Field(
         default=8, description="GPUs per extraction pod; the target must fit on them."
@@ -64,14 +71,13 @@ class ExtractSettings(StrictModel):
     backend: Literal["vllm", "transformers"] = Field(
         default="vllm", description="vllm: production path; transformers: reference path."
     )
-    resources: PodResources
 
 
-class VocabSettings(StrictModel):
-    resources: PodResources
+class VocabSettings(WorkloadSettings):
+    """Vocab mapping runs on CPU; only resources and annotations are set."""
 
 
-class TrainSettings(StrictModel):
+class TrainSettings(WorkloadSettings):
     drafter: Name = Field(description="Drafter record this run produces (its layer ids and vocab).")
     base_drafter: Name | None = Field(default=None, description="Drafter to fine-tune from.")
     mode: Literal["offline", "online"] = Field(
@@ -84,7 +90,6 @@ class TrainSettings(StrictModel):
     max_seq_len: Annotated[int, Field(ge=128, le=262_144)] = 8192
     checkpoint_every_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     rendezvous_port: Port = 29500
-    resources: PodResources
     shm_size: Quantity = "64Gi"
 
 
@@ -96,14 +101,13 @@ def _all_prompt_sets() -> list[PromptSet]:
     return list(PROMPT_SETS)
 
 
-class BenchSettings(StrictModel):
+class BenchSettings(WorkloadSettings):
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         min_length=1, description="Concurrency levels to measure."
     )
     prompt_sets: list[PromptSet] = Field(default_factory=_all_prompt_sets)
     num_prompts: Annotated[int, Field(ge=1, le=100_000)] = 200
     max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 1024
-    resources: PodResources
 
 
 class Workloads(StrictModel):

@@ -31,10 +31,11 @@ class Context:
     image: Image
     run_id: str | None
     overrides: tuple[str, ...]
+    namespace_override: str | None = None
 
     @property
     def namespace(self) -> str:
-        return self.cluster.namespace
+        return self.namespace_override or self.cluster.namespace
 
     @property
     def release(self) -> str:

@@ -153,6 +153,7 @@ def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[Object
         "ttl_s": FINISHED_JOB_TTL_S,
         "subdomain": shape.subdomain,
         "pod_labels": labels,
+        "pod_annotations": dict(getattr(ctx.cluster.workloads, ctx.workload).pod_annotations),
         "node_selector": pods.node_selector(ctx, shape.gpus),
         "tolerations": pods.tolerations(ctx),
         "security": pods.pod_security(ctx),

@@ -17,6 +17,7 @@ class PlanRequest:
     drafter: str | None = None
     overrides: tuple[str, ...] = ()
     run_id: str | None = None
+    namespace: str | None = None
 
 
 @dataclass(frozen=True)

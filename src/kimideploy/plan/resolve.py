@@ -85,6 +85,7 @@ def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
         image=project.images[image_name],
         run_id=run_id,
         overrides=request.overrides,
+        namespace_override=request.namespace,
     )
 
 
@@ -211,5 +212,6 @@ def _inputs(ctx: Context, request: PlanRequest) -> dict[str, Any]:
         "image": ctx.image.reference,
         "image_name": ctx.image_name,
         "overrides": list(request.overrides),
+        "namespace": ctx.namespace,
         "config_sha256": ctx.config_sha256,
     }

@@ -130,7 +130,7 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         # The Deployment must not declare failure while a replica is still inside its load budget.
         "progress_deadline_s": serve.startup_budget_s + 600,
         "pod_labels": {**labels},
-        "pod_annotations": {"kimideploy.io/spec-sha256": spec_sha256},
+        "pod_annotations": {**serve.pod_annotations, "kimideploy.io/spec-sha256": spec_sha256},
         "node_selector": pods.node_selector(ctx, gpus),
         "tolerations": pods.tolerations(ctx),
         "security": pods.pod_security(ctx),

@@ -13,9 +13,10 @@ def drafter_rows(project: Project) -> list[dict[str, Any]]:
     rows = []
     for name, d in sorted(project.drafters.items()):
         source = (
-            f"hub:{d.source.hub.repo}@{d.source.hub.revision[:8]}" if d.source.hub
+            f"hub:{d.source.hub.repo}@{d.source.hub.revision[:8]}"
+            if d.source.hub
             else f"volume:{d.source.path}"
-        )  # fmt: skip
+        )
         rows.append(
             {
                 "name": name,

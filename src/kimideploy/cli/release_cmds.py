@@ -1,0 +1,137 @@
+"""`rollback`, `history`, `status` and `down` of the serve release."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from kimideploy.cli.context import CliState
+from kimideploy.cli.table import format_table
+from kimideploy.cli.terminal import TerminalReporter, cluster_options
+
+RELEASE = click.Choice(["serve"])
+cluster_option = click.option("--cluster", help="Cluster profile (default: default_cluster).")
+
+
+def _session(state: CliState, cluster: str | None, context: str | None, namespace: str | None):  # type: ignore[no-untyped-def]
+    from kimideploy.services.connection import open_session
+
+    return open_session(state.project(), cluster, context, namespace)
+
+
+def _release(state: CliState, workload: str) -> str:
+    return f"{state.project().project.name}-{workload}"
+
+
+@click.command()
+@click.argument("workload", type=RELEASE)
+@cluster_option
+@cluster_options
+@click.option("--to", "to", type=int, help="Revision to return to (see `history`).")
+@click.option("--no-spec", is_flag=True, help="The current revision without speculative decoding.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--no-wait", is_flag=True, help="Apply and return without following the rollout.")
+@click.option("--timeout", default=3600, show_default=True)
+@click.option("--scheduling-grace", default=120, hidden=True)
+@click.option("--poll", default=2.0, hidden=True)
+@click.pass_obj
+def rollback(
+    state: CliState,
+    workload: str,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    to: int | None,
+    no_spec: bool,
+    yes: bool,
+    no_wait: bool,
+    timeout: int,
+    scheduling_grace: int,
+    poll: float,
+) -> None:
+    """Return to the previous good revision, to --to N, or to non-speculative serving (--no-spec).
+
+    The target's stored manifests are applied exactly, as a new revision.
+    """
+    from kimideploy.errors import UsageError
+    from kimideploy.services import deploy
+
+    if no_spec and to is not None:
+        raise UsageError("--no-spec and --to exclude each other")
+    session = _session(state, cluster, context, namespace)
+    change = deploy.ChangeOptions(yes=yes, auto_rollback=False)
+    wait = deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace)
+    outcome = deploy.rollback(
+        session, _release(state, workload), to, no_spec, change, wait, TerminalReporter()
+    )
+    click.echo(outcome.message)
+
+
+@click.command()
+@click.argument("workload", type=RELEASE)
+@cluster_option
+@cluster_options
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@click.pass_obj
+def history(
+    state: CliState,
+    workload: str,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    output: str,
+) -> None:
+    """Revisions of the release: time, drafter, image digest, status, note."""
+    from kimideploy.services.deploy import history_rows
+
+    rows = history_rows(_session(state, cluster, context, namespace), _release(state, workload))
+    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+
+
+@click.command()
+@cluster_option
+@cluster_options
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@click.pass_obj
+def status(
+    state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
+) -> None:
+    """The serving release, its phase, and running and recent jobs."""
+    from kimideploy.services.deploy import status_report
+
+    report = status_report(
+        _session(state, cluster, context, namespace),
+        _release(state, "serve"),
+        state.project().project.name,
+    )
+    if output == "json":
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(format_table([report["serving"]]))
+    click.echo("\nRuns:")
+    click.echo(format_table(report["runs"]))
+
+
+@click.command()
+@click.argument("workload", type=RELEASE)
+@cluster_option
+@cluster_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def down(
+    state: CliState,
+    workload: str,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    yes: bool,
+) -> None:
+    """Remove the release. PersistentVolumeClaims (models, data) and history are kept."""
+    from kimideploy.services import deploy
+
+    session = _session(state, cluster, context, namespace)
+    removed = deploy.down(
+        session, _release(state, workload), deploy.ChangeOptions(yes=yes), TerminalReporter()
+    )
+    click.echo(f"removed {len(removed)} objects")

@@ -1,0 +1,89 @@
+"""`kimideploy run WORKLOAD` and `kimideploy logs serve|RUN_ID`."""
+
+from __future__ import annotations
+
+import click
+
+from kimideploy.cli.context import CliState, plan_options
+from kimideploy.cli.terminal import TerminalReporter, cluster_options
+
+JOB_WORKLOADS = click.Choice(["datagen", "extract", "vocab", "train", "bench"])
+
+
+@click.command()
+@click.argument("workload", type=JOB_WORKLOADS)
+@plan_options
+@cluster_options
+@click.option("--detach", is_flag=True, help="Create the Job and return; follow later with `logs`.")
+@click.option("--poll", default=2.0, hidden=True)
+@click.pass_obj
+def run(
+    state: CliState,
+    workload: str,
+    cluster: str | None,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    detach: bool,
+    poll: float,
+) -> None:
+    """Start WORKLOAD as a new Job and follow its progress (Ctrl-C detaches; the Job runs on)."""
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.services import runs
+    from kimideploy.services.connection import open_session
+
+    loaded = state.project()
+    session = open_session(loaded, cluster, context, namespace)
+    reporter = TerminalReporter()
+    started = runs.start_run(
+        session, loaded, PlanRequest(workload, cluster, drafter, overrides), reporter
+    )
+    follow_hint = f"kimideploy logs {started.run_id} --follow"
+    if detach:
+        click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
+        return
+    try:
+        runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll)
+    except KeyboardInterrupt:
+        reporter.info(f"detached; Job {started.job} keeps running. Re-attach: {follow_hint}")
+        raise
+
+
+@click.command()
+@click.argument("target")
+@click.option("--cluster", help="Cluster profile (default: default_cluster).")
+@cluster_options
+@click.option(
+    "--follow", "-f", is_flag=True, help="Stream; for a run, follow its progress to the end."
+)
+@click.option("--tail", type=int, default=None, help="Only the last N lines of each pod.")
+@click.pass_obj
+def logs(
+    state: CliState,
+    target: str,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    follow: bool,
+    tail: int | None,
+) -> None:
+    """Logs of the serve release (`serve`) or of a run (its run id)."""
+    from kimideploy.services import runs
+    from kimideploy.services.connection import open_session
+
+    loaded = state.project()
+    session = open_session(loaded, cluster, context, namespace)
+    if follow and target != "serve":
+        job = runs.find_job(session, target)
+        runs.follow_run(session, job, target, TerminalReporter())
+        return
+    pods = runs.pods_of(session, target, loaded.project.name)
+    if follow:
+        for line in session.follow(pods[-1]):
+            click.echo(line)
+        return
+    for pod in pods:
+        if len(pods) > 1:
+            click.echo(f"==> {pod} <==")
+        click.echo(session.log(pod, tail=tail), nl=False)

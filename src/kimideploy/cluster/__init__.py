@@ -1,0 +1,1 @@
+"""The only importer of the `kubernetes` client: apply, prune, records, locks and watches."""

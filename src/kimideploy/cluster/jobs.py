@@ -1,0 +1,101 @@
+"""Reading a Job run: its outcome, per-index failures, and the latest log lines of each index."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kimideploy.cluster import pods as pod_reads
+from kimideploy.cluster.api import KubeApi, NotFoundError
+from kimideploy.cluster.resources import path
+
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+LOG_TAIL_LINES = 200
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    name: str
+    phase: str  # pending, running, complete, failed
+    completions: int
+    succeeded: int
+    failed_indexes: tuple[int, ...]
+    index_failures: dict[int, str] = field(default_factory=dict)
+    logs: dict[int, str] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("complete", "failed")
+
+
+def parse_indexes(text: str | None) -> tuple[int, ...]:
+    """'1,3-5' -> (1, 3, 4, 5), the API's compressed index lists."""
+    found: list[int] = []
+    for part in (text or "").split(","):
+        if "-" in part:
+            low, high = part.split("-")
+            found.extend(range(int(low), int(high) + 1))
+        elif part.strip():
+            found.append(int(part))
+    return tuple(found)
+
+
+def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True) -> JobSnapshot:
+    try:
+        job = api.request("GET", path("Job", namespace, name))
+    except NotFoundError:
+        return JobSnapshot(name, "failed", 0, 0, (), message=f"Job {name} no longer exists")
+    status, spec = job.get("status", {}), job["spec"]
+    conditions = {c["type"]: c for c in status.get("conditions", []) if c.get("status") == "True"}
+    phase = "running" if status.get("active") or status.get("ready") else "pending"
+    message = ""
+    if "Complete" in conditions:
+        phase = "complete"
+    elif "Failed" in conditions:
+        phase, message = "failed", conditions["Failed"].get("message", "")
+    pods = pod_reads.list_pods(api, namespace, f"batch.kubernetes.io/job-name={name}")
+    latest: dict[int, dict[str, Any]] = {}
+    for pod in pods:
+        index = int(pod["metadata"].get("labels", {}).get(INDEX_LABEL, "0"))
+        latest[index] = pod  # list_pods is oldest first, so the last one wins
+    failures = {
+        i: _failure(p) for i, p in latest.items() if p.get("status", {}).get("phase") == "Failed"
+    }
+    logs = {}
+    if with_logs:
+        for index, pod in latest.items():
+            if pod.get("spec", {}).get("nodeName"):
+                logs[index] = pod_reads.pod_log(
+                    api, namespace, pod["metadata"]["name"], tail=LOG_TAIL_LINES
+                )
+    return JobSnapshot(
+        name=name,
+        phase=phase,
+        completions=spec.get("completions", 1),
+        succeeded=status.get("succeeded", 0),
+        failed_indexes=parse_indexes(status.get("failedIndexes")),
+        index_failures=failures,
+        logs=logs,
+        message=message,
+    )
+
+
+def _failure(pod: dict[str, Any]) -> str:
+    name = pod["metadata"]["name"]
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        terminated = status.get("state", {}).get("terminated")
+        if terminated:
+            return (
+                f"pod {name}: container {status['name']} exited {terminated.get('exitCode')} "
+                f"({terminated.get('reason', 'Error')})"
+            )
+    return f"pod {name}: {pod.get('status', {}).get('reason', 'failed')}"
+
+
+def list_runs(api: KubeApi, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """kimideploy Jobs in the namespace, newest first."""
+    items: list[dict[str, Any]] = api.request(
+        "GET", path("Job", namespace), {"labelSelector": selector}
+    ).get("items", [])
+    return sorted(items, key=lambda j: j["metadata"]["creationTimestamp"], reverse=True)

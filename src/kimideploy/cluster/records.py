@@ -1,0 +1,129 @@
+"""Release history in the cluster: one Secret per revision, gzip-compressed JSON.
+
+Stored in the release's namespace, so anyone with the same kubeconfig sees the same history, and
+it survives the machine that ran the CLI. Secrets (not ConfigMaps) because the record holds the
+rendered manifests and config, which may be sensitive, and RBAC usually guards Secrets more.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
+from kimideploy.cluster.resources import path
+
+RECORD_TYPE = "kimideploy.io/release.v1"
+RECORD_LABEL = "kimideploy.io/release-record"
+REVISION_LABEL = "kimideploy.io/revision"
+STATUS_LABEL = "kimideploy.io/status"
+DEFAULT_KEEP = 10
+
+STATUSES = ("pending", "deployed", "failed", "superseded", "rolled-back", "removed")
+
+
+@dataclass
+class ReleaseRecord:
+    release: str
+    revision: int
+    status: str
+    created_at: str
+    user: str
+    cluster: str
+    namespace: str
+    drafter: str
+    image: str
+    config_sha256: str
+    config_text: str
+    overrides: list[str]
+    manifests: list[dict[str, Any]]
+    note: str = ""
+    source_revision: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def good(self) -> bool:
+        """A revision that served successfully at some point (a rollback target)."""
+        return self.status in ("deployed", "superseded")
+
+
+def secret_name(release: str, revision: int) -> str:
+    return f"kimideploy.release.{release}.v{revision}"
+
+
+def _encode(record: ReleaseRecord) -> str:
+    """Secret data is base64 of the value; the value is gzip-compressed JSON."""
+    raw = json.dumps(asdict(record), sort_keys=True).encode()
+    return base64.b64encode(gzip.compress(raw, mtime=0)).decode()
+
+
+def _decode(secret: dict[str, Any]) -> ReleaseRecord:
+    raw = gzip.decompress(base64.b64decode(secret["data"]["release"]))
+    return ReleaseRecord(**json.loads(raw))
+
+
+def _secret(record: ReleaseRecord) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": RECORD_TYPE,
+        "metadata": {
+            "name": secret_name(record.release, record.revision),
+            "namespace": record.namespace,
+            "labels": {
+                RECORD_LABEL: record.release,
+                REVISION_LABEL: str(record.revision),
+                STATUS_LABEL: record.status,
+                "app.kubernetes.io/managed-by": "kimideploy",
+            },
+        },
+        "data": {"release": _encode(record)},
+    }
+
+
+def create(api: KubeApi, record: ReleaseRecord) -> None:
+    """Store a new revision; a concurrent writer of the same revision makes this fail loudly."""
+    try:
+        api.request("POST", path("Secret", record.namespace), body=_secret(record))
+    except ConflictError as exc:
+        raise RuntimeError(
+            f"revision {record.revision} of {record.release} already exists"
+        ) from exc
+
+
+def update(api: KubeApi, record: ReleaseRecord) -> None:
+    body = _secret(record)
+    api.request("PUT", path("Secret", record.namespace, body["metadata"]["name"]), body=body)
+
+
+def history(api: KubeApi, namespace: str, release: str) -> list[ReleaseRecord]:
+    """Every stored revision, oldest first."""
+    listed = api.request(
+        "GET", path("Secret", namespace), {"labelSelector": f"{RECORD_LABEL}={release}"}
+    )
+    records = [_decode(item) for item in listed.get("items", []) if item.get("type") == RECORD_TYPE]
+    return sorted(records, key=lambda r: r.revision)
+
+
+def get(api: KubeApi, namespace: str, release: str, revision: int) -> ReleaseRecord:
+    try:
+        return _decode(
+            api.request("GET", path("Secret", namespace, secret_name(release, revision)))
+        )
+    except NotFoundError as exc:
+        raise KeyError(revision) from exc
+
+
+def trim(api: KubeApi, namespace: str, release: str, keep: int = DEFAULT_KEEP) -> list[int]:
+    """Delete the oldest records beyond `keep`; returns the revisions removed."""
+    records = history(api, namespace, release)
+    removed = []
+    for record in records[: max(0, len(records) - keep)]:
+        with contextlib.suppress(NotFoundError):
+            api.request("DELETE", path("Secret", namespace, secret_name(release, record.revision)))
+        removed.append(record.revision)
+    return removed

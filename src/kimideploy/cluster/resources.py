@@ -1,0 +1,45 @@
+"""REST paths of the kinds kimideploy creates or reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    api: str  # "api/v1" or "apis/<group>/<version>"
+    plural: str
+    namespaced: bool = True
+
+
+KINDS: dict[str, Kind] = {
+    "Namespace": Kind("api/v1", "namespaces", namespaced=False),
+    "ConfigMap": Kind("api/v1", "configmaps"),
+    "Secret": Kind("api/v1", "secrets"),
+    "Service": Kind("api/v1", "services"),
+    "PersistentVolumeClaim": Kind("api/v1", "persistentvolumeclaims"),
+    "Pod": Kind("api/v1", "pods"),
+    "Event": Kind("api/v1", "events"),
+    "Deployment": Kind("apis/apps/v1", "deployments"),
+    "ReplicaSet": Kind("apis/apps/v1", "replicasets"),
+    "Job": Kind("apis/batch/v1", "jobs"),
+    "Lease": Kind("apis/coordination.k8s.io/v1", "leases"),
+}
+PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap")
+"""Kinds a release owns and may prune; PersistentVolumeClaims are never among them."""
+
+
+def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+    """/api/v1/namespaces/ns/configmaps/name[/sub]"""
+    spec = KINDS[kind]
+    parts = [f"/{spec.api}"]
+    if spec.namespaced:
+        if namespace is None:
+            raise ValueError(f"{kind} is namespaced")
+        parts.append(f"namespaces/{namespace}")
+    parts.append(spec.plural)
+    if name:
+        parts.append(name)
+    if sub:
+        parts.append(sub)
+    return "/".join(parts)

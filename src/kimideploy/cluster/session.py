@@ -1,0 +1,127 @@
+"""ClusterSession: what the services may do to one namespace of one cluster.
+
+The services receive a session instead of importing this package's modules, so the CLI decides
+which cluster (context, namespace) and tests can pass their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kimideploy.cluster import apply as applying
+from kimideploy.cluster import jobs, records
+from kimideploy.cluster import pods as pod_reads
+from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
+from kimideploy.cluster.lock import ReleaseLock
+from kimideploy.cluster.resources import path
+from kimideploy.cluster.rollout import RolloutWatcher
+from kimideploy.errors import ClusterError, UsageError
+
+
+@dataclass
+class ClusterSession:
+    api: KubeApi
+    namespace: str
+
+    # namespaces -----------------------------------------------------------------------------
+    def namespace_exists(self) -> bool:
+        try:
+            self.api.request("GET", path("Namespace", None, self.namespace))
+            return True
+        except NotFoundError:
+            return False
+
+    def ensure_namespace(self) -> bool:
+        """Create the namespace when missing; True if it was created."""
+        if self.namespace_exists():
+            return False
+        body = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": self.namespace,
+                "labels": {"app.kubernetes.io/managed-by": "kimideploy"},
+            },
+        }
+        try:
+            self.api.request("POST", path("Namespace"), body=body)
+        except ConflictError:
+            return False
+        except ClusterError as exc:
+            raise ClusterError(
+                f"namespace {self.namespace} does not exist and cannot be created: {exc.message}",
+                hint=f"ask a cluster admin to run `kubectl create namespace {self.namespace}`",
+            ) from exc
+        return True
+
+    def require_namespace(self) -> None:
+        if not self.namespace_exists():
+            raise UsageError(
+                f"namespace {self.namespace} does not exist",
+                hint="`kimideploy up` creates it, or pass --namespace NAME",
+            )
+
+    # objects --------------------------------------------------------------------------------
+    def apply(self, objects: list[dict[str, Any]], force: bool = False) -> list[applying.ObjectRef]:
+        return applying.apply_all(self.api, objects, force=force)
+
+    def dry_run_diff(self, objects: list[dict[str, Any]], force: bool = False) -> str:
+        return applying.diff(self.api, objects, force=force)
+
+    def prune(self, release: str, keep: list[applying.ObjectRef]) -> list[applying.ObjectRef]:
+        return applying.prune(self.api, self.namespace, release, keep)
+
+    def live_release_objects(self, release: str) -> list[dict[str, Any]]:
+        return applying.live_release_objects(self.api, self.namespace, release)
+
+    def delete(self, target: applying.ObjectRef) -> bool:
+        return applying.delete_object(self.api, target)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return applying.get_live(self.api, applying.ObjectRef(kind, self.namespace, name))
+
+    def list_claims(self) -> list[str]:
+        listed = self.api.request("GET", path("PersistentVolumeClaim", self.namespace))
+        return [item["metadata"]["name"] for item in listed.get("items", [])]
+
+    # history and locking --------------------------------------------------------------------
+    def history(self, release: str) -> list[records.ReleaseRecord]:
+        return records.history(self.api, self.namespace, release)
+
+    def record(self, record: records.ReleaseRecord, new: bool) -> None:
+        (records.create if new else records.update)(self.api, record)
+
+    def trim_history(self, release: str, keep: int) -> list[int]:
+        return records.trim(self.api, self.namespace, release, keep)
+
+    def lock(self, release: str, action: str) -> ReleaseLock:
+        return ReleaseLock(self.api, self.namespace, release, action)
+
+    # watching -------------------------------------------------------------------------------
+    def rollout_watcher(
+        self, deployment: str, startup_budget_s: float, grace_s: float
+    ) -> RolloutWatcher:
+        return RolloutWatcher(self.api, self.namespace, deployment, startup_budget_s, grace_s)
+
+    def job(self, name: str, with_logs: bool = True) -> jobs.JobSnapshot:
+        return jobs.job_snapshot(self.api, self.namespace, name, with_logs)
+
+    def runs(self, selector: str) -> list[dict[str, Any]]:
+        return jobs.list_runs(self.api, self.namespace, selector)
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        return pod_reads.list_pods(self.api, self.namespace, selector)
+
+    def log(self, pod: str, tail: int | None = None) -> str:
+        return pod_reads.pod_log(self.api, self.namespace, pod, tail=tail)
+
+    def follow(self, pod: str) -> Any:
+        return pod_reads.follow_log(self.api, self.namespace, pod)
+
+
+def connect(context: str | None, namespace: str) -> ClusterSession:
+    """A session on KUBECONFIG's `context` (or the current one), checked with one cheap request."""
+    api = KubeApi(context=context)
+    api.request("GET", "/version", timeout=10)  # unreachable or unauthenticated fails here
+    return ClusterSession(api=api, namespace=namespace)

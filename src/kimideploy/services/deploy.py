@@ -1,0 +1,443 @@
+"""The serve release lifecycle: up, rollback, down, history and status, with recorded revisions."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kimideploy.cluster.apply import ObjectRef, ref
+from kimideploy.cluster.records import ReleaseRecord
+from kimideploy.cluster.rollout import RolloutState
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.config.loading import LoadedProject, load_project_text
+from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.plan.model import PlanRequest
+from kimideploy.services.rendering import Rendered, render_workload
+from kimideploy.services.reporting import Reporter
+
+
+@dataclass(frozen=True)
+class WaitOptions:
+    wait: bool = True
+    timeout_s: float = 3600
+    poll_s: float = 2
+    scheduling_grace_s: float = 120
+
+
+@dataclass(frozen=True)
+class ChangeOptions:
+    yes: bool = False
+    force: bool = False
+    auto_rollback: bool = True
+    keep_history: int = 10
+
+
+@dataclass(frozen=True)
+class Outcome:
+    revision: int
+    status: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Revision:
+    """What a new revision applies, and what it records about where it came from."""
+
+    release: str
+    manifests: list[dict[str, Any]]
+    drafter: str
+    image: str
+    cluster: str
+    config_sha256: str
+    config_text: str
+    overrides: list[str]
+    note: str = ""
+    source_revision: int | None = None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def revision_from_render(loaded: LoadedProject, rendered: Rendered, note: str = "") -> Revision:
+    plan = rendered.plan
+    return Revision(
+        release=plan.release,
+        manifests=rendered.objects,
+        drafter=plan.drafter,
+        image=plan.image,
+        cluster=plan.cluster,
+        config_sha256=loaded.sha256,
+        config_text=loaded.text,
+        overrides=list(plan.inputs["overrides"]),
+        note=note,
+    )
+
+
+def up(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    change: ChangeOptions,
+    wait: WaitOptions,
+    reporter: Reporter,
+) -> Outcome:
+    """Render, show the change, apply a new revision, follow the rollout, roll back on failure."""
+    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    for warning in rendered.plan.warnings:
+        reporter.info(f"warning: {warning}")
+    if session.ensure_namespace():
+        reporter.info(f"created namespace {session.namespace}")
+    return deploy(session, revision_from_render(loaded, rendered), change, wait, reporter, "up")
+
+
+def deploy(
+    session: ClusterSession,
+    revision: Revision,
+    change: ChangeOptions,
+    wait: WaitOptions,
+    reporter: Reporter,
+    action: str,
+) -> Outcome:
+    """Apply one revision under the release lock; a failed rollout returns to the last good one."""
+    with session.lock(revision.release, action) as lock:
+        history = session.history(revision.release)
+        number = (history[-1].revision + 1) if history else 1
+        if not _confirm(session, revision, number, change, reporter):
+            raise KimiDeployError(
+                "cancelled; nothing was changed", hint="pass --yes to skip the question"
+            )
+        record = _new_record(session, revision, number)
+        session.record(record, new=True)
+        state = _apply_and_wait(session, revision, change, wait, reporter, lock.renew)
+        if state is None or state.phase == "ready":
+            _mark_serving(
+                session, history, record, "rolled-back" if action == "rollback" else "superseded"
+            )
+            session.trim_history(revision.release, change.keep_history)
+            how = "applied (not waited for)" if state is None else "ready"
+            return Outcome(number, "deployed", f"revision {number} of {revision.release} is {how}")
+        record.status, record.details = (
+            "failed",
+            {"failure": state.failure, "reason": state.message},
+        )
+        session.record(record, new=False)
+        log_tail = session.log(state.pod, tail=20) if state.pod else ""
+        failure = f"revision {number} failed: {state.message}"
+        if log_tail.strip():
+            failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
+        if not change.auto_rollback or action == "auto-rollback":
+            raise RolloutError(
+                failure, hint="`kimideploy rollback serve` returns to the last good revision"
+            )
+        good = [r for r in history if r.good]
+        if not good:
+            raise RolloutError(
+                failure + "\nno earlier good revision to roll back to; nothing is serving"
+            )
+        target = good[-1]
+        reporter.info(
+            f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
+        )
+        back = _revision_from_record(
+            target,
+            f"automatic rollback to revision {target.revision} after "
+            f"revision {number} failed: {state.failure}",
+        )
+    outcome = deploy(session, back, replace(change, yes=True), wait, reporter, "auto-rollback")
+    raise RolloutError(
+        f"{failure}\nrolled back automatically: revision {outcome.revision} (a copy of revision "
+        f"{target.revision}, drafter {target.drafter}) is now serving",
+        hint="`kimideploy history serve` shows both revisions",
+    )
+
+
+def _confirm(
+    session: ClusterSession,
+    revision: Revision,
+    number: int,
+    change: ChangeOptions,
+    reporter: Reporter,
+) -> bool:
+    wanted = [ref(o) for o in revision.manifests]
+    live = {
+        (o["kind"], o["metadata"]["name"]) for o in session.live_release_objects(revision.release)
+    }
+    lines = [
+        f"revision {number} of {revision.release} in namespace {session.namespace} "
+        f"(drafter {revision.drafter}, {revision.image}):"
+    ]
+    for target in wanted:
+        verb = (
+            "configure"
+            if (target.kind, target.name) in live or session.get(target.kind, target.name)
+            else "create"
+        )
+        lines.append(f"  {verb} {target}")
+    for kind, name in sorted(live - {(t.kind, t.name) for t in wanted}):
+        lines.append(f"  prune {kind}/{name}")
+    reporter.info("\n".join(lines))
+    return change.yes or reporter.confirm(f"apply revision {number}?")
+
+
+def _new_record(session: ClusterSession, revision: Revision, number: int) -> ReleaseRecord:
+    return ReleaseRecord(
+        release=revision.release,
+        revision=number,
+        status="pending",
+        created_at=_now(),
+        user=getpass.getuser(),
+        cluster=revision.cluster,
+        namespace=session.namespace,
+        drafter=revision.drafter,
+        image=revision.image,
+        config_sha256=revision.config_sha256,
+        config_text=revision.config_text,
+        overrides=revision.overrides,
+        manifests=revision.manifests,
+        note=revision.note,
+        source_revision=revision.source_revision,
+    )
+
+
+def _apply_and_wait(
+    session: ClusterSession,
+    revision: Revision,
+    change: ChangeOptions,
+    wait: WaitOptions,
+    reporter: Reporter,
+    keep_alive: Any,
+) -> RolloutState | None:
+    applied = session.apply(revision.manifests, force=change.force)
+    for pruned in session.prune(revision.release, keep=applied):
+        reporter.info(f"pruned {pruned}")
+    if not wait.wait:
+        return None
+    deployment = next(o for o in revision.manifests if o["kind"] == "Deployment")
+    watcher = session.rollout_watcher(
+        deployment["metadata"]["name"], startup_budget_s(deployment), wait.scheduling_grace_s
+    )
+    return follow_rollout(watcher, wait, reporter, keep_alive)
+
+
+def follow_rollout(
+    watcher: Any, wait: WaitOptions, reporter: Reporter, keep_alive: Any
+) -> RolloutState:
+    """Poll until ready or failed; the lock is renewed as we go (loads take ~25 minutes)."""
+    start = time.monotonic()
+    last_renew = start
+    while True:
+        state: RolloutState = watcher.poll()
+        elapsed = time.monotonic() - start
+        reporter.status(f"[{elapsed:5.0f}s] {state.phase}: {state.message}")
+        if state.done:
+            return state
+        if elapsed > wait.timeout_s:
+            return RolloutState(
+                "failed",
+                f"not ready within --timeout {wait.timeout_s:.0f}s "
+                f"(last phase: {state.phase}: {state.message})",
+                "Timeout",
+                state.pod,
+            )
+        if time.monotonic() - last_renew > 30:
+            keep_alive()
+            last_renew = time.monotonic()
+        time.sleep(wait.poll_s)
+
+
+def startup_budget_s(deployment: dict[str, Any]) -> float:
+    """The startup probe's budget, read from the manifest being rolled out."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    probe = container.get("startupProbe") or {}
+    return float(probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3))
+
+
+def _mark_serving(
+    session: ClusterSession, history: list[ReleaseRecord], record: ReleaseRecord, replaced_as: str
+) -> None:
+    for previous in history:
+        if previous.status == "deployed":
+            previous.status = replaced_as
+            session.record(previous, new=False)
+    record.status = "deployed"
+    session.record(record, new=False)
+
+
+def _revision_from_record(record: ReleaseRecord, note: str) -> Revision:
+    return Revision(
+        release=record.release,
+        manifests=record.manifests,
+        drafter=record.drafter,
+        image=record.image,
+        cluster=record.cluster,
+        config_sha256=record.config_sha256,
+        config_text=record.config_text,
+        overrides=record.overrides,
+        note=note,
+        source_revision=record.revision,
+    )
+
+
+def rollback(
+    session: ClusterSession,
+    release: str,
+    to: int | None,
+    no_spec: bool,
+    change: ChangeOptions,
+    wait: WaitOptions,
+    reporter: Reporter,
+) -> Outcome:
+    """To the previous good revision, to --to N, or (--no-spec) the current one, drafter none."""
+    history = session.history(release)
+    if not history:
+        raise UsageError(
+            f"{release} has no history in namespace {session.namespace}",
+            hint="`kimideploy up serve` creates the first revision",
+        )
+    current = next((r for r in reversed(history) if r.status == "deployed"), history[-1])
+    if no_spec:
+        revision = _without_drafter(current)
+    else:
+        target = _rollback_target(history, current, to)
+        revision = _revision_from_record(target, f"rollback to revision {target.revision}")
+    return deploy(session, revision, change, wait, reporter, "rollback")
+
+
+def _rollback_target(
+    history: list[ReleaseRecord], current: ReleaseRecord, to: int | None
+) -> ReleaseRecord:
+    if to is not None:
+        found = next((r for r in history if r.revision == to), None)
+        if found is None:
+            known = ", ".join(str(r.revision) for r in history)
+            raise UsageError(f"--to {to}: no such revision (kept: {known})")
+        if found.status == "failed":
+            raise UsageError(f"--to {to}: revision {to} failed; pick a revision that served")
+        return found
+    serving = current.status == "deployed"
+    candidates = [
+        r
+        for r in history
+        if (r.good or r.status in ("rolled-back", "removed"))
+        and not (serving and r.revision == current.revision)
+    ]
+    candidates = [r for r in candidates if r.revision < current.revision or not serving]
+    if not candidates:
+        raise UsageError(
+            "no earlier good revision to roll back to", hint="`kimideploy history serve`"
+        )
+    return candidates[-1]
+
+
+def _without_drafter(current: ReleaseRecord) -> Revision:
+    """Re-render the current revision's stored config and overrides with drafter `none`."""
+    if not current.config_text:
+        raise UsageError(f"revision {current.revision} has no stored config to re-render")
+    loaded = load_project_text(current.config_text, Path(f"revision-{current.revision}.yaml"))
+    workload = current.release.rsplit("-", 1)[-1]
+    request = PlanRequest(
+        workload, current.cluster, NO_DRAFTER, tuple(current.overrides), namespace=current.namespace
+    )
+    rendered = render_workload(loaded, request)
+    revision = revision_from_render(loaded, rendered, "rollback to non-speculative serving")
+    return replace(revision, config_text=current.config_text, source_revision=current.revision)
+
+
+def down(
+    session: ClusterSession, release: str, change: ChangeOptions, reporter: Reporter
+) -> list[ObjectRef]:
+    """Remove the release's objects; PersistentVolumeClaims and history stay."""
+    with session.lock(release, "down"):
+        live = session.live_release_objects(release)
+        targets = [ObjectRef(o["kind"], session.namespace, o["metadata"]["name"]) for o in live]
+        if not targets:
+            reporter.info(f"{release}: nothing to remove in namespace {session.namespace}")
+            return []
+        reporter.info(
+            "\n".join([f"remove from namespace {session.namespace}:"] + [f"  {t}" for t in targets])
+        )
+        if not (change.yes or reporter.confirm(f"remove {release}?")):
+            raise KimiDeployError(
+                "cancelled; nothing was removed", hint="pass --yes to skip the question"
+            )
+        for target in reversed(targets):
+            session.delete(target)
+        history = session.history(release)
+        for record in history:
+            if record.status == "deployed":
+                record.status, record.note = (
+                    "removed",
+                    (record.note + "; removed by down").lstrip("; "),
+                )
+                session.record(record, new=False)
+        claims = session.list_claims()
+        if claims:
+            reporter.info(f"kept PersistentVolumeClaims: {', '.join(claims)}")
+        return targets
+
+
+def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "revision": r.revision,
+            "time": r.created_at,
+            "drafter": r.drafter,
+            "image": r.image.split("@")[-1][:19],
+            "status": r.status,
+            "user": r.user,
+            "note": r.note,
+        }
+        for r in session.history(release)
+    ]
+
+
+def status_report(session: ClusterSession, release: str, project_name: str) -> dict[str, Any]:
+    """The serving release (revision, drafter, readiness) and recent runs."""
+    history = session.history(release)
+    current = next((r for r in reversed(history) if r.status == "deployed"), None)
+    deployment = session.get("Deployment", release)
+    serving: dict[str, Any] = {"release": release, "namespace": session.namespace}
+    if current is not None:
+        serving.update(
+            revision=current.revision,
+            drafter=current.drafter,
+            image=current.image,
+            since=current.created_at,
+        )
+    if deployment is None:
+        serving["phase"] = "not deployed"
+    else:
+        status, wanted = deployment.get("status", {}), deployment["spec"].get("replicas", 1)
+        ready = status.get("readyReplicas", 0)
+        serving["phase"] = "ready" if ready == wanted else "progressing"
+        serving["ready"] = f"{ready}/{wanted}"
+    runs = []
+    for job in session.runs(
+        f"app.kubernetes.io/name={project_name},app.kubernetes.io/managed-by=kimideploy"
+    )[:10]:
+        labels, status = job["metadata"]["labels"], job.get("status", {})
+        state = (
+            "running"
+            if status.get("active")
+            else "complete"
+            if status.get("succeeded") == job["spec"].get("completions")
+            else "failed"
+            if status.get("failed")
+            else "pending"
+        )
+        runs.append(
+            {
+                "run_id": labels.get("kimideploy.io/run-id"),
+                "workload": labels.get("app.kubernetes.io/component"),
+                "job": job["metadata"]["name"],
+                "status": state,
+                "started": job["metadata"]["creationTimestamp"],
+            }
+        )
+    return {"serving": serving, "runs": runs}

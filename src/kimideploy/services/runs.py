@@ -1,0 +1,114 @@
+"""Job runs: a new immutable Job per run, followed with progress from the workloads' JSON lines."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, replace
+
+from kimideploy.cluster.jobs import JobSnapshot
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.loading import LoadedProject
+from kimideploy.errors import RolloutError, UsageError
+from kimideploy.plan.model import PlanRequest
+from kimideploy.services import progress
+from kimideploy.services.rendering import Rendered, render_workload
+from kimideploy.services.reporting import Reporter
+
+RUN_ID_LABEL = "kimideploy.io/run-id"
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run_id: str
+    job: str
+    rendered: Rendered
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(3)
+
+
+def start_run(
+    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, reporter: Reporter
+) -> RunStarted:
+    """Render with a fresh run id and create the run's objects."""
+    if request.workload == "serve":
+        raise UsageError("serve is a release, not a run", hint="use `kimideploy up serve`")
+    session.require_namespace()
+    run_id = request.run_id or new_run_id()
+    rendered = render_workload(loaded, replace(request, run_id=run_id, namespace=session.namespace))
+    for warning in rendered.plan.warnings:
+        reporter.info(f"warning: {warning}")
+    session.apply(rendered.objects)
+    job = next(o for o in rendered.objects if o["kind"] == "Job")["metadata"]["name"]
+    reporter.info(f"run {run_id}: created Job {job} in namespace {session.namespace}")
+    return RunStarted(run_id, job, rendered)
+
+
+def find_job(session: ClusterSession, run_id: str) -> str:
+    runs = session.runs(f"{RUN_ID_LABEL}={run_id}")
+    if not runs:
+        raise UsageError(
+            f"no run {run_id} in namespace {session.namespace}",
+            hint="`kimideploy status` lists recent runs; pass --namespace if it ran elsewhere",
+        )
+    name: str = runs[0]["metadata"]["name"]
+    return name
+
+
+def follow_run(
+    session: ClusterSession, job: str, run_id: str, reporter: Reporter, poll_s: float = 2
+) -> JobSnapshot:
+    """Report progress until the Job ends; a failed run raises RolloutError (exit 4)."""
+    announced: set[int] = set()
+    while True:
+        snapshot = session.job(job)
+        summary = progress.aggregate(snapshot.logs, snapshot.completions)
+        line = summary.describe() if summary else f"{snapshot.phase}: waiting for progress lines"
+        reporter.status(f"{job}: {snapshot.succeeded}/{snapshot.completions} indexes done; {line}")
+        for index in snapshot.failed_indexes:
+            if index not in announced:
+                announced.add(index)
+                reporter.info(
+                    f"index {index} failed: {snapshot.index_failures.get(index, 'no pod details')}"
+                    + _tail(snapshot.logs.get(index, ""))
+                )
+        if snapshot.done:
+            return _finish(snapshot, run_id, reporter)
+        time.sleep(poll_s)
+
+
+def _finish(snapshot: JobSnapshot, run_id: str, reporter: Reporter) -> JobSnapshot:
+    for index, result in sorted(progress.results(snapshot.logs).items()):
+        fields = ", ".join(f"{k}={v}" for k, v in result.items() if k != "event")
+        reporter.info(f"index {index} result: {fields}")
+    if snapshot.phase == "failed":
+        failed = ", ".join(map(str, snapshot.failed_indexes)) or "?"
+        reason = snapshot.message or "Job failed"
+        raise RolloutError(
+            f"run {run_id} ({snapshot.name}) failed: {reason}; failed indexes: {failed}",
+            hint=f"`kimideploy logs {run_id}` shows each index's log; the Job is kept",
+        )
+    done = f"{snapshot.succeeded}/{snapshot.completions}"
+    reporter.info(f"run {run_id} ({snapshot.name}) complete: {done} indexes")
+    return snapshot
+
+
+def _tail(text: str, lines: int = 5) -> str:
+    kept = [line for line in text.strip().splitlines() if line][-lines:]
+    return ("\n    " + "\n    ".join(kept)) if kept else ""
+
+
+def pods_of(session: ClusterSession, target: str, project_name: str) -> list[str]:
+    """Pod names for `logs serve` or `logs <run-id>`."""
+    if target == "serve":
+        selector = f"app.kubernetes.io/instance={project_name}-serve"
+    else:
+        selector = f"{RUN_ID_LABEL}={target}"
+    pods = [p["metadata"]["name"] for p in session.pods(selector)]
+    if not pods:
+        if target != "serve":
+            find_job(session, target)  # raises the clearer "no run" error when that is the cause
+        raise UsageError(f"no pods for {target} in namespace {session.namespace}")
+    return pods

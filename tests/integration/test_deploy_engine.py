@@ -1,0 +1,272 @@
+"""The deploy engine on the real control plane: up, history, rollback, prune, locks, runs, down."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimideploy.cli.main import main
+from kimideploy.cluster.api import KubeApi
+from kimideploy.cluster.lock import ReleaseLock
+from tests.integration.conftest import harness
+
+pytestmark = pytest.mark.integration
+RELEASE = "kimi-k25-serve"
+FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
+
+
+def live(testcluster: harness.TestCluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    return json.loads(testcluster.kubectl("-n", namespace, "get", kind, name, "-o", "json"))
+
+
+def history(kd: Callable[..., tuple[int, str, str]]) -> list[dict[str, Any]]:
+    code, out, _ = kd("history", "serve", "-o", "json")
+    assert code == 0
+    rows: list[dict[str, Any]] = json.loads(out)
+    return rows
+
+
+def vllm_args(obj: dict[str, Any]) -> list[str]:
+    args: list[str] = obj["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_up_v3_then_none_and_history_shows_both(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    code, out, err = kd("up", "serve", "--drafter", "v3", *FAST)
+    assert code == 0, err
+    assert "revision 1 of kimi-k25-serve is ready" in out
+    assert "create Deployment/kimi-k25-serve" in err
+    deployment = live(testcluster, namespace, "deployment", RELEASE)
+    assert deployment["status"]["availableReplicas"] == 1
+    assert "--speculative-config" in vllm_args(deployment)
+    code, out, err = kd("up", "serve", "--drafter", "none", *FAST)
+    assert code == 0, err
+    rows = history(kd)
+    assert [(r["revision"], r["drafter"], r["status"]) for r in rows] == [
+        (1, "v3", "superseded"),
+        (2, "none", "deployed"),
+    ]
+    assert all(r["image"].startswith("sha256:") for r in rows)
+    assert "--speculative-config" not in vllm_args(
+        live(testcluster, namespace, "deployment", RELEASE)
+    )
+
+
+def test_rollback_restores_the_exact_v3_manifests(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    v3_template = live(testcluster, namespace, "deployment", RELEASE)["spec"]["template"]
+    assert kd("up", "serve", "--drafter", "none", "--set", "serve.max_num_seqs=64", *FAST)[0] == 0
+    code, _out, err = kd("rollback", "serve", *FAST)
+    assert code == 0, err
+    restored = live(testcluster, namespace, "deployment", RELEASE)["spec"]["template"]
+    assert restored == v3_template
+    rows = history(kd)
+    assert rows[-1]["note"] == "rollback to revision 1" and rows[-1]["drafter"] == "v3"
+    assert rows[1]["status"] == "rolled-back"
+    records = KubeApi(context="kimideploy-test")
+    from kimideploy.cluster import records as stored
+
+    first, third = (
+        stored.get(records, namespace, RELEASE, 1),
+        stored.get(records, namespace, RELEASE, 3),
+    )
+    assert third.manifests == first.manifests and third.source_revision == 1
+
+
+def test_rollback_to_a_revision_and_unknown_revision(
+    kd: Callable[..., tuple[int, str, str]],
+) -> None:
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    assert kd("up", "serve", "--drafter", "v1", *FAST)[0] == 0
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    code, _, err = kd("rollback", "serve", "--to", "1", *FAST)
+    assert code == 0, err
+    assert history(kd)[-1]["drafter"] == "v3"
+    code, _, err = kd("rollback", "serve", "--to", "9", *FAST)
+    assert code == 2 and "--to 9: no such revision (kept: 1, 2, 3, 4)" in err
+
+
+def test_rollback_no_spec_drops_speculation_and_keeps_everything_else(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    assert kd("up", "serve", "--drafter", "v3", "--set", "serve.max_num_seqs=32", *FAST)[0] == 0
+    before = live(testcluster, namespace, "deployment", RELEASE)
+    code, _, err = kd("rollback", "serve", "--no-spec", *FAST)
+    assert code == 0, err
+    after = live(testcluster, namespace, "deployment", RELEASE)
+    old_args, new_args = vllm_args(before), vllm_args(after)
+    spec_at = old_args.index("--speculative-config")
+    assert new_args == old_args[:spec_at] + old_args[spec_at + 2 :]
+    assert not any("specul" in a or "eagle" in a for a in new_args)
+    assert "32" in new_args  # the revision's --set overrides are kept
+    old_pod, new_pod = before["spec"]["template"]["spec"], after["spec"]["template"]["spec"]
+    for field in ("volumes", "nodeSelector", "securityContext", "tolerations"):
+        assert old_pod.get(field) == new_pod.get(field)
+    assert old_pod["containers"][0]["image"] == new_pod["containers"][0]["image"]
+    assert old_pod["containers"][0]["resources"] == new_pod["containers"][0]["resources"]
+    rows = history(kd)
+    assert (
+        rows[-1]["note"] == "rollback to non-speculative serving" and rows[-1]["drafter"] == "none"
+    )
+
+
+def test_crash_looping_rollout_is_rolled_back_automatically(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    crash = f'serve.pod_annotations={{"{harness.CRASH_LOOP}": "true"}}'
+    code, _out, err = kd("up", "serve", "--drafter", "v3", "--set", crash, *FAST)
+    assert code == 4
+    assert "revision 2 failed: pod" in err and "is crash-looping" in err
+    assert (
+        "rolled back automatically: revision 3 (a copy of revision 1, drafter none) is now serving"
+        in err
+    )
+    rows = history(kd)
+    assert [(r["revision"], r["status"]) for r in rows] == [
+        (1, "superseded"),
+        (2, "failed"),
+        (3, "deployed"),
+    ]
+    assert "automatic rollback to revision 1 after revision 2 failed: CrashLoop" in rows[2]["note"]
+    deployment = live(testcluster, namespace, "deployment", RELEASE)
+    assert "--speculative-config" not in vllm_args(deployment)
+
+
+def test_no_auto_rollback_leaves_the_failed_revision(
+    kd: Callable[..., tuple[int, str, str]],
+) -> None:
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    pull = f'serve.pod_annotations={{"{harness.IMAGE_PULL_ERROR}": "true"}}'
+    code, _, err = kd("up", "serve", "--drafter", "v3", "--set", pull, "--no-auto-rollback", *FAST)
+    assert code == 4 and "cannot pull" in err and "ImagePullBackOff" in err
+    assert [r["status"] for r in history(kd)] == ["deployed", "failed"]
+
+
+def test_failed_scheduling_when_a_pod_asks_for_more_gpus_than_a_node_has(
+    kd: Callable[..., tuple[int, str, str]], edited_config: Callable[..., Path]
+) -> None:
+    config = edited_config(
+        ("      memory_gb: 96\n      per_node: 8", "      memory_gb: 96\n      per_node: 16")
+    )
+    code, _, err = kd("up", "serve", "--drafter", "none", *FAST, config=config)
+    assert code == 4
+    assert "cannot be scheduled" in err and "Insufficient nvidia.com/gpu" in err
+    assert "no earlier good revision to roll back to; nothing is serving" in err
+
+
+def test_prune_removes_an_object_dropped_from_the_templates(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = tmp_path / "home"
+    (home / "templates").mkdir(parents=True)
+    import shutil
+
+    from tests.conftest import REPO
+
+    shutil.copytree(REPO / "templates" / "k8s", home / "templates" / "k8s")
+    extra = home / "templates" / "k8s" / "configmap-serve.yaml.j2"
+    extra.write_text(
+        extra.read_text()
+        + (
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ (v.name ~ '-legacy') | j }}\n"
+            "  namespace: {{ v.namespace | j }}\n  labels: {{ v.labels | j }}\ndata: {}\n"
+        )
+    )
+    monkeypatch.setenv("KIMIDEPLOY_HOME", str(home))
+    assert kd("up", "serve", "--drafter", "v3", *FAST, config=REPO / "kimideploy.yaml")[0] == 0
+    assert live(testcluster, namespace, "configmap", f"{RELEASE}-legacy")
+    monkeypatch.delenv("KIMIDEPLOY_HOME")
+    code, _, err = kd("up", "serve", "--drafter", "v3", *FAST)
+    assert code == 0, err
+    assert (
+        f"prune ConfigMap/{RELEASE}-legacy" in err and f"pruned ConfigMap/{RELEASE}-legacy" in err
+    )
+    missing = testcluster.kubectl(
+        "-n", namespace, "get", "configmap", f"{RELEASE}-legacy", check=False
+    )
+    assert missing == ""
+    assert live(testcluster, namespace, "pvc", "kimi-k25-models")  # claims are never pruned
+
+
+def test_concurrent_up_is_refused_while_the_lock_is_held(
+    kd: Callable[..., tuple[int, str, str]],
+    namespace: str,
+    testcluster: harness.TestCluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(testcluster.kubeconfig))
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    other = ReleaseLock(
+        KubeApi(context="kimideploy-test"), namespace, RELEASE, "up serve (another user)"
+    )
+    other.identity = "alice@workstation pid 4242 (up)"
+    with other:
+        code, _, err = kd("up", "serve", "--drafter", "v3", *FAST)
+    assert code == 1
+    assert "release kimi-k25-serve is locked by alice@workstation pid 4242 (up)" in err
+    assert [r["revision"] for r in history(kd)] == [1]
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0  # released: the next run proceeds
+
+
+def test_down_keeps_claims_and_history(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    code, _out, err = kd("down", "serve", "--yes")
+    assert code == 0, err
+    assert "kept PersistentVolumeClaims: kimi-k25-models" in err
+    assert testcluster.kubectl("-n", namespace, "get", "deployment", RELEASE, check=False) == ""
+    assert live(testcluster, namespace, "pvc", "kimi-k25-models")
+    assert history(kd)[-1]["status"] == "removed"
+    code, _, err = kd("rollback", "serve", *FAST)  # brings the removed revision back
+    assert code == 0, err
+    assert live(testcluster, namespace, "deployment", RELEASE)["status"]["availableReplicas"] == 1
+
+
+def test_server_dry_run_changes_nothing(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    before = live(testcluster, namespace, "deployment", RELEASE)["metadata"]["resourceVersion"]
+    code, out, err = kd("up", "serve", "--drafter", "v3", "--dry-run=server")
+    assert code == 0, err
+    assert "+++ planned/Deployment/kimi-k25-serve" in out
+    assert (
+        "+        - --speculative-config" in out
+        or "+  - --speculative-config" in out
+        or "--speculative-config" in out
+    )
+    assert "nothing was persisted" in err
+    after = live(testcluster, namespace, "deployment", RELEASE)
+    assert after["metadata"]["resourceVersion"] == before
+    assert "--speculative-config" not in vllm_args(after)
+    assert [r["revision"] for r in history(kd)] == [1]
+
+
+def test_client_dry_run_contacts_no_cluster(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert main(["up", "serve", "--drafter", "v3", "--dry-run", "--context", "nowhere"]) == 0
+    assert "Dry run (client): nothing was sent to a cluster." in capsys.readouterr().out
+
+
+def test_status_shows_the_serving_release(kd: Callable[..., tuple[int, str, str]]) -> None:
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    _code, out, _ = kd("status", "-o", "json")
+    report = json.loads(out)
+    assert report["serving"]["drafter"] == "v3" and report["serving"]["phase"] == "ready"
+    assert report["serving"]["revision"] == 1

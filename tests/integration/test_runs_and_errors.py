@@ -1,0 +1,182 @@
+"""Job runs followed through their pods' logs, and cluster errors with their exit codes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kimideploy.cli.main import main
+from tests.integration.conftest import harness
+
+pytestmark = pytest.mark.integration
+PROGRESS = [
+    '{"event": "progress", "stage": "train", "done": 40, "total": 100, "unit": "steps", "rate": 2.0}',
+    "epoch 1 loss 2.31 (human log line)",
+    '{"event": "progress", "stage": "train", "done": 100, "total": 100, "unit": "steps", "rate": 2.5}',
+    '{"event": "result", "loss": 1.42, "acceptance_pos0": 0.61}',
+]
+
+
+def annotations(**values: str) -> str:
+    return "train.pod_annotations=" + json.dumps(
+        {f"kimideploy.test/{k.replace('_', '-')}": v for k, v in values.items()}
+    )
+
+
+def test_three_index_train_job_on_b300_completes_with_progress(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    harness.serve_logs(
+        testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
+    )
+    code, _out, err = kd(
+        "run",
+        "train",
+        "--cluster",
+        "b300",
+        "--set",
+        "train.nodes=3",
+        "--set",
+        annotations(run_duration="3s"),
+        "--poll",
+        "0.3",
+    )
+    assert code == 0, err
+    assert "train: 300/300 steps (100%), 7.50 steps/s, ETA 0m00s [3/3 indexes reporting]" in err
+    assert "index 2 result: loss=1.42, acceptance_pos0=0.61" in err
+    assert "complete: 3/3 indexes" in err
+    jobs = json.loads(testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "json"))["items"]
+    [job] = jobs
+    assert job["spec"]["completions"] == 3
+    assert job["metadata"]["labels"]["kimideploy.io/run-id"]
+    nodes = json.loads(testcluster.kubectl("-n", namespace, "get", "pods", "-o", "json"))["items"]
+    assert {p["spec"]["nodeName"].rsplit("-", 2)[0] for p in nodes} == {"b300"}
+    assert len({p["spec"]["nodeName"] for p in nodes}) == 3  # one 8-GPU pod per node
+
+
+def test_a_failing_index_is_reported_and_the_run_exits_4(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    harness.serve_logs(
+        testcluster, namespace, harness.write_container_log(tmp_path / "t.log", PROGRESS[:2])
+    )
+    code, _, err = kd(
+        "run",
+        "train",
+        "--cluster",
+        "b300",
+        "--set",
+        "train.nodes=3",
+        "--set",
+        annotations(run_duration="2s", fail_index="1"),
+        "--poll",
+        "0.3",
+    )
+    assert code == 4
+    assert "index 1 failed: pod " in err and "container train exited 1 (Error)" in err
+    assert "failed indexes: 1" in err
+    assert testcluster.kubectl(
+        "-n", namespace, "get", "jobs", "-o", "name"
+    ).strip()  # the Job is kept
+
+
+def test_detach_then_follow_the_run_by_id(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    harness.serve_logs(
+        testcluster, namespace, harness.write_container_log(tmp_path / "d.log", PROGRESS)
+    )
+    code, out, _ = kd(
+        "run",
+        "vocab",
+        "--detach",
+        "--set",
+        'vocab.pod_annotations={"kimideploy.test/run-duration": "2s"}',
+    )
+    assert code == 0
+    run_id = out.splitlines()[0]
+    assert f"kimideploy logs {run_id} --follow" in out
+    code, _, err = kd("logs", run_id, "--follow")
+    assert code == 0, err
+    assert f"run {run_id}" in err and "complete: 1/1 indexes" in err
+    code, out, _ = kd("logs", run_id)
+    assert "epoch 1 loss 2.31" in out
+    code, out, _ = kd("status", "-o", "json")
+    assert json.loads(out)["runs"][0]["run_id"] == run_id
+
+
+def test_unknown_run_id(kd: Callable[..., tuple[int, str, str]]) -> None:
+    code, _, err = kd("logs", "abc123")
+    assert code == 2 and "no run abc123 in namespace" in err
+
+
+def test_run_in_a_missing_namespace_says_how_to_fix_it(
+    testcluster: harness.TestCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(testcluster.kubeconfig))
+    code = main(["run", "vocab", "--context", "kimideploy-test", "--namespace", "does-not-exist"])
+    err = capsys.readouterr().err
+    assert code == 2 and "namespace does-not-exist does not exist" in err
+
+
+def test_unreachable_cluster_exits_3(
+    testcluster: harness.TestCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "kubeconfig"
+    port = harness.free_port()  # nothing listens there
+    harness.write_kubeconfig(config, testcluster.root / "pki" / "ca.crt", port, testcluster.token)
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    code = main(["status", "--context", "kimideploy-test"])
+    err = capsys.readouterr().err
+    assert code == 3 and f"cannot reach the cluster at https://127.0.0.1:{port}" in err
+    assert "hint:" in err
+
+
+def test_missing_context_exits_3(
+    testcluster: harness.TestCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(testcluster.kubeconfig))
+    code = main(["status"])  # the profile's context, rtx6000, is not in the test kubeconfig
+    err = capsys.readouterr().err
+    assert code == 3 and "cannot use kube context rtx6000" in err and "--context" in err
+
+
+def test_forbidden_names_verb_resource_and_namespace(
+    testcluster: harness.TestCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    namespace: str,
+) -> None:
+    config = tmp_path / "kubeconfig"
+    harness.write_kubeconfig(
+        config,
+        testcluster.root / "pki" / "ca.crt",
+        testcluster.api_port,
+        testcluster.restricted_token,
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    code = main(["history", "serve", "--context", "kimideploy-test", "--namespace", namespace])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert f"forbidden: cannot get secrets in namespace {namespace}" in err
+    assert 'User "nobody"' in err
