@@ -109,3 +109,18 @@ def kd(
         return code, out, err
 
     yield run
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real sshd on 127.0.0.1; skipped (or failed under CI) when openssh-server is missing."""
+    from tests.integration.sshd import start_sshd
+
+    try:
+        server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    except (FileNotFoundError, OSError) as exc:
+        if os.environ.get("KIMIDEPLOY_REQUIRE_SSHD") == "1" or REQUIRED:
+            pytest.fail(f"sshd required: {exc}")
+        pytest.skip(f"sshd unavailable: {exc}")
+    yield server
+    server.stop()

@@ -8,7 +8,15 @@ from pathlib import Path
 import click
 
 from kimideploy import __version__
-from kimideploy.cli import config_cmd, drafter_cmd, release_cmds, render_cmd, run_cmds, up_cmd
+from kimideploy.cli import (
+    config_cmd,
+    drafter_cmd,
+    host_cmds,
+    release_cmds,
+    render_cmd,
+    run_cmds,
+    up_cmd,
+)
 from kimideploy.cli.context import CliState
 from kimideploy.errors import ExitCode, KimiDeployError
 
@@ -42,6 +50,7 @@ cli.add_command(release_cmds.status)
 cli.add_command(release_cmds.down)
 cli.add_command(run_cmds.run)
 cli.add_command(run_cmds.logs)
+cli.add_command(host_cmds.host)
 
 
 def main(argv: list[str] | None = None) -> int:

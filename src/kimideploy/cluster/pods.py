@@ -62,3 +62,15 @@ def restart_count(pod: dict[str, Any]) -> int:
     return sum(
         s.get("restartCount", 0) for s in pod.get("status", {}).get("containerStatuses") or []
     )
+
+
+def init_failure(pod: dict[str, Any]) -> str | None:
+    """'init container model-check exited 1' when a pre-start check failed."""
+    for status in pod.get("status", {}).get("initContainerStatuses") or []:
+        state = status.get("state", {})
+        terminated = state.get("terminated") or status.get("lastState", {}).get("terminated")
+        if terminated and terminated.get("exitCode", 0) != 0:
+            return f"init container {status['name']} exited {terminated['exitCode']}"
+        if state.get("waiting", {}).get("reason") == "CrashLoopBackOff":
+            return f"init container {status['name']} keeps failing (CrashLoopBackOff)"
+    return None

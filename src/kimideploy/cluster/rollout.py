@@ -169,6 +169,9 @@ def _pod_state(
                 )
             return RolloutState("scheduling", f"pod {name}: {message}", pod=name)
         return RolloutState("scheduling", f"pod {name} waiting for a node", pod=name)
+    init_failure = pod_reads.init_failure(pod)
+    if init_failure:
+        return RolloutState("failed", f"pod {name}: {init_failure}", "InitFailed", name)
     waiting = pod_reads.waiting_reason(pod)
     if waiting and waiting[0] in IMAGE_PULL_REASONS:
         image = (pod["spec"].get("containers") or [{}])[0].get("image", "?")

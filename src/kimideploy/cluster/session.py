@@ -6,6 +6,7 @@ which cluster (context, namespace) and tests can pass their own.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,15 @@ class ClusterSession:
     def delete(self, target: applying.ObjectRef) -> bool:
         return applying.delete_object(self.api, target)
 
+    def wait_gone(self, targets: list[applying.ObjectRef], timeout_s: float = 300) -> list[str]:
+        """Wait until deleted objects (and a Deployment's pods) are gone; returns what remains."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = [str(t) for t in targets if applying.get_live(self.api, t) is not None]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         return applying.get_live(self.api, applying.ObjectRef(kind, self.namespace, name))
 
@@ -113,8 +123,8 @@ class ClusterSession:
     def pods(self, selector: str) -> list[dict[str, Any]]:
         return pod_reads.list_pods(self.api, self.namespace, selector)
 
-    def log(self, pod: str, tail: int | None = None) -> str:
-        return pod_reads.pod_log(self.api, self.namespace, pod, tail=tail)
+    def log(self, pod: str, tail: int | None = None, container: str | None = None) -> str:
+        return pod_reads.pod_log(self.api, self.namespace, pod, tail=tail, container=container)
 
     def follow(self, pod: str) -> Any:
         return pod_reads.follow_log(self.api, self.namespace, pod)

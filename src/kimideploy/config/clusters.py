@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kimideploy.config.base import Name, Quantity, StrictModel
+from kimideploy.config.base import Name, Port, Quantity, StrictModel
 from kimideploy.config.images import CudaArch
 from kimideploy.config.workloads import Workloads
 
@@ -69,6 +69,54 @@ class WorkloadImages(StrictModel):
     bench: Name
 
 
+class SshHost(StrictModel):
+    """A machine kimideploy reaches over SSH (host checks, provisioning, model sync)."""
+
+    name: Name
+    address: str = Field(description="Hostname or IP address.")
+    port: Port = 22
+    user: str
+    identity_file: str | None = Field(
+        default=None, description="Private key; default: ssh-agent and ~/.ssh keys."
+    )
+    known_hosts: str | None = Field(
+        default=None,
+        description="known_hosts file (default ~/.ssh/known_hosts); keys never auto-added.",
+    )
+
+
+class Mirrors(StrictModel):
+    """Where hosts download from; point these at a mirror for air-gapped or slow-egress hosts."""
+
+    cuda_repo: str = "https://developer.download.nvidia.com/compute/cuda/repos"
+    container_toolkit_repo: str = "https://nvidia.github.io/libnvidia-container"
+    k3s_releases: str = "https://github.com/k3s-io/k3s/releases/download"
+
+
+class HostSetup(StrictModel):
+    """What the hosts of this cluster need; the Ansible inventory and `host check` read it."""
+
+    role: Literal["gpu_host", "nvl8_node"] = Field(
+        description="gpu_host: the bare-metal PCIe host we install; nvl8_node: a rented node."
+    )
+    model_path: str = Field(pattern=r"^/", description="Fast local disk for weights (NVMe).")
+    nvidia_driver_version: str = Field(
+        pattern=r"^\d+\.\d+(\.\d+)?$",
+        description="Open kernel module driver to install (gpu_host).",
+    )
+    container_toolkit_version: str = Field(description="NVIDIA container toolkit package version.")
+    k3s_version: str | None = Field(default=None, description="Single-node k3s (gpu_host only).")
+    device_plugin_version: str | None = Field(default=None, description="NVIDIA k8s device plugin.")
+    storage_path: str | None = Field(
+        default=None, pattern=r"^/", description="local-path provisioner directory (gpu_host only)."
+    )
+    fabric_manager: bool = Field(
+        default=False, description="NVSwitch systems need nvidia-fabricmanager running."
+    )
+    infiniband: bool = Field(default=False, description="Check InfiniBand ports and peer memory.")
+    mirrors: Mirrors = Field(default_factory=Mirrors)
+
+
 class Cluster(StrictModel):
     """One deployment target: the PCIe host or a rented NVL8 cluster."""
 
@@ -97,6 +145,10 @@ class Cluster(StrictModel):
     storage: Storage
     images: WorkloadImages
     workloads: Workloads
+    hosts: list[SshHost] = Field(
+        default_factory=list, description="SSH access to the GPU machines (for `kimideploy host`)."
+    )
+    host_setup: HostSetup | None = None
 
     @property
     def total_gpus(self) -> int:

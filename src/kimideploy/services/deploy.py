@@ -127,7 +127,8 @@ def deploy(
             {"failure": state.failure, "reason": state.message},
         )
         session.record(record, new=False)
-        log_tail = session.log(state.pod, tail=20) if state.pod else ""
+        container = "model-check" if state.failure == "InitFailed" else None
+        log_tail = session.log(state.pod, tail=20, container=container) if state.pod else ""
         failure = f"revision {number} failed: {state.message}"
         if log_tail.strip():
             failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
@@ -368,6 +369,11 @@ def down(
             )
         for target in reversed(targets):
             session.delete(target)
+        # Foreground deletion: the Deployment goes once its pods have; only then are GPUs free.
+        reporter.status("waiting for the objects and their pods to be deleted")
+        left = session.wait_gone(targets)
+        if left:
+            reporter.info(f"still terminating after 5 minutes: {', '.join(left)}")
         history = session.history(release)
         for record in history:
             if record.status == "deployed":

@@ -1,0 +1,75 @@
+"""`kimideploy host check|provision|sync-model CLUSTER`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from kimideploy.cli.context import CliState
+from kimideploy.cli.table import format_table
+from kimideploy.cli.terminal import TerminalReporter
+
+
+@click.group()
+def host() -> None:
+    """The GPU machines behind a cluster profile, over SSH."""
+
+
+@host.command("check")
+@click.argument("cluster")
+@click.option("--host", "only", help="Only this host of the cluster.")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@click.pass_obj
+def check(state: CliState, cluster: str, only: str | None, output: str) -> None:
+    """Is the host ready? GPUs, driver, CUDA, disk, runtime, k3s, device plugin, fabric."""
+    from kimideploy.errors import KimiDeployError
+    from kimideploy.services.hosts import check_hosts, check_rows
+
+    results = check_hosts(state.project().project, cluster, only=only)
+    rows = check_rows(results)
+    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+    blocking = [r for r in rows if r["status"] == "FAIL"]
+    if blocking:
+        raise KimiDeployError(
+            f"{len(blocking)} blocking check(s) failed", hint="each row says how to fix it"
+        )
+
+
+@host.command()
+@click.argument("cluster")
+@click.option("--check", "dry", is_flag=True, help="Ansible check mode: report, change nothing.")
+@click.option(
+    "--tags", default="", help="Comma-separated: driver, toolkit, k3s, device-plugin, base."
+)
+@click.pass_obj
+def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
+    """Run the cluster's Ansible role on its hosts (idempotent; --check is a true dry run)."""
+    from kimideploy.errors import RolloutError
+    from kimideploy.services.hosts import provision as run
+
+    result = run(
+        state.project().project, cluster, dry, [t for t in tags.split(",") if t], TerminalReporter()
+    )
+    rows = [{"host": h, **counts} for h, counts in result.recap.items()]
+    click.echo(format_table(rows))
+    if not result.ok:
+        raise RolloutError(
+            f"provisioning failed (ansible-playbook exit {result.exit_code})",
+            hint="the failing task and its message are above; fix and run again",
+        )
+
+
+@host.command("sync-model")
+@click.argument("cluster")
+@click.option("--host", "only", help="Only this host of the cluster.")
+@click.option("--no-drafters", is_flag=True, help="Only the target model, not the hub drafters.")
+@click.pass_obj
+def sync_model(state: CliState, cluster: str, only: str | None, no_drafters: bool) -> None:
+    """Download the pinned revision onto the host's NVMe: resumable, verified, marked complete.
+
+    The token comes from HF_TOKEN in the environment and reaches the host on stdin only.
+    """
+    from kimideploy.services.hosts import sync_model as run
+
+    run(state.project().project, cluster, TerminalReporter(), drafters=not no_drafters, only=only)

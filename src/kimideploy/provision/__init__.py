@@ -1,0 +1,1 @@
+"""The Ansible boundary: inventories from kimideploy.yaml, playbook runs and their recap."""

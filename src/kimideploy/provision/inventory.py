@@ -1,0 +1,99 @@
+"""An Ansible inventory for one cluster profile: hosts from `hosts`, variables from `host_setup`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.clusters import Cluster, SshHost
+from kimideploy.config.images import MIN_DRIVER_FOR_CUDA
+from kimideploy.config.project import Project
+from kimideploy.errors import UsageError
+from kimideploy.paths import repository_root
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def require_hosts(project: Project, cluster_name: str) -> Cluster:
+    cluster = project.clusters.get(cluster_name)
+    if cluster is None:
+        raise UsageError(
+            f"unknown cluster '{cluster_name}' (valid: {', '.join(sorted(project.clusters))})"
+        )
+    if not cluster.hosts or cluster.host_setup is None:
+        raise UsageError(
+            f"cluster {cluster_name} has no `hosts` and `host_setup` in kimideploy.yaml",
+            hint="add the SSH addresses and the host setup to the cluster profile",
+        )
+    return cluster
+
+
+def ssh_args(host: SshHost) -> str:
+    """Host keys must already be known: no silent trust on first use."""
+    known = Path(host.known_hosts or "~/.ssh/known_hosts").expanduser()
+    return f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known} -o ConnectTimeout=10"
+
+
+def host_vars(host: SshHost) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "ansible_host": host.address,
+        "ansible_port": host.port,
+        "ansible_user": host.user,
+        "ansible_ssh_common_args": ssh_args(host),
+        "ansible_become": host.user != "root",
+    }
+    if host.identity_file:
+        found["ansible_ssh_private_key_file"] = str(Path(host.identity_file).expanduser())
+    return found
+
+
+def role_vars(project: Project, cluster: Cluster) -> dict[str, Any]:
+    setup = cluster.host_setup
+    assert setup is not None
+    if setup.role == "nvl8_node":
+        image = project.images[cluster.images.serve]
+        return {
+            "nvl8_node_model_path": setup.model_path,
+            "nvl8_node_min_driver_version": MIN_DRIVER_FOR_CUDA.get(image.cuda or "", "0"),
+            "nvl8_node_fabric_manager": setup.fabric_manager,
+            "nvl8_node_infiniband": setup.infiniband,
+            "nvl8_node_expected_gpus": cluster.gpu.per_node,
+        }
+    base = sorted(str(p) for p in (repository_root() / "k8s" / "base").glob("*.yaml"))
+    labels = {**cluster.node_selector, GPU_PRODUCT_LABEL: cluster.gpu.product}
+    return {
+        "gpu_host_model_path": setup.model_path,
+        "gpu_host_storage_path": setup.storage_path or f"{setup.model_path}/k3s-storage",
+        "gpu_host_nvidia_driver_version": setup.nvidia_driver_version,
+        "gpu_host_container_toolkit_version": setup.container_toolkit_version,
+        "gpu_host_k3s_version": setup.k3s_version,
+        "gpu_host_device_plugin_version": setup.device_plugin_version,
+        "gpu_host_node_labels": labels,
+        "gpu_host_namespace": cluster.namespace,
+        "gpu_host_models_claim": f"{project.name}-models",
+        "gpu_host_models_size": cluster.storage.models.size,
+        "gpu_host_models_storage_class": cluster.storage.models.storage_class,
+        "gpu_host_base_manifests": base,
+        "gpu_host_cuda_repo": setup.mirrors.cuda_repo,
+        "gpu_host_toolkit_repo": setup.mirrors.container_toolkit_repo,
+        "gpu_host_k3s_release_url": setup.mirrors.k3s_releases,
+    }
+
+
+def inventory(project: Project, cluster_name: str) -> dict[str, Any]:
+    """The YAML inventory `ansible-playbook -i` reads."""
+    cluster = require_hosts(project, cluster_name)
+    return {
+        "all": {
+            "hosts": {h.name: host_vars(h) for h in cluster.hosts},
+            "vars": {
+                "ansible_python_interpreter": "/usr/bin/python3",
+                **role_vars(project, cluster),
+            },
+        }
+    }
+
+
+def playbook_for(cluster: Cluster) -> Path:
+    assert cluster.host_setup is not None
+    return repository_root() / "ansible" / "playbooks" / f"{cluster.host_setup.role}.yml"

@@ -1,0 +1,327 @@
+"""`kimideploy host check`: is this machine ready? One SSH round trip, a table of checks with fixes.
+
+The probe is one POSIX shell script whose sections the parsers below read; every check says what
+it found, what is wrong and how to fix it, and whether it blocks deployment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from kimideploy.config.clusters import Cluster
+from kimideploy.config.images import MIN_DRIVER_FOR_CUDA, Image
+from kimideploy.config.project import Project
+
+QUERY_FIELDS = (  # the order host_probe.sh asks nvidia-smi for
+    "index,name,compute_cap,driver_version,memory.total,persistence_mode,ecc.mode.current,"
+    "clocks_event_reasons.active"
+)
+SECTION = re.compile(r"^### (\S+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    blocking: bool = True
+
+    @property
+    def status(self) -> str:
+        return "pass" if self.ok else ("FAIL" if self.blocking else "warn")
+
+
+def probe_script() -> str:
+    """The read-only shell script run on the host as `sh -s -- MODEL_PATH`."""
+    return (resources.files("kimideploy.remote.payloads") / "host_probe.sh").read_text()
+
+
+def sections(output: str) -> dict[str, str]:
+    parts = SECTION.split(output)
+    return {parts[i]: parts[i + 1].strip("\n") for i in range(1, len(parts) - 1, 2)}
+
+
+def parse_gpus(text: str) -> list[dict[str, str]] | None:
+    """Rows of the --query-gpu CSV; None when nvidia-smi did not run."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("rc=")]
+    if not text.rstrip().endswith("rc=0"):
+        return None
+    names = QUERY_FIELDS.split(",")
+    return [dict(zip(names, (c.strip() for c in line.split(",")), strict=False)) for line in lines]
+
+
+def parse_cuda_version(banner: str) -> str | None:
+    match = re.search(r"CUDA Version:\s*([\d.]+)", banner)
+    return match.group(1) if match else None
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> list[Check]:
+    """Every check for one host of `cluster`, from the probe's output."""
+    found = sections(output)
+    setup = cluster.host_setup
+    assert setup is not None
+    checks = _gpu_checks(cluster, image, found)
+    checks += _disk_checks(project, setup.model_path, found)
+    if setup.role == "gpu_host":
+        checks += _k3s_checks(cluster, found)
+    else:
+        checks += _fabric_checks(setup.fabric_manager, setup.infiniband, found)
+    return checks
+
+
+def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[Check]:
+    gpus = parse_gpus(found.get("gpus", ""))
+    if gpus is None:
+        fix = "install the driver: `kimideploy host provision` (gpu_host) or ask the provider"
+        return [
+            Check(
+                "nvidia-smi",
+                False,
+                (found.get("gpus", "").splitlines()[0:1] and found["gpus"].splitlines()[0])
+                or "no output",
+                fix,
+            )
+        ]
+    wanted = cluster.gpu
+    checks = [
+        Check(
+            "GPU count",
+            len(gpus) == wanted.per_node,
+            f"{len(gpus)} GPUs (profile: {wanted.per_node})",
+            "check `nvidia-smi -L`; a missing GPU needs a reseat or an RMA",
+        )
+    ]
+    names = {g["name"] for g in gpus}
+    label = {n.replace(" ", "-") for n in names}
+    checks.append(
+        Check(
+            "GPU model",
+            label == {wanted.product},
+            ", ".join(sorted(names)),
+            f"the profile expects {wanted.product}; fix clusters.<name>.gpu.product or the host",
+        )
+    )
+    caps = {"sm_" + g["compute_cap"].replace(".", "") for g in gpus}
+    checks.append(
+        Check(
+            "compute capability",
+            caps == {wanted.arch} and wanted.arch in image.cuda_archs,
+            f"{', '.join(sorted(caps))} "
+            f"(profile {wanted.arch}; image {', '.join(image.cuda_archs)})",
+            "build the image for this architecture (images.<name>.cuda_archs) and set gpu.arch",
+        )
+    )
+    driver = min((g["driver_version"] for g in gpus), key=version_tuple)
+    checks += _driver_checks(cluster, image, driver, parse_cuda_version(found.get("banner", "")))
+    persistence = [g["index"] for g in gpus if g.get("persistence_mode") != "Enabled"]
+    checks.append(
+        Check(
+            "persistence mode",
+            not persistence,
+            "off on GPUs " + ",".join(persistence) if persistence else "on",
+            "sudo nvidia-smi -pm 1 (the gpu_host role enables nvidia-persistenced)",
+            blocking=False,
+        )
+    )
+    ecc = [g["index"] for g in gpus if g.get("ecc.mode.current") == "Disabled"]
+    checks.append(
+        Check(
+            "ECC",
+            not ecc,
+            "disabled on GPUs " + ",".join(ecc) if ecc else "enabled or not applicable",
+            "sudo nvidia-smi -e 1 and reboot",
+            blocking=False,
+        )
+    )
+    throttled = [
+        g["index"]
+        for g in gpus
+        if g.get("clocks_event_reasons.active", "0x0").strip()
+        not in ("0x0000000000000000", "0x0000000000000001", "0x0")
+    ]
+    checks.append(
+        Check(
+            "clocks",
+            not throttled,
+            "throttled on GPUs " + ",".join(throttled) if throttled else "no throttling",
+            "check cooling and power limits (nvidia-smi -q -d PERFORMANCE)",
+            blocking=False,
+        )
+    )
+    return checks
+
+
+def _driver_checks(cluster: Cluster, image: Image, driver: str, cuda: str | None) -> list[Check]:
+    checks = []
+    needed = MIN_DRIVER_FOR_CUDA.get(image.cuda or "", "0")
+    checks.append(
+        Check(
+            "driver",
+            version_tuple(driver) >= version_tuple(needed),
+            f"{driver} (CUDA {image.cuda} in the image needs >= {needed})",
+            "upgrade the driver: raise host_setup.nvidia_driver_version, then "
+            "`kimideploy host provision`",
+        )
+    )
+    if cuda is not None and image.cuda:
+        checks.append(
+            Check(
+                "CUDA",
+                version_tuple(cuda) >= version_tuple(image.cuda),
+                f"driver supports CUDA {cuda}; the image has {image.cuda}",
+                "upgrade the driver",
+            )
+        )
+    setup = cluster.host_setup
+    if setup is not None and setup.role == "gpu_host":
+        pinned = setup.nvidia_driver_version
+        checks.append(
+            Check(
+                "driver pin",
+                driver == pinned,
+                f"{driver} (pinned {pinned})",
+                "run `kimideploy host provision --tags driver` to converge",
+                blocking=False,
+            )
+        )
+    return checks
+
+
+def _disk_checks(project: Project, model_path: str, found: dict[str, str]) -> list[Check]:
+    if found.get("marker", "").strip():
+        return [Check("model on disk", True, "a synced model revision is present (marker found)")]
+    fields = found.get("disk", "").split()
+    if len(fields) < 4 or not fields[3].isdigit():
+        return [
+            Check(
+                "free space",
+                False,
+                f"cannot read free space of {model_path}: {found.get('disk', '')}",
+                f"create {model_path} on the NVMe disk",
+            )
+        ]
+    free_gb = int(fields[3]) / 1e9
+    need = project.model.weights_gb * 1.1
+    return [
+        Check(
+            "free space",
+            free_gb >= need,
+            f"{free_gb:,.0f} GB free on {model_path}, need {need:,.0f} GB",
+            "free space or point host_setup.model_path at a larger disk",
+        )
+    ]
+
+
+def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[Check]:
+    runtime = found.get("runtime", "")
+    checks = [
+        Check(
+            "container runtime",
+            runtime.rstrip().endswith("rc=0"),
+            runtime.splitlines()[0] if runtime else "?",
+            "install the NVIDIA container toolkit: `kimideploy host provision --tags toolkit`",
+        )
+    ]
+    node = [
+        line.split()
+        for line in found.get("node", "").splitlines()
+        if line and not line.startswith("rc=")
+    ]
+    ready = (
+        bool(node)
+        and all(len(n) >= 2 and n[1] == "True" for n in node)
+        and found["node"].rstrip().endswith("rc=0")
+    )
+    checks.append(
+        Check(
+            "k3s",
+            ready,
+            " ".join(" ".join(n) for n in node) or "no node",
+            "`kimideploy host provision --tags k3s`; then `sudo k3s kubectl get nodes`",
+        )
+    )
+    allocatable = node[0][2] if node and len(node[0]) > 2 else "0"
+    checks.append(
+        Check(
+            "allocatable nvidia.com/gpu",
+            allocatable == str(cluster.gpu.per_node),
+            f"{allocatable} (expected {cluster.gpu.per_node})",
+            "check the device plugin pod logs in kube-system",
+        )
+    )
+    plugin = found.get("device-plugin", "").splitlines()
+    healthy = (
+        bool(plugin)
+        and re.fullmatch(r"(\d+)/\1", plugin[0] or "") is not None
+        and plugin[0] != "0/0"
+    )
+    checks.append(
+        Check(
+            "device plugin",
+            healthy,
+            plugin[0] if plugin else "not found",
+            "`kimideploy host provision --tags device-plugin`",
+        )
+    )
+    return checks
+
+
+def _fabric_checks(fabric_manager: bool, infiniband: bool, found: dict[str, str]) -> list[Check]:
+    checks = []
+    if fabric_manager:
+        state = found.get("fabricmanager", "").strip() or "unknown"
+        checks.append(
+            Check(
+                "fabric manager",
+                state == "active",
+                state,
+                "NVSwitch needs nvidia-fabricmanager at the driver's version; ask the provider",
+            )
+        )
+    if infiniband:
+        ports = [
+            line
+            for line in found.get("infiniband", "").splitlines()
+            if line and not line.startswith("rc=")
+        ]
+        active = [p for p in ports if "ACTIVE" in p]
+        checks.append(
+            Check(
+                "InfiniBand",
+                bool(ports) and len(active) == len(ports),
+                f"{len(active)}/{len(ports)} ports ACTIVE",
+                "ask the provider; multi-node NCCL needs them",
+            )
+        )
+        loaded = found.get("peermem", "0").strip() not in ("", "0")
+        checks.append(
+            Check(
+                "nvidia_peermem",
+                loaded,
+                "loaded" if loaded else "not loaded",
+                "`kimideploy host provision` loads it (GPUDirect RDMA)",
+                blocking=False,
+            )
+        )
+    return checks
+
+
+def rows(host: str, checks: list[Check]) -> list[dict[str, Any]]:
+    return [
+        {
+            "host": host,
+            "check": c.name,
+            "status": c.status,
+            "detail": c.detail,
+            "fix": "" if c.ok else c.fix,
+        }
+        for c in checks
+    ]

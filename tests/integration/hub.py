@@ -1,0 +1,102 @@
+"""A local server speaking the two Hugging Face hub endpoints `hub_sync.py` uses.
+
+GET /api/models/{repo}/revision/{rev}?blobs=true and GET /{repo}/resolve/{rev}/{file} with Range
+support and Bearer-token checks. `drop_once` cuts the first download of a file halfway through, so
+resuming can be tested; `requests` records what was asked, including Range headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class Hub:
+    def __init__(
+        self, repo: str, revision: str, files: dict[str, bytes], token: str, lfs: set[str]
+    ) -> None:
+        self.repo, self.revision, self.files, self.token, self.lfs = (
+            repo,
+            revision,
+            files,
+            token,
+            lfs,
+        )
+        self.drop_once: set[str] = set()
+        self.corrupt: set[str] = set()
+        self.requests: list[tuple[str, str | None, str | None]] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                hub.handle(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def siblings(self) -> list[dict[str, Any]]:
+        found = []
+        for name, data in self.files.items():
+            entry: dict[str, Any] = {
+                "rfilename": name,
+                "size": len(data),
+                "blobId": hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest(),
+            }
+            if name in self.lfs:
+                entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            found.append(entry)
+        return found
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        auth = request.headers.get("Authorization")
+        self.requests.append((request.path, request.headers.get("Range"), auth))
+        if auth != f"Bearer {self.token}":
+            request.send_error(401)
+            return
+        api = f"/api/models/{self.repo}/revision/"
+        prefix = f"/{self.repo}/resolve/{self.revision}/"
+        if request.path.startswith(api):
+            if not request.path.startswith(api + self.revision):
+                request.send_error(404)
+                return
+            body = json.dumps({"sha": self.revision, "siblings": self.siblings()}).encode()
+            request.send_response(200)
+            request.send_header("Content-Length", str(len(body)))
+            request.end_headers()
+            request.wfile.write(body)
+        elif request.path.startswith(prefix) and request.path[len(prefix) :] in self.files:
+            self.send_file(request, request.path[len(prefix) :])
+        else:
+            request.send_error(404)
+
+    def send_file(self, request: BaseHTTPRequestHandler, name: str) -> None:
+        data = self.files[name]
+        if name in self.corrupt:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        start = 0
+        ranged = request.headers.get("Range")
+        if ranged:
+            start = int(ranged.removeprefix("bytes=").split("-")[0])
+        body = data[start:]
+        request.send_response(206 if ranged else 200)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        if name in self.drop_once:
+            self.drop_once.discard(name)
+            request.wfile.write(body[: len(body) // 2])
+            request.wfile.flush()
+            request.close_connection = True
+            request.connection.shutdown(2)
+            return
+        request.wfile.write(body)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,297 @@
+"""Fabric, Ansible and the host commands against a real sshd on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimideploy.cli.main import main
+from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.errors import KimiDeployError
+from kimideploy.provision.inventory import inventory, playbook_for
+from kimideploy.provision.runner import run_playbook
+from kimideploy.remote.fabric_runner import FabricRunner, SshTarget
+from kimideploy.remote.runner import RemoteError, SudoError
+from kimideploy.services.hosts import check_hosts, sync_model
+from kimideploy.services.reporting import SilentReporter
+from tests.conftest import REPO
+from tests.integration.hub import Hub
+from tests.integration.mirror import Mirror, build_mirror
+
+pytestmark = pytest.mark.integration
+ANSIBLE = REPO / "ansible"
+HOST_LINE = (
+    "      - {name: gpu-host, address: 192.0.2.10, user: ops}   # EXAMPLE: your host's address"
+)
+B300_LINE = "      - {name: b300-0, address: 198.51.100.30, user: ubuntu}"
+
+
+def runner(sshd: Any, **changes: Any) -> FabricRunner:
+    target = {"host": "test", "address": "127.0.0.1", "port": sshd.port, "user": sshd.user,
+              "identity_file": str(sshd.user_key), "known_hosts": str(sshd.known_hosts), **changes}  # fmt: skip
+    return FabricRunner(SshTarget(**target))
+
+
+def ssh_host(sshd: Any, name: str) -> str:
+    return (f"      - {{name: {name}, address: 127.0.0.1, port: {sshd.port}, user: {sshd.user}, "
+            f"identity_file: {sshd.user_key}, known_hosts: {sshd.known_hosts}}}")  # fmt: skip
+
+
+@pytest.fixture
+def host_config(sshd: Any, edited_config: Callable[..., Path], tmp_path: Path) -> Iterator[Path]:
+    mirror = Mirror(build_mirror(tmp_path / "mirror", "v1.33.5+k3s1"))
+    mirrors = (f"      mirrors: {{cuda_repo: {mirror.url}/cuda, container_toolkit_repo: {mirror.url}/toolkit, "
+               f"k3s_releases: {mirror.url}/k3s}}\n")  # fmt: skip
+    yield edited_config(
+        (HOST_LINE, ssh_host(sshd, "gpu-host")),
+        (B300_LINE, ssh_host(sshd, "b300-0")),
+        ("      model_path: /mnt/nvme/models ", f"      model_path: {tmp_path}/nvme/models "),
+        (
+            "      storage_path: /mnt/nvme/k3s-storage\n",
+            f"      storage_path: {tmp_path}/nvme/k3s\n",
+        ),
+        (
+            "      device_plugin_version: v0.17.4\n",
+            "      device_plugin_version: v0.17.4\n" + mirrors,
+        ),
+    )
+    mirror.stop()
+
+
+# --- Fabric -------------------------------------------------------------------------------------
+
+
+def test_commands_are_quoted_and_exit_codes_returned(sshd: Any) -> None:
+    remote = runner(sshd)
+    result = remote.run(["echo", "a b; echo injected", "$HOME"])
+    assert result.ok and result.stdout == "a b; echo injected $HOME\n"
+    assert remote.run(["sh", "-c", "echo err >&2; exit 7"]).exit_code == 7
+    assert remote.run(["cat"], stdin="from stdin\n").stdout == "from stdin\n"
+    remote.close()
+
+
+def test_file_transfer_both_ways(sshd: Any, tmp_path: Path) -> None:
+    local = tmp_path / "up.txt"
+    local.write_text("payload\n")
+    remote = runner(sshd)
+    remote.put(local, str(tmp_path / "remote.txt"))
+    remote.get(str(tmp_path / "remote.txt"), tmp_path / "back.txt")
+    assert (tmp_path / "back.txt").read_text() == "payload\n"
+    remote.close()
+
+
+def test_unknown_host_key_is_refused(sshd: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(
+        RemoteError, match=r"the host key is not in .*; refusing to connect"
+    ) as info:
+        runner(sshd, known_hosts=str(empty)).run(["true"])
+    assert "ssh-keyscan" in (info.value.hint or "")
+
+
+def test_authentication_failure(sshd: Any, tmp_path: Path) -> None:
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    with pytest.raises(RemoteError, match="authentication failed"):
+        runner(sshd, identity_file=str(stranger)).run(["true"])
+
+
+def test_unreachable_host(sshd: Any) -> None:
+    from tests.integration.sshd import _free_port
+
+    with pytest.raises(RemoteError, match="unreachable"):
+        runner(sshd, port=_free_port(), connect_timeout=3).run(["true"])
+
+
+def test_missing_sudo_is_reported(sshd: Any) -> None:
+    with pytest.raises(SudoError, match="cannot use sudo without a password"):
+        runner(sshd).run(["true"], sudo=True)
+
+
+# --- Ansible ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "playbook", sorted((ANSIBLE / "playbooks").glob("*.yml")), ids=lambda p: p.name
+)
+def test_playbook_syntax(playbook: Path) -> None:
+    result = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "--syntax-check", "-i", "localhost,", str(playbook)],
+        capture_output=True, text=True, cwd=ANSIBLE, env={"ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ansible_lint_production_profile() -> None:
+    result = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-lint"), "--profile", "production", "--offline", "playbooks", "roles"],
+        capture_output=True, text=True, cwd=ANSIBLE,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_inventory_from_the_example_config(example: LoadedProject) -> None:
+    inv = inventory(example.project, "rtx6000")
+    host = inv["all"]["hosts"]["gpu-host"]
+    assert (
+        host["ansible_host"] == "192.0.2.10"
+        and host["ansible_user"] == "ops"
+        and host["ansible_become"]
+    )
+    assert "StrictHostKeyChecking=yes" in host["ansible_ssh_common_args"]
+    variables = inv["all"]["vars"]
+    assert variables["gpu_host_nvidia_driver_version"] == "580.95.05"
+    assert variables["gpu_host_node_labels"] == {
+        "nvidia.com/gpu.product": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
+    }
+    assert variables["gpu_host_models_claim"] == "kimi-k25-models"
+    nvl8 = inventory(example.project, "b300")["all"]["vars"]
+    assert (
+        nvl8["nvl8_node_min_driver_version"] == "575.51.03" and nvl8["nvl8_node_expected_gpus"] == 8
+    )
+    assert set(inventory(example.project, "b300")["all"]["hosts"]) == {"b300-0", "b300-1"}
+
+
+def test_gpu_host_playbook_in_check_mode_changes_nothing(host_config: Path, tmp_path: Path) -> None:
+    project = load_project(host_config).project
+    lines: list[tuple[str, str]] = []
+    result = run_playbook(playbook_for(project.clusters["rtx6000"]), inventory(project, "rtx6000"),
+                          check=True, tags=[], on_line=lambda kind, text: lines.append((kind, text)))  # fmt: skip
+    assert result.ok, result.failures
+    recap = result.recap["gpu-host"]
+    assert recap["failed"] == 0 and recap["changed"] > 0
+    assert (
+        "task",
+        "gpu_host : Install the pinned k3s binary, verified against the release checksums",
+    ) in lines
+    assert not (tmp_path / "nvme").exists()  # check mode: the directories were not created
+    assert not Path("/etc/rancher/k3s/config.yaml").exists()
+
+
+def test_provision_tags_limit_the_run(
+    host_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "--config",
+            str(host_config),
+            "host",
+            "provision",
+            "rtx6000",
+            "--check",
+            "--tags",
+            "toolkit",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "toolkit" in err and "k3s" not in err.replace("gpu-host", "")
+    assert "HOST" in out and "gpu-host" in out
+
+
+def test_nvl8_playbook_stops_on_a_node_without_a_driver(
+    host_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--config", str(host_config), "host", "provision", "b300", "--check"])
+    _, err = capsys.readouterr()
+    assert code == 4
+    assert "this node has no working NVIDIA driver; the provider must install it" in err
+
+
+# --- host check and sync-model over SSH ---------------------------------------------------------
+
+
+def test_host_check_over_ssh_on_a_machine_without_gpus(
+    host_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = check_hosts(load_project(host_config).project, "rtx6000", only="gpu-host")
+    checks = {c.name: c for c in results[0][1]}
+    assert not checks["nvidia-smi"].ok and "install the driver" in checks["nvidia-smi"].fix
+    # the probe really ran df on the model path (this machine's disk, not the host's 7 TB NVMe)
+    assert checks["free space"].detail.endswith("nvme/models, need 654 GB")
+    code = main(
+        [
+            "--config",
+            str(host_config),
+            "host",
+            "check",
+            "rtx6000",
+            "--host",
+            "gpu-host",
+            "-o",
+            "json",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 1 and "blocking check(s) failed" in err
+    assert '"check": "nvidia-smi"' in out and '"status": "FAIL"' in out
+
+
+@pytest.fixture
+def hub(host_config: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
+    project = load_project(host_config).project
+    files = {"config.json": b'{"model_type": "kimi_k25"}\n', "model-00001.safetensors": bytes(range(256)) * 4096,
+             "nested/tokenizer.model": b"tok" * 1000}  # fmt: skip
+    server = Hub(project.model.repo, project.model.revision, files, "hf_secret_test_token",
+                 lfs={"model-00001.safetensors"})  # fmt: skip
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_test_token")
+    yield server
+    server.stop()
+
+
+def test_sync_model_downloads_verifies_and_marks(
+    host_config: Path, hub: Hub, tmp_path: Path
+) -> None:
+    project = load_project(host_config).project
+    reporter = SilentReporter()
+    sync_model(project, "rtx6000", reporter, drafters=False)
+    dest = tmp_path / "nvme" / "models" / "hub" / project.model.repo / project.model.revision
+    for name, data in hub.files.items():
+        assert (dest / name).read_bytes() == data
+    assert (dest / ".kimideploy-complete").is_file()
+    assert any("verified in" in line for line in reporter.lines)
+    assert all(auth == "Bearer hf_secret_test_token" for _, _, auth in hub.requests)
+    before = len(hub.requests)
+    sync_model(project, "rtx6000", SilentReporter(), drafters=False)
+    assert [
+        p for p, _, _ in hub.requests[before:] if "/resolve/" in p
+    ] == []  # nothing downloaded twice
+
+
+def test_an_interrupted_download_resumes(host_config: Path, hub: Hub, tmp_path: Path) -> None:
+    project = load_project(host_config).project
+    hub.drop_once.add("model-00001.safetensors")
+    with pytest.raises(KimiDeployError, match=r"run the same command again|failed"):
+        sync_model(project, "rtx6000", SilentReporter(), drafters=False)
+    sync_model(project, "rtx6000", SilentReporter(), drafters=False)
+    ranges = [r for p, r, _ in hub.requests if p.endswith("model-00001.safetensors") and r]
+    assert ranges and ranges[-1].startswith("bytes=") and ranges[-1] != "bytes=0-"
+    dest = tmp_path / "nvme" / "models" / "hub" / project.model.repo / project.model.revision
+    assert (dest / "model-00001.safetensors").read_bytes() == hub.files["model-00001.safetensors"]
+
+
+def test_a_corrupt_file_is_rejected_and_removed(
+    host_config: Path, hub: Hub, tmp_path: Path
+) -> None:
+    project = load_project(host_config).project
+    hub.corrupt.add("model-00001.safetensors")
+    with pytest.raises(KimiDeployError, match="exit 3") as info:
+        sync_model(project, "rtx6000", SilentReporter(), drafters=False)
+    assert "sha256" in info.value.message
+    dest = tmp_path / "nvme" / "models" / "hub" / project.model.repo / project.model.revision
+    assert (
+        not (dest / "model-00001.safetensors").exists()
+        and not (dest / ".kimideploy-complete").exists()
+    )
+
+
+def test_a_refused_token(host_config: Path, hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "wrong")
+    with pytest.raises(KimiDeployError, match="refused the token"):
+        sync_model(load_project(host_config).project, "rtx6000", SilentReporter(), drafters=False)
