@@ -74,7 +74,7 @@ def test_unknown_image_reference_lists_valid_names(edited_config: Callable[..., 
 
 
 def test_image_not_built_for_the_cluster_arch(edited_config: Callable[..., Path]) -> None:
-    old = "    vllm: 0.16.0\n    speculators: 0.4.1\n    cuda_archs: [sm_100, sm_103, sm_120]"
+    old = "    vllm: 0.16.0\n    speculators: 0.4.0.1\n    cuda_archs: [sm_100, sm_103, sm_120]"
     path = edited_config((old, old.replace(", sm_120]", "]")))
     [issue] = issues_of(path)
     assert (

@@ -12,6 +12,7 @@ from kimideploy.cli import (
     config_cmd,
     drafter_cmd,
     host_cmds,
+    image_cmds,
     release_cmds,
     render_cmd,
     run_cmds,
@@ -51,6 +52,7 @@ cli.add_command(release_cmds.down)
 cli.add_command(run_cmds.run)
 cli.add_command(run_cmds.logs)
 cli.add_command(host_cmds.host)
+cli.add_command(image_cmds.image)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,21 +116,40 @@ def serve_spec(ctx: Context) -> ServeSpec:
 MODEL_MARKER = ".kimideploy-complete"
 
 
-def model_check(ctx: Context) -> dict[str, Any]:
-    """An init container that fails in seconds when `host sync-model` has not finished."""
+def init_containers(ctx: Context) -> list[dict[str, Any]]:
+    """Seconds-long checks before a 25-minute load: GPU architecture and driver, synced model."""
+    gpus = ctx.cluster.gpu.per_node
+    hardened = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     model_dir = target_model_path(ctx.project)
     script = (
         f'test -f "$MODEL_DIR/{MODEL_MARKER}" || {{ echo "model not synced: $MODEL_DIR has no '
         f'{MODEL_MARKER}; run: kimideploy host sync-model {ctx.cluster_name}" >&2; exit 1; }}'
     )
-    return {
-        "name": "model-check",
-        "image": ctx.image.reference,
-        "command": ["sh", "-c", script],
-        "env": [{"name": "MODEL_DIR", "value": model_dir}],
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "64Mi"}},
-        "volume_mounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
-    }
+    gpu_check = [
+        "python", "-m", "kimideploy.images.gpucheck", "--archs", ",".join(ctx.image.cuda_archs),
+        "--cuda", ctx.image.cuda or "", "--gpus", str(gpus),
+    ]  # fmt: skip
+    return [
+        {
+            "name": "gpu-check",
+            "image": ctx.image.reference,
+            "command": gpu_check,
+            "resources": pods.resources("1", "1Gi", gpus),
+            "securityContext": hardened,
+        },
+        {
+            "name": "model-check",
+            "image": ctx.image.reference,
+            "command": ["sh", "-c", script],
+            "env": [{"name": "MODEL_DIR", "value": model_dir}],
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "64Mi"},
+                "limits": {"memory": "64Mi"},
+            },
+            "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+            "securityContext": hardened,
+        },
+    ]
 
 
 def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[ObjectPlan]:
@@ -161,7 +180,7 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         "resources": pods.resources(serve.resources.cpu, serve.resources.memory, gpus),
         "port": serve.port,
         "probes": probes(ctx),
-        "model_check": model_check(ctx),
+        "init_containers": init_containers(ctx),
         "volumes": [*claim_vols, shm_vol, spec_vol],
         "volume_mounts": [*claim_mounts, shm_mount, spec_mount],
     }

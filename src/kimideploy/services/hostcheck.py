@@ -14,11 +14,8 @@ from typing import Any
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.images import MIN_DRIVER_FOR_CUDA, Image
 from kimideploy.config.project import Project
+from kimideploy.gpuinfo import arch_of, parse_query, version_tuple
 
-QUERY_FIELDS = (  # the order host_probe.sh asks nvidia-smi for
-    "index,name,compute_cap,driver_version,memory.total,persistence_mode,ecc.mode.current,"
-    "clocks_event_reasons.active"
-)
 SECTION = re.compile(r"^### (\S+)$", re.M)
 
 
@@ -47,20 +44,14 @@ def sections(output: str) -> dict[str, str]:
 
 def parse_gpus(text: str) -> list[dict[str, str]] | None:
     """Rows of the --query-gpu CSV; None when nvidia-smi did not run."""
-    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("rc=")]
     if not text.rstrip().endswith("rc=0"):
         return None
-    names = QUERY_FIELDS.split(",")
-    return [dict(zip(names, (c.strip() for c in line.split(",")), strict=False)) for line in lines]
+    return parse_query(text)
 
 
 def parse_cuda_version(banner: str) -> str | None:
     match = re.search(r"CUDA Version:\s*([\d.]+)", banner)
     return match.group(1) if match else None
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", version))
 
 
 def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> list[Check]:
@@ -109,7 +100,7 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
             f"the profile expects {wanted.product}; fix clusters.<name>.gpu.product or the host",
         )
     )
-    caps = {"sm_" + g["compute_cap"].replace(".", "") for g in gpus}
+    caps = {arch_of(g["compute_cap"]) for g in gpus}
     checks.append(
         Check(
             "compute capability",

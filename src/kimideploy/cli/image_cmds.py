@@ -1,0 +1,98 @@
+"""`kimideploy image list|render|verify|build|lock`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from kimideploy.cli.context import CliState
+from kimideploy.cli.table import format_table
+from kimideploy.cli.terminal import TerminalReporter
+
+
+@click.group()
+def image() -> None:
+    """Pinned CUDA/vLLM images with verified patches."""
+
+
+@image.command("list")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@click.pass_obj
+def list_images(state: CliState, output: str) -> None:
+    """Name, base, vLLM, torch, speculators, patches, digest, and which clusters use it."""
+    from kimideploy.services.images import image_rows
+
+    rows = image_rows(state.project().project)
+    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+
+
+@image.command()
+@click.argument("name")
+@click.pass_obj
+def render(state: CliState, name: str) -> None:
+    """The image's Dockerfile on stdout."""
+    from kimideploy.services.images import dockerfile
+
+    click.echo(dockerfile(state.project().project, name), nl=False)
+
+
+@image.command()
+@click.argument("name")
+@click.option("--skip-pins", is_flag=True, help="Do not ask pip's resolver (it needs PyPI).")
+@click.pass_obj
+def verify(state: CliState, name: str, skip_pins: bool) -> None:
+    """Pins resolve; patches apply (fuzz 0) and work; vLLM accepts every rendered serve flag."""
+    from kimideploy.errors import KimiDeployError
+    from kimideploy.services.images import verify_image
+
+    steps = verify_image(state.project(), name, TerminalReporter(), pins=not skip_pins)
+    click.echo(
+        format_table(
+            [
+                {"check": s.name, "status": "pass" if s.ok else "FAIL", "detail": s.detail}
+                for s in steps
+            ]
+        )
+    )
+    failed = [s for s in steps if not s.ok]
+    if failed:
+        raise KimiDeployError(
+            f"{len(failed)} check(s) failed for {name}",
+            hint="each row says what vLLM or patch reported",
+        )
+
+
+@image.command()
+@click.argument("name")
+@click.option("--push", is_flag=True, help="Push and record the digest for `image lock`.")
+@click.option("--on", "on_cluster", help="Build on this cluster's first host over SSH.")
+@click.option(
+    "--context-only",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Write the build context tar here and stop.",
+)
+@click.pass_obj
+def build(
+    state: CliState, name: str, push: bool, on_cluster: str | None, context_only: Path | None
+) -> None:
+    """Build from a deterministic context; the tag is the context's content hash."""
+    from kimideploy.services.images import build_image
+
+    result = build_image(
+        state.project().project, name, push, on_cluster, context_only, TerminalReporter()
+    )
+    click.echo(result)
+
+
+@image.command()
+@click.argument("name")
+@click.option("--digest", help="sha256:... (default: the digest the last `build --push` recorded)")
+@click.pass_obj
+def lock(state: CliState, name: str, digest: str | None) -> None:
+    """Write the pushed digest into kimideploy.yaml so manifests pin it."""
+    from kimideploy.services.images import lock_image
+
+    loaded = state.project()
+    click.echo(lock_image(loaded.path, loaded.project, name, digest))

@@ -1,0 +1,1 @@
+"""Pinned images: the matrix, rendered Dockerfiles, build contexts, patches and their checks."""

@@ -1,0 +1,78 @@
+"""Rendering an image's Dockerfile from templates/docker/Dockerfile.j2 (values placed, no logic)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.images import Image
+from kimideploy.config.project import Project
+from kimideploy.errors import UsageError
+from kimideploy.paths import repository_root
+
+SOURCE_URL = "https://github.com/kimideploy/kimideploy"
+# TORCH_CUDA_ARCH_LIST spelling of each architecture.
+TORCH_ARCH = {"sm_90": "9.0", "sm_100": "10.0", "sm_103": "10.3", "sm_120": "12.0"}
+
+
+def get_image(project: Project, name: str) -> Image:
+    if name not in project.images:
+        valid = ", ".join(sorted(project.images))
+        raise UsageError(f"unknown image '{name}' (valid: {valid})", hint="`kimideploy image list`")
+    return project.images[name]
+
+
+def default_image_name(project: Project) -> str:
+    """The image the root Dockerfile is: the default cluster's serve image."""
+    return project.clusters[project.default_cluster].images.serve
+
+
+def patch_dir(image: Image) -> str:
+    return f"docker/patches/vllm-{image.vllm}" if image.vllm else "docker/patches/none"
+
+
+def patch_files(image: Image) -> list[Path]:
+    root = repository_root()
+    return [root / patch_dir(image) / name for name in image.patches]
+
+
+def patchset_sha256(image: Image) -> str:
+    digest = hashlib.sha256()
+    for path in patch_files(image):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def constraints_path(name: str) -> str:
+    return f"docker/constraints/{name}.txt"
+
+
+def dockerfile_values(name: str, image: Image) -> dict[str, Any]:
+    base = image.base
+    return {
+        "name": name,
+        "base": base,
+        "python_package": f"python{image.python}",
+        "python_binary": f"python{image.python}",
+        "constraints": constraints_path(name),
+        "patch_dir": patch_dir(image) + "/",
+        "patches": list(image.patches),
+        "uid": image.run_as_user if image.run_as_user else 1000,
+        "source": SOURCE_URL,
+        "vllm": image.vllm or "none",
+        "speculators": image.speculators or "none",
+        "cuda_archs": ",".join(image.cuda_archs) or "none",
+        "torch_arch_list": ";".join(TORCH_ARCH[a] for a in image.cuda_archs) or "",
+        "patchset_sha256": patchset_sha256(image),
+    }
+
+
+def render_dockerfile(project: Project, name: str) -> str:
+    """The Dockerfile text; templates only place these values (StrictUndefined)."""
+    from kimideploy.render.environment import environment
+
+    image = get_image(project, name)
+    env = environment(repository_root() / "templates" / "docker")
+    text: str = env.get_template("Dockerfile.j2").render(v=dockerfile_values(name, image))
+    return text

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Run inside a vLLM virtualenv: does this vLLM accept these `vllm serve` arguments?
+
+Standalone (imports only vLLM and the standard library): `image verify` runs it with the pinned
+vLLM's interpreter, the patched sources first on PYTHONPATH, and a JSON spec of cases
+`[{"name": ..., "argv": [...]}]`. For each case it parses the arguments with vLLM's own server
+parser and builds vLLM's engine configuration, the step that rejects a wrong speculative method,
+unknown keys, a missing drafter or a target vLLM cannot speculate for. Prints one JSON list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def use_cpu_platform() -> None:
+    """Building the parser needs a platform; this machine has no GPU."""
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    platforms._current_platform = CpuPlatform()
+
+
+def check(argv: list[str]) -> dict[str, Any]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = parser.parse_args(argv)
+    except SystemExit:
+        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
+        return {"ok": False, "stage": "arguments", "error": lines[-1] if lines else "rejected"}
+    try:
+        AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    except Exception as exc:  # vLLM's own validation error is the answer we report
+        message = str(exc).strip().splitlines()
+        return {
+            "ok": False,
+            "stage": "engine config",
+            "error": f"{type(exc).__name__}: " + (" ".join(message)[:600] if message else ""),
+        }
+    return {"ok": True, "stage": "engine config", "error": ""}
+
+
+def main() -> int:
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    use_cpu_platform()
+    results = [{"name": case["name"], **check(case["argv"])} for case in cases]
+    print("KIMIDEPLOY-RESULT " + json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

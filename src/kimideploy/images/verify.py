@@ -1,0 +1,284 @@
+"""`kimideploy image verify NAME`: pins resolve, patches apply and work, rendered flags accepted.
+
+Everything runs offline after a one-time download into ~/.cache/kimideploy/: the pinned vLLM
+wheel (its Python sources are what the image patches) and a virtualenv with the pinned vLLM
+stack, used on CPU to build vLLM's own engine configuration from the arguments kimideploy renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.images import Image
+from kimideploy.images.dockerfile import constraints_path, patch_files, patchset_sha256
+from kimideploy.paths import repository_root
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    ok: bool
+    detail: str
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KIMIDEPLOY_CACHE", Path.home() / ".cache" / "kimideploy"))
+
+
+def _pip(python: str, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, "-m", "pip", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+# --- pins -------------------------------------------------------------------------------------
+
+# Every tag a glibc 2.35+ x86_64 base (Ubuntu 22.04/24.04) accepts.
+PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(35, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+)
+
+
+def resolve_pins(name: str, image: Image) -> Step:
+    """pip's resolver, for the image's Python and platform, without installing (cached by hash)."""
+    pins = repository_root() / constraints_path(name)
+    if not pins.is_file():
+        return Step("pins resolve", False, f"{constraints_path(name)} is missing")
+    import hashlib
+
+    key = hashlib.sha256(pins.read_bytes() + image.python.encode()).hexdigest()[:16]
+    cached = cache_root() / "verify" / f"pins-{name}-{key}.json"
+    if cached.is_file():
+        return Step(
+            "pins resolve", True, f"{constraints_path(name)} (resolved before: {cached.name})"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            f"{tmp}/r.json",
+            "--python-version",
+            image.python,
+            "--only-binary=:all:",
+            "--target",
+            f"{tmp}/t",
+            "-r",
+            str(pins),
+        ]
+        for platform in PLATFORMS:
+            args += ["--platform", platform]
+        done = _pip(sys.executable, *args)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            return Step("pins resolve", False, " | ".join(lines[-4:]))
+        report = json.loads(Path(f"{tmp}/r.json").read_text())
+    installed = sorted(
+        f"{i['metadata']['name']}=={i['metadata']['version']}" for i in report["install"]
+    )
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(installed, indent=1))
+    return Step("pins resolve", True, f"{len(installed)} packages for Python {image.python}")
+
+
+# --- patches ----------------------------------------------------------------------------------
+
+
+def vllm_wheel(version: str) -> Path:
+    wheels = cache_root() / "wheels"
+    found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    if found:
+        return found[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    done = _pip(sys.executable, "download", "--no-deps", f"vllm=={version}", "-d", str(wheels))
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot download vllm=={version}: {done.stderr.strip()[-400:]}")
+    return sorted(wheels.glob(f"vllm-{version}-*.whl"))[0]
+
+
+def vllm_sources(version: str) -> Path:
+    """The Python sources of the pinned wheel (what the image patches), extracted once."""
+    target = cache_root() / "vllm-src" / version
+    if not (target / "vllm" / "__init__.py").is_file():
+        with zipfile.ZipFile(vllm_wheel(version)) as wheel:
+            for member in wheel.namelist():
+                if member.startswith("vllm/") and member.endswith(".py"):
+                    wheel.extract(member, target)
+    return target
+
+
+def apply_patches(image: Image, tree: Path, dry_run: bool) -> list[Step]:
+    """`patch --forward --fuzz=0` each patch in order; a drifted one fails with patch's message."""
+    steps = []
+    for patch in patch_files(image):
+        args = [
+            "patch",
+            "-p1",
+            "--forward",
+            "--fuzz=0",
+            "--batch",
+            "-i",
+            str(patch),
+            "-d",
+            str(tree),
+        ]
+        if dry_run:
+            args.append("--dry-run")
+        done = subprocess.run(args, capture_output=True, text=True)
+        output = " ".join((done.stdout + done.stderr).split())
+        steps.append(Step(f"patch {patch.name} applies", done.returncode == 0, output[-300:]))
+        if done.returncode != 0:
+            break
+    return steps
+
+
+def patched_overlay(image: Image) -> Path:
+    """A copy (hard links) of the venv's vLLM with the patches applied, for PYTHONPATH."""
+    assert image.vllm is not None
+    venv = vllm_venv(image.vllm)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    overlay = cache_root() / "verify" / f"overlay-{image.vllm}-{patchset_sha256(image)[:12]}"
+    if not (overlay / "vllm" / "__init__.py").is_file():
+        shutil.rmtree(overlay, ignore_errors=True)
+        overlay.mkdir(parents=True)
+        subprocess.run(["cp", "-al", str(site / "vllm"), str(overlay / "vllm")], check=True)
+        failed = [s for s in apply_patches(image, overlay, dry_run=False) if not s.ok]
+        if failed:
+            shutil.rmtree(overlay, ignore_errors=True)
+            raise RuntimeError(failed[0].detail)
+    return overlay
+
+
+def vllm_venv(version: str) -> Path:
+    """A virtualenv with vllm==version and its pinned dependencies (CUDA wheels, run on CPU)."""
+    venv = cache_root() / "venvs" / f"vllm-{version}"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").is_file():
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        done = _pip(
+            str(python),
+            "install",
+            "--quiet",
+            "--find-links",
+            str(cache_root() / "wheels"),
+            f"vllm=={version}",
+            timeout=3600,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"cannot install vllm=={version}: {done.stderr.strip()[-400:]}")
+        (venv / ".complete").write_text(version)
+    return venv
+
+
+# --- engine configuration ----------------------------------------------------------------------
+
+
+def tiny_target_config(project_model: Any) -> dict[str, Any]:
+    """Shaped like Kimi-K2.5 (wrapper + DeepSeek-V3 text config); needs no weights."""
+    text = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "kimi_k2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": project_model.num_hidden_layers,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "vocab_size": 1024,
+        "max_position_embeddings": 262144,
+        "rope_theta": 50000.0,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16",
+        "topk_method": "noaux_tc",
+        "n_group": 1,
+        "topk_group": 1,
+        "scoring_func": "sigmoid",
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+    }
+    return {
+        "architectures": [project_model.architecture],
+        "model_type": project_model.model_type,
+        "media_placeholder_token_id": 1000,
+        "text_config": text,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def tiny_drafter_config(vllm_layer_ids: list[int], draft_vocab_size: int) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 1,
+        "vocab_size": 1024,
+        "draft_vocab_size": min(draft_vocab_size, 512),
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16",
+        "eagle_aux_hidden_state_layer_ids": vllm_layer_ids,
+        "target_hidden_size": 64,
+    }
+
+
+def run_engine_checks(
+    python: Path, overlay: Path | None, cases: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Run engine_check.py with the given interpreter (and patched sources first on the path)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "cases.json"
+        spec.write_text(json.dumps(cases))
+        env = {
+            **os.environ,
+            "VLLM_TARGET_DEVICE": "cpu",
+            "CUDA_VISIBLE_DEVICES": "",
+            "VLLM_LOGGING_LEVEL": "ERROR",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        if overlay is not None:
+            env["PYTHONPATH"] = str(overlay)
+        script = Path(__file__).with_name("engine_check.py")
+        done = subprocess.run(
+            [str(python), str(script), str(spec)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+            cwd=tmp,
+        )
+    for line in done.stdout.splitlines():
+        if line.startswith("KIMIDEPLOY-RESULT "):
+            results: list[dict[str, Any]] = json.loads(line.removeprefix("KIMIDEPLOY-RESULT "))
+            return results
+    raise RuntimeError(
+        f"the engine check did not finish (exit {done.returncode}): {done.stderr[-800:]}"
+    )

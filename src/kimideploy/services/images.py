@@ -1,0 +1,207 @@
+"""Image use cases: list, render, verify, build, lock."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
+from kimideploy.config.loading import LoadedProject
+from kimideploy.config.project import Project
+from kimideploy.errors import UsageError
+from kimideploy.images import build as building
+from kimideploy.images import verify as checks
+from kimideploy.images.context import build_context, write_context
+from kimideploy.images.dockerfile import get_image, render_dockerfile
+from kimideploy.images.lock import lock_digest
+from kimideploy.paths import repository_root
+from kimideploy.plan.context import drafter_path, target_model_path
+from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.resolve import resolve
+from kimideploy.services.reporting import Reporter
+
+# Only for building the config on a CPU machine without weights: no tokenizer to load, and swap
+# sized for this machine instead of 4 GiB per GPU. Everything else is exactly what is rendered.
+VERIFY_ONLY_ARGS = ("--skip-tokenizer-init", "--swap-space", "1")
+
+
+def image_rows(project: Project) -> list[dict[str, Any]]:
+    rows = []
+    for name, image in sorted(project.images.items()):
+        users = sorted(
+            f"{c}/{w}"
+            for c, cl in project.clusters.items()
+            for w, n in cl.images.model_dump().items()
+            if n == name
+        )
+        rows.append(
+            {
+                "name": name,
+                "role": image.role,
+                "base": image.base.split("@")[0],
+                "python": image.python,
+                "vllm": image.vllm,
+                "torch": image.torch,
+                "speculators": image.speculators,
+                "archs": image.cuda_archs,
+                "patches": len(image.patches),
+                "digest": image.digest[:19],
+                "used_by": users,
+            }
+        )
+    return rows
+
+
+def dockerfile(project: Project, name: str) -> str:
+    return render_dockerfile(project, name)
+
+
+def serve_cases(
+    loaded: LoadedProject, name: str, target: Path, drafters: Path
+) -> list[dict[str, Any]]:
+    """The exact serve arguments rendered for every cluster using this image, per drafter."""
+    project = loaded.project
+    cases = []
+    for cluster_name, cluster in sorted(project.clusters.items()):
+        if cluster.images.serve != name:
+            continue
+        for drafter in [NO_DRAFTER, *sorted(project.drafters)]:
+            plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter))
+            deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
+            args = [a.replace(target_model_path(project), str(target)) for a in deployment["args"]]
+            if drafter != NO_DRAFTER:
+                record = project.drafters[drafter]
+                args = [
+                    a.replace(drafter_path(drafter, record), str(drafters / drafter)) for a in args
+                ]
+            cases.append(
+                {
+                    "name": f"{cluster_name} --drafter {drafter}",
+                    "argv": ["--model", str(target), *args, *VERIFY_ONLY_ARGS],
+                }
+            )
+    return cases
+
+
+def write_tiny_models(project: Project, root: Path) -> tuple[Path, Path]:
+    target = root / "target"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text(json.dumps(checks.tiny_target_config(project.model)))
+    drafters = root / "drafters"
+    for name, record in project.drafters.items():
+        folder = drafters / name
+        folder.mkdir(parents=True)
+        ids = to_vllm_layer_ids(record.aux_layer_ids, record.layer_id_convention)
+        (folder / "config.json").write_text(
+            json.dumps(checks.tiny_drafter_config(ids, record.draft_vocab_size))
+        )
+    return target, drafters
+
+
+def verify_image(
+    project_or_loaded: Any, name: str, reporter: Reporter, pins: bool = True
+) -> list[checks.Step]:
+    """All checks for one image; steps are reported as they finish."""
+    loaded: LoadedProject | None = (
+        project_or_loaded if isinstance(project_or_loaded, LoadedProject) else None
+    )
+    project = loaded.project if loaded else project_or_loaded
+    image = get_image(project, name)
+    steps: list[checks.Step] = []
+    if pins:
+        reporter.status(f"{name}: resolving pins with pip")
+        steps.append(checks.resolve_pins(name, image))
+    if image.vllm is None:
+        return steps
+    reporter.status(f"{name}: applying patches to vLLM {image.vllm} sources")
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "src"
+        import shutil
+
+        shutil.copytree(checks.vllm_sources(image.vllm) / "vllm", tree / "vllm")
+        steps += checks.apply_patches(image, tree, dry_run=True)
+    if not all(s.ok for s in steps if s.name.startswith("patch")):
+        return steps
+    if loaded is not None:
+        steps += _engine_steps(loaded, name, image, reporter)
+    return steps
+
+
+def _engine_steps(
+    loaded: LoadedProject, name: str, image: Any, reporter: Reporter
+) -> list[checks.Step]:
+    reporter.status(f"{name}: preparing vLLM {image.vllm} (first run downloads and installs it)")
+    venv = checks.vllm_venv(image.vllm)
+    overlay = checks.patched_overlay(image) if image.patches else None
+    with tempfile.TemporaryDirectory() as tmp:
+        target, drafters = write_tiny_models(loaded.project, Path(tmp))
+        cases = serve_cases(loaded, name, target, drafters)
+        if not cases:
+            return [checks.Step("serve flags", True, "no cluster serves with this image")]
+        reporter.status(
+            f"{name}: building vLLM's engine config for {len(cases)} rendered argument sets"
+        )
+        results = checks.run_engine_checks(venv / "bin" / "python", overlay, cases)
+    return [
+        checks.Step(f"vLLM accepts: {r['name']}", r["ok"], r["error"] or "engine config built")
+        for r in results
+    ]
+
+
+def build_image(
+    project: Project,
+    name: str,
+    push: bool,
+    on_cluster: str | None,
+    context_only: Path | None,
+    reporter: Reporter,
+) -> str:
+    image = get_image(project, name)
+    context = build_context(project, name)
+    tag = context.tag(image.repository)
+    if context_only is not None:
+        path = write_context(context, context_only)
+        return f"{path}\n{tag}"
+    from kimideploy.services.hosts import ssh_connect
+
+    if on_cluster:
+        cluster = project.clusters.get(on_cluster)
+        if cluster is None or not cluster.hosts:
+            raise UsageError(f"--on {on_cluster}: no hosts in that cluster profile")
+        runner: Any = ssh_connect(cluster.hosts[0])
+    else:
+        from kimideploy.remote.local_runner import LocalRunner
+
+        runner = LocalRunner()
+    revision = building.git_revision(repository_root())
+    reporter.info(
+        f"building {tag} on {runner.host} "
+        f"({len(context.files)} files, context {context.sha256[:12]})"
+    )
+    try:
+        reference = building.build(
+            runner, context, image.repository, revision, push, "/tmp/kimideploy-build"
+        )
+    finally:
+        runner.close()
+    if reference is None:
+        return tag
+    building.record_build(checks.cache_root() / "builds", name, reference)
+    return f"{reference}\nnext: kimideploy image lock {name}"
+
+
+def lock_image(config: Path, project: Project, name: str, digest: str | None) -> str:
+    get_image(project, name)
+    if digest is None:
+        record = checks.cache_root() / "builds" / f"{name}.json"
+        if not record.is_file():
+            raise UsageError(
+                f"no pushed build of {name} recorded",
+                hint=f"kimideploy image build {name} --push, or pass --digest",
+            )
+        digest = json.loads(record.read_text())["reference"].split("@")[-1]
+    assert digest is not None
+    lock_digest(config, name, digest)
+    return f"images.{name}.digest = {digest} in {config}"

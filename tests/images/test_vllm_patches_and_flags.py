@@ -1,0 +1,154 @@
+"""The pinned vLLM itself: patches apply to its sources, and its engine accepts what we render.
+
+These use the real vLLM 0.16.0 wheel and a virtualenv with the pinned stack, cached under
+~/.cache/kimideploy/ (downloaded on first use, several GB). vLLM runs on CPU: it builds its engine
+configuration (where flags, speculative settings and the EAGLE-3 allowlist are checked) without
+loading weights.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimideploy.config.loading import LoadedProject
+from kimideploy.images import verify as checks
+from kimideploy.services.images import VERIFY_ONLY_ARGS, serve_cases, write_tiny_models
+
+IMAGE = "vllm-0.16-kimi"
+
+
+@pytest.fixture(scope="module")
+def sources() -> Path:
+    return checks.vllm_sources("0.16.0")
+
+
+@pytest.fixture(scope="module")
+def venv_python() -> Path:
+    return checks.vllm_venv("0.16.0") / "bin" / "python"
+
+
+@pytest.fixture
+def tiny(example: LoadedProject, tmp_path: Path) -> tuple[Path, Path]:
+    return write_tiny_models(example.project, tmp_path)
+
+
+def test_every_patch_applies_to_the_pinned_sources(
+    example: LoadedProject, sources: Path, tmp_path: Path
+) -> None:
+    shutil.copytree(sources / "vllm", tmp_path / "vllm")
+    steps = checks.apply_patches(example.project.images[IMAGE], tmp_path, dry_run=False)
+    assert [s.name for s in steps] == [
+        "patch 0001-eagle3-allow-kimi-k25-target.patch applies",
+        "patch 0002-kimi-k25-media-placeholder-in-drafter.patch applies",
+        "patch 0003-kimi-k25-supports-eagle3.patch applies",
+    ]
+    assert all(s.ok for s in steps), steps
+    assert '"kimi_k2",' in (tmp_path / "vllm/config/speculative.py").read_text()
+
+
+def test_a_drifted_source_fails_loudly(
+    example: LoadedProject, sources: Path, tmp_path: Path
+) -> None:
+    shutil.copytree(sources / "vllm", tmp_path / "vllm")
+    target = tmp_path / "vllm/config/speculative.py"
+    target.write_text(
+        target.read_text().replace('            "afmoe",\n', '            "afmoe",  # drifted\n')
+    )
+    [step] = checks.apply_patches(example.project.images[IMAGE], tmp_path, dry_run=True)
+    assert not step.ok and "FAILED" in step.detail and "hunk" in step.detail.lower()
+
+
+def test_the_patches_do_not_apply_to_a_different_vllm(
+    example: LoadedProject, tmp_path: Path
+) -> None:
+    other = checks.vllm_sources("0.18.0")  # EAGLE-3 on Kimi-K2.5 is native there
+    shutil.copytree(other / "vllm", tmp_path / "vllm")
+    steps = checks.apply_patches(example.project.images[IMAGE], tmp_path, dry_run=True)
+    assert not all(s.ok for s in steps)
+    assert any(
+        "FAILED" in s.detail or "Reversed" in s.detail or "can't find" in s.detail for s in steps
+    )
+
+
+def cases_for(example: LoadedProject, tiny: tuple[Path, Path]) -> list[dict[str, Any]]:
+    return serve_cases(example, IMAGE, *tiny)
+
+
+def test_unpatched_vllm_rejects_eagle3_for_kimi_k25(
+    example: LoadedProject, tiny: tuple[Path, Path], venv_python: Path
+) -> None:
+    results = {
+        r["name"]: r for r in checks.run_engine_checks(venv_python, None, cases_for(example, tiny))
+    }
+    assert results["rtx6000 --drafter none"]["ok"]
+    for drafter in ("v1", "v2", "v3"):
+        result = results[f"rtx6000 --drafter {drafter}"]
+        assert not result["ok"] and "Eagle3 is only supported for" in result["error"]
+
+
+def test_patched_vllm_accepts_every_rendered_serve_argument_set(
+    example: LoadedProject, tiny: tuple[Path, Path], venv_python: Path
+) -> None:
+    overlay = checks.patched_overlay(example.project.images[IMAGE])
+    results = checks.run_engine_checks(venv_python, overlay, cases_for(example, tiny))
+    assert [r["name"] for r in results] == [
+        f"rtx6000 --drafter {d}" for d in ("none", "v1", "v2", "v3")
+    ]
+    assert all(r["ok"] for r in results), results
+
+
+def test_user_errors_come_back_with_vllms_own_message(
+    example: LoadedProject, tiny: tuple[Path, Path], venv_python: Path
+) -> None:
+    _, drafters = tiny
+    base = cases_for(example, tiny)[1]["argv"]  # v1, speculative
+    at = base.index("--speculative-config")
+    spec = json.loads(base[at + 1])
+
+    def with_spec(**changes: Any) -> list[str]:
+        return [*base[: at + 1], json.dumps({**spec, **changes}), *base[at + 2 :]]
+
+    cases = [
+        {"name": "misspelled flag", "argv": [*base, "--tensor-paralel-size", "8"]},
+        {"name": "unknown method", "argv": with_spec(method="eagle4")},
+        {"name": "missing drafter", "argv": with_spec(model=str(drafters / "not-there"))},
+    ]
+    overlay = checks.patched_overlay(example.project.images[IMAGE])
+    results = {r["name"]: r for r in checks.run_engine_checks(venv_python, overlay, cases)}
+    assert results["misspelled flag"]["stage"] == "arguments"
+    assert "--tensor-paralel-size" in results["misspelled flag"]["error"]
+    assert not results["unknown method"]["ok"] and "eagle4" in results["unknown method"]["error"]
+    assert (
+        not results["missing drafter"]["ok"] and "not-there" in results["missing drafter"]["error"]
+    )
+    assert VERIFY_ONLY_ARGS == ("--skip-tokenizer-init", "--swap-space", "1")
+
+
+def test_flag_drift_every_serve_image_accepts_what_is_rendered_for_it(
+    example: LoadedProject,
+) -> None:
+    """b200/b300 serve on vLLM 0.18 (no patches): their rendered arguments must be accepted too."""
+    from kimideploy.services.images import verify_image
+    from kimideploy.services.reporting import SilentReporter
+
+    steps = verify_image(example, "vllm-0.18-kimi", SilentReporter(), pins=False)
+    names = [s.name for s in steps]
+    assert names == [
+        f"vLLM accepts: {c} --drafter {d}"
+        for c in ("b200", "b300")
+        for d in ("none", "v1", "v2", "v3")
+    ]
+    assert all(s.ok for s in steps), [s for s in steps if not s.ok]
+
+
+@pytest.mark.parametrize(
+    "name", ["vllm-0.16-kimi", "vllm-0.18-kimi", "train-speculators-0.9", "tools"]
+)
+def test_pins_resolve_for_the_image_python_and_platform(example: LoadedProject, name: str) -> None:
+    step = checks.resolve_pins(name, example.project.images[name])
+    assert step.ok, step.detail

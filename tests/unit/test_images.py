@@ -1,0 +1,200 @@
+"""Images without an engine: Dockerfiles, hadolint, build contexts and tags, build commands, lock."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.images import build as building
+from kimideploy.images.context import build_context
+from kimideploy.images.dockerfile import default_image_name, render_dockerfile
+from kimideploy.images.gpucheck import problems
+from kimideploy.images.lock import lock_digest
+from kimideploy.images.selfcheck import run as selfcheck
+from kimideploy.remote.runner import CommandResult
+from tests.conftest import EXAMPLE, REPO
+
+IMAGES = ("vllm-0.16-kimi", "vllm-0.18-kimi", "train-speculators-0.9", "tools")
+
+
+def test_root_dockerfile_is_the_rendered_default_image(example: LoadedProject) -> None:
+    name = default_image_name(example.project)
+    assert name == "vllm-0.16-kimi"
+    assert (REPO / "Dockerfile").read_text() == render_dockerfile(example.project, name), (
+        "Dockerfile is stale: .venv/bin/kimideploy image render vllm-0.16-kimi > Dockerfile"
+    )
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_hadolint_clean(example: LoadedProject, name: str) -> None:
+    hadolint = shutil.which("hadolint") or str(REPO / ".venv" / "bin" / "hadolint")
+    result = subprocess.run([hadolint, "-"], input=render_dockerfile(example.project, name),
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_applies_patches_strictly_and_self_checks(example: LoadedProject) -> None:
+    text = render_dockerfile(example.project, "vllm-0.16-kimi")
+    assert "patch -p1 --forward --fuzz=0" in text
+    assert "python -m kimideploy.images.selfcheck 0001-eagle3-allow-kimi-k25-target.patch" in text
+    assert "USER 1000" in text and 'org.opencontainers.image.revision="${VCS_REF}"' in text
+    assert (
+        "io.kimideploy.patchset.sha256=" in text
+        and "@sha256:" in text.split("FROM ", 1)[1].split()[0]
+    )
+
+
+def test_context_holds_only_what_the_dockerfile_needs(example: LoadedProject) -> None:
+    context = build_context(example.project, "vllm-0.16-kimi")
+    assert (
+        "Dockerfile" in context.files and "docker/constraints/vllm-0.16-kimi.txt" in context.files
+    )
+    assert "docker/patches/vllm-0.16.0/0003-kimi-k25-supports-eagle3.patch" in context.files
+    assert "docker/patches/vllm-0.16.0/SERIES" in context.files
+    assert not [f for f in context.files if f.startswith(("tests/", "k8s/", "ansible/", ".venv"))]
+    assert not [f for f in context.files if "vllm-0.18" in f or "tools.txt" in f]
+    with tarfile.open(fileobj=io.BytesIO(context.tar)) as archive:
+        members = archive.getmembers()
+    assert all(m.mtime == 0 and m.uid == 0 for m in members)
+    assert [m.name for m in members] == sorted(m.name for m in members)
+
+
+def test_context_and_tag_are_stable_and_follow_the_inputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = load_project(EXAMPLE).project
+    first, again = (
+        build_context(project, "vllm-0.16-kimi"),
+        build_context(project, "vllm-0.16-kimi"),
+    )
+    assert first.tar == again.tar
+    tag = first.tag("ghcr.io/kimideploy/vllm")
+    assert tag == f"ghcr.io/kimideploy/vllm:vllm-0.16-kimi-{first.sha256[:12]}"
+    home = tmp_path / "home"
+    for part in ("templates", "docker", "src", "pyproject.toml", "README.md", "kimideploy.yaml"):
+        source = REPO / part
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, home / part)
+    patch = home / "docker/patches/vllm-0.16.0/0001-eagle3-allow-kimi-k25-target.patch"
+    patch.write_text(patch.read_text() + "\n")
+    monkeypatch.setenv("KIMIDEPLOY_HOME", str(home))
+    changed = build_context(project, "vllm-0.16-kimi")
+    assert changed.tag("r") != first.tag("r")
+
+
+class RecordingRunner:
+    """Records the commands a build issues (there is no engine on this machine)."""
+
+    host = "gpu-host"
+
+    def __init__(self, digest: str) -> None:
+        self.calls: list[list[str]] = []
+        self.uploads: list[tuple[bytes, str]] = []
+        self.digest = digest
+
+    def run(
+        self, argv: list[str], sudo: bool = False, timeout: float = 60, stdin: str | None = None
+    ) -> CommandResult:
+        self.calls.append(argv)
+        out = self.digest + "\n" if argv[:3] == ["docker", "image", "inspect"] else ""
+        return CommandResult(" ".join(argv), 0, out, "")
+
+    def put(self, local: Path, remote: str) -> None:
+        self.uploads.append((local.read_bytes(), remote))
+
+    def close(self) -> None:
+        pass
+
+
+def test_build_and_push_issue_these_commands(example: LoadedProject) -> None:
+    context = build_context(example.project, "vllm-0.16-kimi")
+    reference = "ghcr.io/kimideploy/vllm@sha256:" + "a" * 64
+    runner = RecordingRunner(reference)
+    result = building.build(runner, context, "ghcr.io/kimideploy/vllm", "abc123", True, "/tmp/kd")  # type: ignore[arg-type]
+    tag = context.tag("ghcr.io/kimideploy/vllm")
+    remote = f"/tmp/kd/vllm-0.16-kimi-{context.sha256[:12]}.tar"
+    assert runner.uploads == [(context.tar, remote)]
+    assert runner.calls == [
+        ["mkdir", "-p", "/tmp/kd"],
+        ["sh", "-c", building.BUILD_SCRIPT, "build", tag, remote, "abc123"],
+        ["docker", "push", tag],
+        ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", tag],
+    ]
+    assert result == reference
+
+
+def test_a_failed_build_names_the_step() -> None:
+    class Failing(RecordingRunner):
+        def run(
+            self, argv: list[str], sudo: bool = False, timeout: float = 60, stdin: str | None = None
+        ) -> CommandResult:
+            code = 1 if argv[:2] == ["sh", "-c"] else 0
+            return CommandResult(
+                " ".join(argv), code, "", "FAIL 0003-kimi-k25-supports-eagle3.patch: ..."
+            )
+
+    context = build_context(load_project(EXAMPLE).project, "tools")
+    with pytest.raises(KimiDeployError, match=r"building .* on gpu-host failed"):
+        building.build(Failing(""), context, "r", "x", False, "/tmp/kd")  # type: ignore[arg-type]
+
+
+def test_lock_writes_the_digest_and_keeps_comments(tmp_path: Path) -> None:
+    config = tmp_path / "kimideploy.yaml"
+    config.write_text(EXAMPLE.read_text())
+    digest = "sha256:" + "b" * 64
+    lock_digest(config, "vllm-0.18-kimi", digest)
+    loaded = load_project(config)
+    assert loaded.project.images["vllm-0.18-kimi"].digest == digest
+    assert loaded.project.images["vllm-0.16-kimi"].digest != digest
+    assert (
+        config.read_text().count("# EXAMPLE PIN") == EXAMPLE.read_text().count("# EXAMPLE PIN") - 1
+    )
+    assert "# kimideploy.yaml: the whole EAGLE-3 lifecycle" in config.read_text()
+    with pytest.raises(UsageError, match="not a sha256 digest"):
+        lock_digest(config, "tools", "latest")
+    with pytest.raises(UsageError, match=r"no images\.nope\.digest line"):
+        lock_digest(config, "nope", digest)
+
+
+def row(index: int, name: str, cap: str, driver: str) -> dict[str, str]:
+    return {"index": str(index), "name": name, "compute_cap": cap, "driver_version": driver}
+
+
+def test_gpu_check_catches_the_blackwell_arch_mistake_in_seconds() -> None:
+    rtx = [
+        row(i, "NVIDIA RTX PRO 6000 Blackwell Server Edition", "12.0", "580.95.05")
+        for i in range(8)
+    ]
+    assert problems(rtx, ["sm_100", "sm_103", "sm_120"], "12.9", 8) == []
+    found = problems(rtx, ["sm_100", "sm_103"], "12.9", 8)
+    assert found == [
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition is sm_120; this image is built for sm_100, "
+        "sm_103 (use the cluster's image, or rebuild with this architecture)"
+    ]
+
+
+def test_gpu_check_driver_and_count() -> None:
+    old = [row(i, "NVIDIA B200", "10.0", "570.86.15") for i in range(7)]
+    found = problems(old, ["sm_100"], "12.9", 8)
+    assert "7 GPUs visible, the pod asked for 8" in found
+    assert "driver 570.86.15 is older than 575.51.03, the minimum for CUDA 12.9" in found
+
+
+def test_selfcheck_refuses_a_patch_it_cannot_check() -> None:
+    [(_, ok, message)] = selfcheck(["0099-something-new.patch"])
+    assert not ok and "no self-check is defined" in message
+
+
+def test_image_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from kimideploy.cli.main import main
+
+    assert main(["image", "list", "-o", "json"]) == 0
+    assert '"name": "vllm-0.16-kimi"' in capsys.readouterr().out
+    assert main(["image", "render", "nope"]) == 2
+    assert "unknown image 'nope'" in capsys.readouterr().err
