@@ -17,7 +17,7 @@ import pytest
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.images import verify as checks
-from kimideploy.services.images import VERIFY_ONLY_ARGS, serve_cases, write_tiny_models
+from kimideploy.services.images import serve_cases, write_tiny_models
 
 IMAGE = "vllm-0.16-kimi"
 
@@ -126,7 +126,6 @@ def test_user_errors_come_back_with_vllms_own_message(
     assert (
         not results["missing drafter"]["ok"] and "not-there" in results["missing drafter"]["error"]
     )
-    assert VERIFY_ONLY_ARGS == ("--skip-tokenizer-init", "--swap-space", "1")
 
 
 def test_flag_drift_every_serve_image_accepts_what_is_rendered_for_it(
@@ -152,3 +151,13 @@ def test_flag_drift_every_serve_image_accepts_what_is_rendered_for_it(
 def test_pins_resolve_for_the_image_python_and_platform(example: LoadedProject, name: str) -> None:
     step = checks.resolve_pins(name, example.project.images[name])
     assert step.ok, step.detail
+
+
+def test_image_verify_cli_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
+    from kimideploy.cli.main import main
+
+    code = main(["image", "verify", IMAGE])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "patch 0003-kimi-k25-supports-eagle3.patch applies" in out
+    assert "vLLM accepts: rtx6000 --drafter v3" in out and "FAIL" not in out

@@ -198,3 +198,19 @@ def test_image_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert '"name": "vllm-0.16-kimi"' in capsys.readouterr().out
     assert main(["image", "render", "nope"]) == 2
     assert "unknown image 'nope'" in capsys.readouterr().err
+
+
+def test_build_context_only_and_lock_through_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from kimideploy.cli.main import main
+
+    assert main(["image", "build", "tools", "--context-only", str(tmp_path / "ctx")]) == 0
+    path, tag = capsys.readouterr().out.split()
+    assert Path(path).is_file() and tag.startswith("ghcr.io/kimideploy/tools:tools-")
+    config = tmp_path / "kimideploy.yaml"
+    config.write_text(EXAMPLE.read_text())
+    digest = "sha256:" + "c" * 64
+    assert main(["--config", str(config), "image", "lock", "tools", "--digest", digest]) == 0
+    assert f"images.tools.digest = {digest}" in capsys.readouterr().out
+    assert load_project(config).project.images["tools"].digest == digest

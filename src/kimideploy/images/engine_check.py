@@ -26,12 +26,19 @@ def use_cpu_platform() -> None:
     platforms._current_platform = CpuPlatform()
 
 
+# Only for building the config on a CPU machine without weights (no tokenizer to load; swap sized
+# for this machine, not 4 GiB per GPU), and only where this vLLM still has the flag.
+VERIFY_ONLY_ARGS = (("--skip-tokenizer-init",), ("--swap-space", "1"))
+
+
 def check(argv: list[str]) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    known = {flag for action in parser._actions for flag in action.option_strings}
+    argv = [*argv, *(arg for extra in VERIFY_ONLY_ARGS if extra[0] in known for arg in extra)]
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):

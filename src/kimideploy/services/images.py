@@ -22,10 +22,6 @@ from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.reporting import Reporter
 
-# Only for building the config on a CPU machine without weights: no tokenizer to load, and swap
-# sized for this machine instead of 4 GiB per GPU. Everything else is exactly what is rendered.
-VERIFY_ONLY_ARGS = ("--skip-tokenizer-init", "--swap-space", "1")
-
 
 def image_rows(project: Project) -> list[dict[str, Any]]:
     rows = []
@@ -79,7 +75,7 @@ def serve_cases(
             cases.append(
                 {
                     "name": f"{cluster_name} --drafter {drafter}",
-                    "argv": ["--model", str(target), *args, *VERIFY_ONLY_ARGS],
+                    "argv": ["--model", str(target), *args],
                 }
             )
     return cases
