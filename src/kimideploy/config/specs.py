@@ -59,6 +59,7 @@ class DatagenSpec(WorkloadSpec):
     top_p: float
     request_timeout_s: int
     max_retries: int
+    chunk_samples: int = 64
 
 
 class ExtractSpec(WorkloadSpec):

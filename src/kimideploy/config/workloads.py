@@ -53,6 +53,9 @@ class DatagenSettings(WorkloadSettings):
     top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
     request_timeout_s: Annotated[int, Field(ge=1, le=7200)] = 900
     max_retries: Annotated[int, Field(ge=0, le=20)] = 5
+    chunk_samples: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=64, description="Samples per output chunk: what a restart can lose at most."
+    )
     expected_tokens_per_sample: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
         default=1450, description="Planning figure for storage (828 GB / 10K samples last time)."
     )

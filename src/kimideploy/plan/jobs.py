@@ -59,6 +59,7 @@ def datagen_spec(ctx: Context, run_id: str) -> DatagenSpec:
         samples=settings.samples, endpoint=endpoint, concurrency=settings.concurrency,
         max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
         request_timeout_s=settings.request_timeout_s, max_retries=settings.max_retries,
+        chunk_samples=settings.chunk_samples,
     )  # fmt: skip
 
 

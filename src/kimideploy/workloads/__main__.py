@@ -1,0 +1,32 @@
+"""`python -m kimideploy.workloads NAME --spec PATH`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from kimideploy.config import specs
+from kimideploy.workloads.runtime import EXIT_BAD_INPUT, BadInputError, load_spec, log
+
+WORKLOADS = {"datagen": specs.DatagenSpec}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kimideploy.workloads")
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("--spec", type=Path, default=Path(specs.SPEC_PATH))
+    args = parser.parse_args(argv)
+    try:
+        spec = load_spec(args.spec, WORKLOADS[args.workload])
+        module = importlib.import_module(f"kimideploy.workloads.{args.workload}")
+        code: int = module.run(spec)
+        return code
+    except BadInputError as exc:
+        log(f"error: {exc.message}")
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

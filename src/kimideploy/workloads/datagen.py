@@ -1,0 +1,227 @@
+"""datagen: generate answers with the target model, rendered exactly as it sees them.
+
+Each shard takes every shards-th prompt, asks an OpenAI-compatible endpoint (by default the
+non-speculative serve release) with bounded concurrency, retries with backoff and a per-request
+timeout, and writes finished samples in chunks with atomic renames. A restarted shard skips every
+sample already in a chunk, so nothing is lost or duplicated; SIGTERM flushes and exits 75.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.specs import DatagenSpec
+from kimideploy.workloads import chat_format
+from kimideploy.workloads.prompts import Prompt, load_prompts
+from kimideploy.workloads.runtime import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    BadInputError,
+    Progress,
+    Stopper,
+    atomic_write,
+    emit,
+    log,
+    shard_index,
+)
+
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class RequestFailedError(Exception):
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
+    """One streamed chat completion; reasoning and answer collected from the deltas."""
+    body = {
+        "model": spec.target.served_name,
+        "messages": prompt.messages,
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        spec.endpoint.rstrip("/") + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    reasoning: list[str] = []
+    answer: list[str] = []
+    finish: str | None = None
+    usage: dict[str, Any] = {}
+    try:
+        with urllib.request.urlopen(request, timeout=spec.request_timeout_s) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+                    answer.append(delta.get("content") or "")
+                    finish = choice.get("finish_reason") or finish
+    except urllib.error.HTTPError as exc:
+        raise RequestFailedError(f"HTTP {exc.code}", exc.code in RETRYABLE_STATUS) from exc
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        raise RequestFailedError(f"{type(exc).__name__}: {exc}", True) from exc
+    return {
+        "reasoning": "".join(reasoning),
+        "answer": "".join(answer),
+        "finish_reason": finish,
+        "usage": usage,
+    }
+
+
+def generate(spec: DatagenSpec, prompt: Prompt, stopper: Stopper) -> dict[str, Any] | None:
+    """With retries and exponential backoff; None when it keeps failing (counted, not fatal)."""
+    for attempt in range(spec.max_retries + 1):
+        try:
+            result = completion(spec, prompt)
+            break
+        except RequestFailedError as exc:
+            if not exc.retryable or attempt == spec.max_retries or stopper.stopping:
+                log(f"prompt {prompt.index}: giving up after {attempt + 1} attempt(s): {exc}")
+                return None
+            time.sleep(min(60.0, 0.5 * 2**attempt) * (0.5 + random.random()))
+    segments = chat_format.render(prompt.messages, result["reasoning"], result["answer"])
+    return {
+        "id": prompt.id,
+        "prompt_index": prompt.index,
+        "messages": prompt.messages,
+        "reasoning": result["reasoning"],
+        "answer": result["answer"],
+        "text": chat_format.text_of(segments),
+        "segments": segments,
+        "finish_reason": result["finish_reason"],
+        "usage": result["usage"],
+    }
+
+
+def finished_ids(shard_dir: Path) -> tuple[set[str], int]:
+    """Sample ids in complete chunks, and the next chunk number."""
+    ids: set[str] = set()
+    chunks = sorted(shard_dir.glob("chunk-*.jsonl"))
+    for chunk in chunks:
+        ids.update(json.loads(line)["id"] for line in chunk.read_text().splitlines() if line)
+    return ids, len(chunks) + 1
+
+
+def run(spec: DatagenSpec) -> int:
+    index = shard_index()
+    prompts = load_prompts(Path(spec.prompts))
+    if not prompts.prompts:
+        raise BadInputError(f"{spec.prompts}: no usable prompts ({len(prompts.bad)} bad rows)")
+    quota = math.ceil(min(spec.samples, len(prompts.prompts)) / spec.shards)
+    mine = [p for i, p in enumerate(prompts.prompts) if i % spec.shards == index][:quota]
+    shard_dir = Path(spec.output_dir) / f"shard-{index:05d}"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    done_ids, next_chunk = finished_ids(shard_dir)
+    todo = [p for p in mine if p.id not in done_ids]
+    log(f"shard {index}/{spec.shards}: {len(mine)} prompts, {len(mine) - len(todo)} already done")
+    stopper, progress = (
+        Stopper(),
+        Progress("datagen", "samples", len(mine), already=len(mine) - len(todo)),
+    )
+    buffer: list[dict[str, Any]] = []
+    failed = 0
+
+    def flush() -> None:
+        nonlocal next_chunk, buffer
+        if buffer:
+            data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in buffer).encode()
+            atomic_write(shard_dir / f"chunk-{next_chunk:06d}.jsonl", data)
+            next_chunk, buffer = next_chunk + 1, []
+
+    with ThreadPoolExecutor(max_workers=spec.concurrency) as pool:
+        pending: set[Future[dict[str, Any] | None]] = set()
+        queue = iter(todo)
+        while True:
+            while not stopper.stopping and len(pending) < spec.concurrency:
+                prompt = next(queue, None)
+                if prompt is None:
+                    break
+                pending.add(pool.submit(generate, spec, prompt, stopper))
+            if not pending:
+                break
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                record = future.result()
+                if record is None:
+                    failed += 1
+                else:
+                    buffer.append(record)
+                progress.advance()
+            if len(buffer) >= spec.chunk_samples:
+                flush()
+    flush()
+    if stopper.stopping:
+        log(f"shard {index}: stopped cleanly; a restart resumes from the chunks on disk")
+        return EXIT_INTERRUPTED
+    return _finish(spec, index, shard_dir, prompts, mine, failed)
+
+
+def _finish(
+    spec: DatagenSpec, index: int, shard_dir: Path, prompts: Any, mine: list[Prompt], failed: int
+) -> int:
+    ids, _ = finished_ids(shard_dir)
+    records = [
+        json.loads(line)
+        for chunk in sorted(shard_dir.glob("chunk-*.jsonl"))
+        for line in chunk.read_text().splitlines()
+        if line
+    ]
+    tokens = sum(int((r.get("usage") or {}).get("completion_tokens") or 0) for r in records)
+    manifest = {
+        "shard": index,
+        "shards": spec.shards,
+        "samples": len(ids),
+        "assigned": len(mine),
+        "failed_requests": failed,
+        "bad_prompts": len(prompts.bad),
+        "bad_prompt_examples": prompts.bad[:10],
+        "completion_tokens": tokens,
+        "endpoint": spec.endpoint,
+        "model": {
+            "repo": spec.target.repo,
+            "revision": spec.target.revision,
+            "served_name": spec.target.served_name,
+        },
+        "sampling": {
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+        },
+        "prompts": {"path": spec.prompts, "sha256": prompts.sha256, "total": len(prompts.prompts)},
+        "chat_format": "kimi-k2.5 (<think>reasoning</think>answer)",
+    }
+    atomic_write(
+        shard_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()
+    )
+    emit(
+        {
+            "event": "result",
+            "stage": "datagen",
+            "shard": index,
+            "samples": len(ids),
+            "failed_requests": failed,
+            "bad_prompts": len(prompts.bad),
+            "completion_tokens": tokens,
+        }
+    )
+    return EXIT_OK if len(ids) + failed >= len(mine) and len(ids) > 0 else EXIT_FAILED

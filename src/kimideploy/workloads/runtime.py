@@ -1,0 +1,101 @@
+"""What every workload shares: the spec, its shard, progress lines, logs and a graceful stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from kimideploy.config.specs import SpecModel
+from kimideploy.errors import KimiDeployError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 75
+Spec = TypeVar("Spec", bound=SpecModel)
+
+
+class BadInputError(KimiDeployError):
+    """The spec or the input data cannot be used (exit 2)."""
+
+
+def load_spec(path: Path, model: type[Spec]) -> Spec:
+    """The same model the renderer wrote; unknown keys from a newer CLI are ignored."""
+    try:
+        return model.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError, ValidationError) as exc:
+        raise BadInputError(f"cannot use the spec {path}: {exc}") from exc
+
+
+def shard_index() -> int:
+    """This pod's shard: the Indexed Job's completion index (0 when run by hand)."""
+    return int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One machine event per stdout line (the CLI's progress bar reads these)."""
+    print(json.dumps(event, sort_keys=True), flush=True)
+
+
+class Progress:
+    """done/total/rate/ETA lines, at most every `every_s` seconds (and always at the end)."""
+
+    def __init__(
+        self, stage: str, unit: str, total: int, already: int = 0, every_s: float = 2.0
+    ) -> None:
+        self.stage, self.unit, self.total = stage, unit, total
+        self.done, self.start_done = already, already
+        self.start, self.last, self.every_s = time.monotonic(), 0.0, every_s
+
+    def advance(self, count: int = 1, force: bool = False, **extra: Any) -> None:
+        self.done += count
+        now = time.monotonic()
+        if force or now - self.last >= self.every_s or self.done >= self.total:
+            self.last = now
+            rate = (self.done - self.start_done) / max(now - self.start, 1e-6)
+            eta = (self.total - self.done) / rate if rate > 0 else None
+            emit(
+                {
+                    "event": "progress",
+                    "stage": self.stage,
+                    "shard": shard_index(),
+                    "done": self.done,
+                    "total": self.total,
+                    "unit": self.unit,
+                    "rate": round(rate, 4),
+                    "eta_s": round(eta, 1) if eta is not None else None,
+                    **extra,
+                }
+            )
+
+
+class Stopper:
+    """SIGTERM (pod eviction, preemption) asks the workload to finish its unit and flush."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        if not self.stopping:
+            log(f"received signal {signum}: finishing the current work, then exiting to resume")
+        self.stopping = True
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write next to the target, fsync, rename: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
