@@ -10,6 +10,7 @@ import click
 from kimideploy import __version__
 from kimideploy.cli import (
     config_cmd,
+    data_cmds,
     drafter_cmd,
     host_cmds,
     image_cmds,
@@ -53,6 +54,7 @@ cli.add_command(run_cmds.run)
 cli.add_command(run_cmds.logs)
 cli.add_command(host_cmds.host)
 cli.add_command(image_cmds.image)
+cli.add_command(data_cmds.data)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,11 @@ from pathlib import Path
 from kimideploy.config import specs
 from kimideploy.workloads.runtime import EXIT_BAD_INPUT, BadInputError, load_spec, log
 
-WORKLOADS = {"datagen": specs.DatagenSpec}
+WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
+    "datagen": specs.DatagenSpec,
+    "extract": specs.ExtractSpec,
+    "vocab": specs.VocabSpec,
+}
 
 
 def main(argv: list[str]) -> int:
