@@ -270,3 +270,42 @@ def test_status_shows_the_serving_release(kd: Callable[..., tuple[int, str, str]
     report = json.loads(out)
     assert report["serving"]["drafter"] == "v3" and report["serving"]["phase"] == "ready"
     assert report["serving"]["revision"] == 1
+
+
+def test_a_field_owned_by_another_manager_is_reported_and_taken_only_with_force(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    other = json.dumps({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": RELEASE, "namespace": namespace},
+                        "spec": {"revisionHistoryLimit": 3}})  # fmt: skip
+    testcluster.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=hand-edit",
+        "-f",
+        "-",
+        stdin=other,
+    )
+    code, _, err = kd("up", "serve", "--drafter", "none", *FAST)
+    assert code == 3
+    assert "Deployment/kimi-k25-serve: fields owned by another manager" in err
+    assert '"hand-edit"' in err and ".spec.revisionHistoryLimit" in err and "--force" in err
+    code, _, err = kd("up", "serve", "--drafter", "none", "--force", *FAST)
+    assert code == 0, err
+    assert live(testcluster, namespace, "deployment", RELEASE)["spec"]["revisionHistoryLimit"] == 10
+
+
+def test_job_runs_are_labelled_with_run_id_and_config_hash(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster
+) -> None:
+    code, out, _ = kd("run", "vocab", "--detach")
+    assert code == 0
+    run_id = out.splitlines()[0]
+    [job] = json.loads(
+        testcluster.kubectl(
+            "get", "jobs", "-A", "-l", f"kimideploy.io/run-id={run_id}", "-o", "json"
+        )
+    )["items"]
+    assert len(job["metadata"]["labels"]["kimideploy.io/config-hash"]) == 12

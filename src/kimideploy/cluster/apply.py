@@ -87,7 +87,8 @@ def apply_object(
 
 def _conflicts(status: dict[str, Any]) -> list[str]:
     causes = status.get("details", {}).get("causes", [])
-    return [c.get("message", c.get("field", "?")) for c in causes] or [status.get("message", "")]
+    found = [f"{c.get('field', '?')} ({c.get('message', 'conflict')})" for c in causes]
+    return found or [status.get("message", "")]
 
 
 def apply_all(api: KubeApi, objects: list[dict[str, Any]], force: bool = False) -> list[ObjectRef]:

@@ -71,6 +71,7 @@ def claim_objects(ctx: Context, estimate: HiddenStateEstimate) -> list[ObjectPla
         size = estimate.claim_size if claim == "hidden_states" else setting.size
         labels = standard_labels(ctx, component="storage")
         labels.pop(f"{LABEL_PREFIX}/run-id", None)
+        labels.pop(f"{LABEL_PREFIX}/config-hash", None)
         labels.pop(f"{LABEL_PREFIX}/drafter", None)
         labels["app.kubernetes.io/instance"] = f"{ctx.project.name}-storage"
         values = {

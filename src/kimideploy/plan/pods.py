@@ -46,7 +46,9 @@ def standard_labels(ctx: Context, component: str | None = None) -> dict[str, str
         f"{LABEL_PREFIX}/drafter": ctx.drafter_name,
     }
     if ctx.run_id is not None:
+        # Jobs only: on serve a changing label would restart pods on any config edit.
         labels[f"{LABEL_PREFIX}/run-id"] = ctx.run_id
+        labels[f"{LABEL_PREFIX}/config-hash"] = ctx.config_sha256[:12]
     return labels
 
 
