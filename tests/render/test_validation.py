@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from kimideploy.errors import ManifestError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.render.validate import validate_objects
 from kimideploy.services.rendering import render_workload
+from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -79,3 +81,15 @@ def test_config_value_reaching_a_manifest_is_checked(example: LoadedProject) -> 
     assert "spec.strategy.type: 'Rolling' is not one of Recreate, RollingUpdate" in errors_for(
         deployment
     )
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "k8s" / "base").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_base_manifests_validate_strictly(path: Path) -> None:
+    import yaml
+
+    objects = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert objects
+    for version in ("1.33", "1.34"):
+        validate_objects(objects, version)
