@@ -145,6 +145,11 @@ class Cluster(StrictModel):
     storage: Storage
     images: WorkloadImages
     workloads: Workloads
+    step_cost_per_token: Annotated[float, Field(gt=0, le=2)] = Field(
+        default=0.1433,
+        description="Cost of one more speculative token per decode step, relative to a plain step "
+        "(C(k) = 1 + k * this). 0.1433 reproduces C(3) = 1.43 measured on 8x RTX PRO 6000 PCIe.",
+    )
     hosts: list[SshHost] = Field(
         default_factory=list, description="SSH access to the GPU machines (for `kimideploy host`)."
     )

@@ -66,6 +66,11 @@ class Drafter(StrictModel):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
         default=None, description="sha256 of model.safetensors, checked before serving."
     )
+    acceptance: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=list,
+        description="Measured conditional acceptance per draft position (training or bench); "
+        "feeds the speedup estimate.",
+    )
     status: Literal["planned", "candidate", "promoted", "rejected"] = Field(
         default="candidate", description="Team verdict; the promotion gate records measured ones."
     )

@@ -12,7 +12,7 @@ from kimideploy.config.project import Project
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.config.workloads import GPU_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import UsageError
-from kimideploy.plan import jobs, serve
+from kimideploy.plan import jobs, serve, speedup
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.context import Context, deterministic_run_id, drafter_path
 from kimideploy.plan.model import Plan, PlanRequest
@@ -160,14 +160,17 @@ def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
     drafter = ctx.drafter
     assert drafter is not None
     vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
-    return [
-        *facts,
-        ("speculative", json.dumps(spec)),
-        (
-            "aux layers",
-            f"{drafter.aux_layer_ids} ({drafter.layer_id_convention}) = {vllm_ids} in vLLM",
-        ),
-    ]
+    aux = f"{drafter.aux_layer_ids} ({drafter.layer_id_convention}) = {vllm_ids} in vLLM"
+    facts += [("speculative", json.dumps(spec)), ("aux layers", aux)]
+    cost, k = ctx.cluster.step_cost_per_token, drafter.num_speculative_tokens
+    if drafter.acceptance:
+        predicted = speedup.estimate(drafter.acceptance, k, cost).describe()
+    else:
+        even = speedup.break_even_rate(k, cost)
+        predicted = (
+            f"unknown: no measured acceptance; break-even acceptance rate {even:.1%} (k={k})"
+        )
+    return [*facts, ("predicted", predicted)]
 
 
 def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
