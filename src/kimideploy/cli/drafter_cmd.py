@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -27,3 +28,39 @@ def list_drafters(state: CliState, output: str) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     click.echo(format_table(rows))
+
+
+@drafter.command("check")
+@click.argument("name")
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="A local copy of the drafter (config.json + safetensors) to check too.",
+)
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@click.pass_obj
+def check(state: CliState, name: str, folder: Path | None, output: str) -> None:
+    """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens."""
+    from kimideploy.errors import KimiDeployError, UsageError
+    from kimideploy.services.drafter_check import check as run
+
+    project = state.project().project
+    if name not in project.drafters:
+        raise UsageError(f"unknown drafter '{name}' (valid: {', '.join(sorted(project.drafters))})")
+    findings = run(project, name, folder)
+    rows = [
+        {"check": f.check, "status": f.status, "detail": f.detail, "fix": "" if f.ok else f.fix}
+        for f in findings
+    ]
+    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+    if folder is None:
+        click.echo(
+            "(registry checks only: pass --dir with a copy of the drafter to check its files)",
+            err=True,
+        )
+    failed = [f for f in findings if not f.ok and f.blocking]
+    if failed:
+        raise KimiDeployError(
+            f"drafter {name}: {len(failed)} blocking problem(s)", hint="each row says how to fix it"
+        )

@@ -89,11 +89,30 @@ def up(
 ) -> Outcome:
     """Render, show the change, apply a new revision, follow the rollout, roll back on failure."""
     rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     if session.ensure_namespace():
         reporter.info(f"created namespace {session.namespace}")
     return deploy(session, revision_from_render(loaded, rendered), change, wait, reporter, "up")
+
+
+def _refuse_failing_drafter(loaded: LoadedProject, drafter: str, force: bool) -> None:
+    """The registry-level drafter check (no files needed); --force deploys anyway."""
+    if drafter == NO_DRAFTER or force:
+        return
+    from kimideploy.services.drafter_check import record_findings
+
+    record = loaded.project.drafters[drafter]
+    blocking = [
+        f for f in record_findings(loaded.project, drafter, record) if not f.ok and f.blocking
+    ]
+    if blocking:
+        reasons = "; ".join(f"{f.check}: {f.detail}" for f in blocking)
+        raise UsageError(
+            f"drafter {drafter} fails its check: {reasons}",
+            hint=f"`kimideploy drafter check {drafter}` explains; --force deploys it anyway",
+        )
 
 
 def deploy(

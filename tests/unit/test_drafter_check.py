@@ -1,0 +1,158 @@
+"""`drafter check` on crafted drafter folders: each problem is caught and says its fix."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimideploy.cli.main import main
+from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.services.drafter_check import check
+
+SIZES = {"I64": 8, "BOOL": 1, "BF16": 2}
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, (dtype, shape) in tensors.items():
+        count = 1
+        for dim in shape:
+            count *= dim
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [offset, offset + count * SIZES[dtype]],
+        }
+        offset += count * SIZES[dtype]
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+
+def drafter_dir(root: Path, **config_changes: Any) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "draft_vocab_size": 32000,
+              "eagle_aux_hidden_state_layer_ids": [2, 30, 58], **config_changes}  # fmt: skip
+    (root / "config.json").write_text(
+        json.dumps({k: v for k, v in config.items() if v is not None})
+    )
+    write_safetensors(root / "model.safetensors", {"layers.0.self_attn.q_proj.weight": ("BF16", [8, 8]),
+                                                   "d2t": ("I64", [32000]), "t2d": ("BOOL", [163840])})  # fmt: skip
+    return root
+
+
+def findings(example: LoadedProject, name: str, folder: Path | None) -> dict[str, Any]:
+    return {f.check: f for f in check(example.project, name, folder)}
+
+
+def test_a_good_v3_passes(example: LoadedProject, tmp_path: Path) -> None:
+    found = findings(example, "v3", drafter_dir(tmp_path / "v3"))
+    assert [name for name, f in found.items() if not f.ok] == []
+
+
+def test_the_teams_layer_id_trap_is_caught_with_the_fix(
+    example: LoadedProject, tmp_path: Path
+) -> None:
+    # v2: trained with speculators 0.4 (layer outputs = sglang convention) and no ids in config.json
+    found = findings(
+        example, "v2", drafter_dir(tmp_path / "v2", eagle_aux_hidden_state_layer_ids=None)
+    )
+    layer = found["layer ids"]
+    assert not layer.ok and layer.blocking
+    assert "no eagle_aux_hidden_state_layer_ids: vLLM uses its default [2, 30, 58]" in layer.detail
+    assert "record: [2, 30, 58] in the sglang convention = [3, 31, 59] in vLLM's" in layer.detail
+    assert (
+        layer.fix
+        == 'set "eagle_aux_hidden_state_layer_ids": [3, 31, 59] at the top level of config.json'
+    )
+
+
+def test_lineage_and_too_many_tokens_are_reported(example: LoadedProject) -> None:
+    v1, v2 = findings(example, "v1", None), findings(example, "v2", None)
+    assert (
+        not v1["trained for this target"].ok
+        and "moonshotai/Kimi-K2-Instruct" in v1["trained for this target"].detail
+    )
+    assert not v2["speculative tokens"].ok and "3" in v2["speculative tokens"].fix
+
+
+@pytest.mark.parametrize(
+    ("changes", "check_name", "expected"),
+    [
+        ({"architectures": ["LlamaForCausalLM"]}, "architecture", "LlamaForCausalLM"),
+        ({"hidden_size": 4096}, "hidden size", "4096 (target 7168)"),
+        ({"draft_vocab_size": 16000}, "draft vocab size", "config.json 16000, registry 32000"),
+        (
+            {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]},
+            "layer ids",
+            "config.json says [1, 29, 57]",
+        ),
+    ],
+)
+def test_each_problem_is_caught(
+    example: LoadedProject, tmp_path: Path, changes: dict[str, Any], check_name: str, expected: str
+) -> None:
+    found = findings(example, "v3", drafter_dir(tmp_path / "d", **changes))
+    assert (
+        not found[check_name].ok and expected in found[check_name].detail and found[check_name].fix
+    )
+
+
+def test_map_shapes_and_truncated_weights(example: LoadedProject, tmp_path: Path) -> None:
+    folder = drafter_dir(tmp_path / "d")
+    write_safetensors(
+        folder / "model.safetensors", {"d2t": ("I64", [100]), "t2d": ("BOOL", [1000])}
+    )
+    assert (
+        "d2t [100], t2d [1000] (want [32000] and [163840])"
+        in findings(example, "v3", folder)["vocab maps"].detail
+    )
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    assert not findings(example, "v3", folder)["weights readable"].ok
+
+
+def test_measured_acceptance_predicts_a_slowdown(edited_config: Callable[..., Path]) -> None:
+    old = "    num_speculative_tokens: 5      # what was served"
+    path = edited_config((old, "    acceptance: [0.2, 0.1, 0.05, 0.03, 0.02]\n" + old))
+    found = {f.check: f for f in check(load_project(path).project, "v2", None)}
+    assert (
+        not found["predicted speedup"].ok
+        and "SLOWER than no speculation" in found["predicted speedup"].detail
+    )
+    assert found["speculative tokens"].fix == "set num_speculative_tokens to 1"
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["drafter", "check", "v3", "--dir", str(drafter_dir(tmp_path / "ok"))]) == 0
+    code = main(
+        [
+            "drafter",
+            "check",
+            "v2",
+            "--dir",
+            str(drafter_dir(tmp_path / "bad", eagle_aux_hidden_state_layer_ids=None)),
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 1 and "blocking problem" in err and "[3, 31, 59]" in out
+    assert main(["drafter", "check", "v9"]) == 2
+
+
+def test_up_refuses_a_drafter_predicted_to_be_slower(edited_config: Callable[..., Path]) -> None:
+    from kimideploy.errors import UsageError
+    from kimideploy.services.deploy import _refuse_failing_drafter
+
+    old = "    num_speculative_tokens: 5      # what was served"
+    loaded = load_project(
+        edited_config((old, "    acceptance: [0.2, 0.1, 0.05, 0.03, 0.02]\n" + old))
+    )
+    with pytest.raises(UsageError, match="drafter v2 fails its check: predicted speedup"):
+        _refuse_failing_drafter(loaded, "v2", force=False)
+    _refuse_failing_drafter(loaded, "v2", force=True)
+    _refuse_failing_drafter(loaded, "none", force=False)
