@@ -111,6 +111,7 @@ class BenchSpec(WorkloadSpec):
     num_prompts: int
     max_tokens: int
     results_dir: str
+    baseline_path: str | None = None
 
 
 class ServeSpec(WorkloadSpec):

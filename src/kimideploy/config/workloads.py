@@ -111,6 +111,9 @@ class BenchSettings(WorkloadSettings):
     prompt_sets: list[PromptSet] = Field(default_factory=_all_prompt_sets)
     num_prompts: Annotated[int, Field(ge=1, le=100_000)] = 200
     max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 1024
+    baseline_run: str | None = Field(
+        default=None, description="Run id of a non-speculative bench to report speedups against."
+    )
 
 
 class Workloads(StrictModel):

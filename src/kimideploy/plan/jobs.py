@@ -113,6 +113,11 @@ def bench_spec(ctx: Context, run_id: str) -> BenchSpec:
         prompt_sets=list(settings.prompt_sets), concurrency=list(settings.concurrency),
         num_prompts=settings.num_prompts, max_tokens=settings.max_tokens,
         results_dir=f"{data_dirs(ctx)['bench']}/{run_id}",
+        baseline_path=(
+            f"{data_dirs(ctx)['bench']}/{settings.baseline_run}/result.json"
+            if settings.baseline_run
+            else None
+        ),
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
     "datagen": specs.DatagenSpec,
     "extract": specs.ExtractSpec,
     "vocab": specs.VocabSpec,
+    "bench": specs.BenchSpec,
 }
 
 

@@ -1,0 +1,195 @@
+"""bench: throughput and latency of a serve release, with acceptance from vLLM's own counters.
+
+Fixed, deterministic prompt sets (chat and reasoning) at each configured concurrency; every
+request streams, so TTFT and TPOT are measured per request. vLLM's /metrics is scraped before and
+after each level for acceptance rate, mean acceptance length and per-position acceptance. With a
+baseline (a non-speculative run's result.json) the speedup per level is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.specs import BenchSpec
+from kimideploy.vllm_metrics import acceptance
+from kimideploy.workloads.runtime import EXIT_FAILED, EXIT_OK, atomic_write, emit, log
+
+TOPICS = [
+    "tensor parallelism",
+    "speculative decoding",
+    "KV caches",
+    "mixture of experts",
+    "PCIe versus NVLink",
+    "quantization",
+    "attention",
+    "batching",
+]
+
+
+def make_prompts(prompt_set: str, count: int) -> list[list[dict[str, str]]]:
+    """The same prompts every run (seeded), so runs and baselines compare like with like."""
+    rng = random.Random(f"kimideploy-bench-{prompt_set}")
+    prompts = []
+    for i in range(count):
+        if prompt_set == "reasoning":
+            a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(100, 999)
+            text = (
+                f"Think step by step: what is {a} * {b} - {c}? Check the result before answering."
+            )
+        else:
+            text = f"In a few sentences, explain {TOPICS[i % len(TOPICS)]} to an engineer (#{i})."
+        prompts.append([{"role": "user", "content": text}])
+    return prompts
+
+
+def request(spec: BenchSpec, messages: list[dict[str, str]]) -> dict[str, Any]:
+    body = {
+        "model": spec.target.served_name,
+        "messages": messages,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    req = urllib.request.Request(
+        spec.endpoint.rstrip("/") + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    start = time.perf_counter()
+    first: float | None = None
+    chunks, usage = 0, None
+    try:
+        with urllib.request.urlopen(req, timeout=600) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[5:])
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    if (
+                        delta.get("content")
+                        or delta.get("reasoning_content")
+                        or delta.get("reasoning")
+                    ):
+                        chunks += 1
+                        first = first if first is not None else time.perf_counter()
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    end = time.perf_counter()
+    tokens = int((usage or {}).get("completion_tokens") or chunks)
+    ttft = (first or end) - start
+    tpot = (end - (first or end)) / (tokens - 1) if tokens > 1 else None
+    return {"ok": True, "tokens": tokens, "ttft": ttft, "tpot": tpot}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = math.ceil(q / 100 * len(ordered))  # nearest rank
+    return ordered[min(len(ordered), max(rank, 1)) - 1]
+
+
+def scrape(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
+def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any]:
+    prompts = make_prompts(prompt_set, spec.num_prompts)
+    before = scrape(spec.metrics_url)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(lambda m: request(spec, m), prompts))
+    wall = time.perf_counter() - start
+    after = scrape(spec.metrics_url)
+    done = [r for r in results if r["ok"]]
+    tokens = sum(r["tokens"] for r in done)
+    ttfts = [r["ttft"] for r in done]
+    tpots = [r["tpot"] for r in done if r["tpot"] is not None]
+    accepted = acceptance(before, after) if before is not None and after is not None else None
+    return {
+        "prompt_set": prompt_set,
+        "concurrency": concurrency,
+        "requests": len(results),
+        "failed": len(results) - len(done),
+        "output_tokens": tokens,
+        "seconds": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 3) if wall else 0.0,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "tpot_p50_s": percentile(tpots, 50),
+        "tpot_p99_s": percentile(tpots, 99),
+        "metrics": "scraped" if before is not None and after is not None else "unavailable",
+        "acceptance_rate": accepted.rate if accepted else None,
+        "mean_acceptance_length": accepted.mean_acceptance_length if accepted else None,
+        "per_position_acceptance": list(accepted.per_position_rate) if accepted else None,
+        "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
+    }
+
+
+def with_baseline(levels: list[dict[str, Any]], baseline_path: str | None) -> list[dict[str, Any]]:
+    if not baseline_path:
+        return levels
+    base = json.loads(Path(baseline_path).read_text())
+    index = {(b["prompt_set"], b["concurrency"]): b for b in base["levels"]}
+    for level in levels:
+        match = index.get((level["prompt_set"], level["concurrency"]))
+        if match and match["output_tokens_per_s"]:
+            level["baseline_tokens_per_s"] = match["output_tokens_per_s"]
+            level["speedup"] = round(level["output_tokens_per_s"] / match["output_tokens_per_s"], 4)
+    return levels
+
+
+def run(spec: BenchSpec) -> int:
+    levels = []
+    total = len(spec.prompt_sets) * len(spec.concurrency)
+    for prompt_set in spec.prompt_sets:
+        for concurrency in spec.concurrency:
+            levels.append(measure(spec, prompt_set, concurrency))
+            emit(
+                {
+                    "event": "progress",
+                    "stage": "bench",
+                    "done": len(levels),
+                    "total": total,
+                    "unit": "levels",
+                    "rate": 0.0,
+                    "eta_s": None,
+                }
+            )
+    levels = with_baseline(levels, spec.baseline_path)
+    result = {
+        "run_id": spec.run_id,
+        "drafter": spec.drafter,
+        "endpoint": spec.endpoint,
+        "model": spec.target.served_name,
+        "max_tokens": spec.max_tokens,
+        "levels": levels,
+        "baseline": spec.baseline_path,
+    }
+    out = Path(spec.results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "result.json", json.dumps(result, indent=2, sort_keys=True).encode())
+    emit({"event": "result", "stage": "bench", **result})
+    for level in levels:
+        throughput = f"{level['output_tokens_per_s']:>9.1f} tok/s"
+        log(
+            f"{level['prompt_set']:9} c={level['concurrency']:<4} {throughput}  "
+            f"TTFT p50 {level['ttft_p50_s']}  TPOT p50 {level['tpot_p50_s']}  "
+            f"acceptance {level['acceptance_rate']}  speedup {level.get('speedup')}"
+        )
+    return EXIT_OK if any(level["output_tokens"] for level in levels) else EXIT_FAILED

@@ -1,0 +1,76 @@
+"""bench against a real OpenAI-compatible server on CPU: throughput, TTFT/TPOT, baseline speedup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.specs import BenchSpec, TargetRef
+from kimideploy.workloads.bench import make_prompts, percentile
+from tests.workloads.conftest import run_workload
+
+
+def bench_spec(tmp_path: Path, server: str, model: Path, name: str, **changes: Any) -> Path:
+    target = TargetRef(repo="test/tiny", revision="0" * 40, served_name=str(model), path=str(model),
+                       num_hidden_layers=4, hidden_size=64, vocab_size=333)  # fmt: skip
+    values = {"run_id": name, "cluster": "test", "target": target, "endpoint": server,
+              "metrics_url": f"{server}/metrics", "drafter": "none", "prompt_sets": ["chat", "reasoning"],
+              "concurrency": [1, 2], "num_prompts": 3, "max_tokens": 12,
+              "results_dir": str(tmp_path / name), **changes}  # fmt: skip
+    path = tmp_path / f"{name}.json"
+    path.write_text(BenchSpec(**values).model_dump_json())
+    return path
+
+
+def test_bench_measures_each_level_and_compares_with_a_baseline(
+    tmp_path: Path, openai_server: str, tiny_model: Path
+) -> None:
+    process = run_workload("bench", bench_spec(tmp_path, openai_server, tiny_model, "base"))
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err
+    base = json.loads((tmp_path / "base/result.json").read_text())
+    levels = {(level["prompt_set"], level["concurrency"]): level for level in base["levels"]}
+    assert set(levels) == {("chat", 1), ("chat", 2), ("reasoning", 1), ("reasoning", 2)}
+    for level in levels.values():
+        assert (
+            level["failed"] == 0 and level["output_tokens"] > 0 and level["output_tokens_per_s"] > 0
+        )
+        assert level["ttft_p50_s"] > 0 and level["ttft_p99_s"] >= level["ttft_p50_s"]
+        assert (
+            level["metrics"] == "unavailable" and level["acceptance_rate"] is None
+        )  # no /metrics here
+    assert any(json.loads(line).get("event") == "result" for line in out.splitlines())
+    spec = bench_spec(
+        tmp_path,
+        openai_server,
+        tiny_model,
+        "spec",
+        baseline_path=str(tmp_path / "base/result.json"),
+    )
+    process = run_workload("bench", spec)
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err
+    compared = json.loads((tmp_path / "spec/result.json").read_text())["levels"]
+    assert all(level["speedup"] > 0 and level["baseline_tokens_per_s"] > 0 for level in compared)
+    assert "speedup" in err
+
+
+def test_prompt_sets_are_deterministic_and_percentiles_nearest_rank() -> None:
+    assert make_prompts("reasoning", 5) == make_prompts("reasoning", 5)
+    assert make_prompts("chat", 2) != make_prompts("reasoning", 2)
+    assert (
+        percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+    )
+    assert percentile([], 50) is None
+
+
+def test_an_unreachable_release_fails_the_run(tmp_path: Path, tiny_model: Path) -> None:
+    from tests.workloads.conftest import free_port
+
+    process = run_workload("bench", bench_spec(tmp_path, f"http://127.0.0.1:{free_port()}", tiny_model, "x",
+                                               prompt_sets=["chat"], concurrency=[1]))  # fmt: skip
+    process.communicate(timeout=120)
+    assert process.returncode == 1
+    result = json.loads((tmp_path / "x/result.json").read_text())
+    assert result["levels"][0]["failed"] == 3 and result["levels"][0]["errors"]
