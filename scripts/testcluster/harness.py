@@ -22,8 +22,10 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -527,6 +529,70 @@ def serve_logs(
         "spec": {"selector": selector, "logs": [{"containers": [], "logsFile": str(log_file)}]},
     }
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(logs))
+
+
+PodChoice = tuple[Path | None, dict[str, str]]
+"""For one new pod: the log file KWOK should serve for it, and annotations to add to it."""
+
+
+class PodHooks(threading.Thread):
+    """While active, give each new pod matching `selector` its own log and annotations.
+
+    A run's pods are named by the Job controller, so a test cannot name them in advance; this
+    decides per pod from its labels (e.g. the drafter a bench pod measures)."""
+
+    def __init__(
+        self,
+        cluster: TestCluster,
+        namespace: str,
+        selector: str,
+        choose: Callable[[dict[str, Any]], PodChoice],
+    ) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.selector, self.choose = (
+            cluster,
+            namespace,
+            selector,
+            choose,
+        )
+        self.seen: set[str] = set()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            listed = self.cluster.kubectl(
+                "-n", self.namespace, "get", "pods", "-l", self.selector, "-o", "json", check=False
+            )
+            for pod in json.loads(listed or '{"items": []}')["items"]:
+                name = pod["metadata"]["name"]
+                if name in self.seen:
+                    continue
+                self.seen.add(name)
+                log_file, annotations = self.choose(pod)
+                if annotations:
+                    pairs = [f"{k}={v}" for k, v in annotations.items()]
+                    self.cluster.kubectl(
+                        "-n", self.namespace, "annotate", "pod", name, *pairs, check=False
+                    )
+                if log_file is not None:
+                    logs = {
+                        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                        "kind": "Logs",
+                        "metadata": {"name": name, "namespace": self.namespace},
+                        "spec": {"logs": [{"containers": [], "logsFile": str(log_file)}]},
+                    }
+                    self.cluster.kubectl(
+                        "apply", "-f", "-", stdin=yaml.safe_dump(logs), check=False
+                    )
+            self.stopping.wait(0.2)
+
+    def __enter__(self) -> PodHooks:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
 
 
 def main(argv: list[str]) -> int:

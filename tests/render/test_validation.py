@@ -93,3 +93,24 @@ def test_base_manifests_validate_strictly(path: Path) -> None:
     assert objects
     for version in ("1.33", "1.34"):
         validate_objects(objects, version)
+
+
+def test_pod_monitor_follows_the_setting_and_the_cluster(example: LoadedProject) -> None:
+    def monitors(request: PlanRequest) -> list[dict[str, Any]]:
+        objects = render_workload(example, request).objects
+        return [o for o in objects if o["kind"] == "PodMonitor"]
+
+    assert monitors(PlanRequest("serve", "rtx6000", "v3")) == []  # offline: unknown, not rendered
+    assert monitors(PlanRequest("serve", "rtx6000", "v3", monitoring_crd=False)) == []
+    [monitor] = monitors(PlanRequest("serve", "rtx6000", "v3", monitoring_crd=True))
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    forced = PlanRequest("serve", "b300", "v3", ("serve.pod_monitor=always",))
+    assert len(monitors(forced)) == 1
+    never = PlanRequest("serve", "b300", "v3", ("serve.pod_monitor=never",), monitoring_crd=True)
+    assert monitors(never) == []
+    bad = copy.deepcopy(monitor)
+    bad["spec"]["podMetricsEndpoints"][0]["intervall"] = "15s"
+    bad["spec"]["podMetricsEndpoints"][0]["path"] = "metrics"
+    message = errors_for(bad)
+    assert "PodMonitor/kimi-k25-serve: spec.podMetricsEndpoints[0]" in message
+    assert "'intervall' was unexpected" in message and "'metrics' does not match '^/'" in message

@@ -41,6 +41,35 @@ def test_dashboard_queries_only_exposed_metrics(exposed: set[str]) -> None:
         "tokens/s",
         "first token",
         "per output token",
+        "Gate verdicts",
     ):
         assert needed in titles
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_the_gate_panel_reads_only_labels_the_release_records_carry() -> None:
+    """kube-state-metrics exposes Secret label `a.b/c-d` as `label_a_b_c_d`."""
+    from kimideploy.cluster import records
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    others = {
+        name
+        for expr in expressions
+        for name in re.findall(r"(?<![a-z_:])([a-z_]+)\{", expr)
+        if not name.startswith("vllm")
+    }
+    assert others == {"kube_secret_labels"}
+    written = {
+        "label_" + re.sub(r"[^a-z0-9]", "_", key)
+        for key in (
+            records.RECORD_LABEL,
+            records.REVISION_LABEL,
+            records.DRAFTER_LABEL,
+            records.GATE_LABEL,
+            records.GATE_SPEEDUP_LABEL,
+        )
+    }
+    [gate_expr] = [e for e in expressions if "kube_secret_labels" in e]
+    used = set(re.findall(r"label_[a-z_]+", gate_expr))
+    assert used and used <= written, sorted(used - written)

@@ -9,6 +9,7 @@ import click
 
 from kimideploy import __version__
 from kimideploy.cli import (
+    bench_cmds,
     config_cmd,
     data_cmds,
     drafter_cmd,
@@ -50,11 +51,13 @@ cli.add_command(release_cmds.rollback)
 cli.add_command(release_cmds.history)
 cli.add_command(release_cmds.status)
 cli.add_command(release_cmds.down)
+cli.add_command(release_cmds.watch)
 cli.add_command(run_cmds.run)
 cli.add_command(run_cmds.logs)
 cli.add_command(host_cmds.host)
 cli.add_command(image_cmds.image)
 cli.add_command(data_cmds.data)
+cli.add_command(bench_cmds.bench)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,7 +108,9 @@ def status(
     if output == "json":
         click.echo(json.dumps(report, indent=2))
         return
-    click.echo(format_table([report["serving"]]))
+    width = max(len(key) for key in report["serving"])
+    for key, value in report["serving"].items():
+        click.echo(f"{key:<{width}}  {value}")
     click.echo("\nRuns:")
     click.echo(format_table(report["runs"]))
 
@@ -135,3 +137,38 @@ def down(
         session, _release(state, workload), deploy.ChangeOptions(yes=yes), TerminalReporter()
     )
     click.echo(f"removed {len(removed)} objects")
+
+
+@click.command()
+@click.argument("workload", type=RELEASE)
+@cluster_option
+@cluster_options
+@click.option("--interval", type=float, help="Seconds between scrapes (default: gate.watch).")
+@click.option(
+    "--act/--flag-only",
+    "act",
+    default=None,
+    help="Roll back to non-speculative serving when acceptance stays below break-even "
+    "(default: gate.watch.action).",
+)
+@click.option("--windows", type=int, default=None, help="Stop after N scrapes (default: never).")
+@click.pass_obj
+def watch(
+    state: CliState,
+    workload: str,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    interval: float | None,
+    act: bool | None,
+    windows: int | None,
+) -> None:
+    """Watch the serving drafter's live acceptance against the cluster's break-even rate."""
+    from kimideploy.services.live_metrics import watch_release
+
+    session = _session(state, cluster, context, namespace)
+    click.echo(
+        watch_release(
+            session, state.project(), TerminalReporter(), windows, interval_s=interval, act=act
+        )
+    )

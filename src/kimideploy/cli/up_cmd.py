@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import click
 
@@ -29,8 +30,35 @@ from kimideploy.cli.terminal import TerminalReporter, cluster_options
 @click.option("--no-wait", is_flag=True, help="Apply and return without following the rollout.")
 @click.option("--timeout", default=3600, show_default=True, help="Seconds to wait for readiness.")
 @click.option("--no-auto-rollback", is_flag=True, help="Leave a failed revision in place.")
+@click.option(
+    "--gate",
+    is_flag=True,
+    help="After the drafter is ready, benchmark it against no drafter and keep it only when it "
+    "pays (clusters.<name>.gate); otherwise roll back to non-speculative serving.",
+)
+@click.option("--min-speedup", type=float, help="Gate threshold (default: gate.min_speedup).")
+@click.option(
+    "--at-concurrency",
+    "at_concurrency",
+    callback=lambda _ctx, _param, value: _levels(value),
+    help="Comma-separated concurrency levels the gate decides on, e.g. 1,8.",
+)
+@click.option(
+    "--gate-fail-open/--gate-fail-closed",
+    "gate_fail_open",
+    default=None,
+    help="When the gate cannot measure (bench failed, counters missing): keep the drafter "
+    "(open) or roll back (closed, the default unless gate.fail_open).",
+)
+@click.option(
+    "--watch",
+    "watch_after",
+    is_flag=True,
+    help="After a kept drafter, keep watching live acceptance (see `kimideploy watch`).",
+)
 @click.option("--scheduling-grace", default=120, show_default=True, hidden=True)
 @click.option("--poll", default=2.0, show_default=True, hidden=True)
+@click.option("--watch-windows", type=int, default=None, hidden=True)
 @click.pass_obj
 def up(
     state: CliState,
@@ -46,10 +74,17 @@ def up(
     no_wait: bool,
     timeout: int,
     no_auto_rollback: bool,
+    gate: bool,
+    min_speedup: float | None,
+    at_concurrency: tuple[int, ...] | None,
+    gate_fail_open: bool | None,
+    watch_after: bool,
     scheduling_grace: int,
     poll: float,
+    watch_windows: int | None,
 ) -> None:
     """Deploy the serve release as a new revision, follow it to Ready, roll back if it fails."""
+    from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services import deploy
     from kimideploy.services.connection import open_session
@@ -57,6 +92,17 @@ def up(
 
     loaded = state.project()
     request = PlanRequest(workload, cluster, drafter, overrides, namespace=namespace)
+    gate_only = [
+        name
+        for name, given in (
+            ("--min-speedup", min_speedup is not None),
+            ("--at-concurrency", at_concurrency is not None),
+            ("--gate-fail-open/--gate-fail-closed", gate_fail_open is not None),
+        )
+        if given
+    ]
+    if gate_only and not gate:
+        raise UsageError(f"{', '.join(gate_only)} only apply with --gate")
     if dry_run == "client":
         click.echo(describe_plan(render_workload(loaded, request)))
         click.echo("Dry run (client): nothing was sent to a cluster.")
@@ -64,7 +110,10 @@ def up(
     session = open_session(loaded, cluster, context, namespace)
     if dry_run == "server":
         session.require_namespace()
-        rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+        monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")
+        rendered = render_workload(
+            loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
+        )
         click.echo(session.dry_run_diff(rendered.objects, force=force) or "no changes", nl=False)
         click.echo(
             "\nDry run (server): the API server validated the change; nothing was persisted.",
@@ -73,5 +122,36 @@ def up(
         return
     change = deploy.ChangeOptions(yes=yes, force=force, auto_rollback=not no_auto_rollback)
     wait = deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace)
-    outcome = deploy.up(session, loaded, request, change, wait, TerminalReporter())
-    click.echo(outcome.message)
+    reporter = TerminalReporter()
+    if not gate:
+        outcome = deploy.up(session, loaded, request, change, wait, reporter)
+        click.echo(outcome.message)
+        if watch_after:
+            _watch(session, loaded, reporter, watch_windows)
+        return
+    from kimideploy.services.gate import GateOptions, up_gated
+
+    options = GateOptions(min_speedup, at_concurrency, gate_fail_open, bench_poll_s=poll)
+    outcome, verdict = up_gated(session, loaded, request, change, wait, options, reporter)
+    click.echo(f"{outcome.message}; gate: {verdict.summary()}")
+    if watch_after:
+        _watch(session, loaded, reporter, watch_windows)
+
+
+def _watch(session: Any, loaded: Any, reporter: TerminalReporter, windows: int | None) -> None:
+    from kimideploy.services.live_metrics import watch_release
+
+    click.echo(watch_release(session, loaded, reporter, max_windows=windows))
+
+
+def _levels(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        levels = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        message = f"{value!r}: expected comma-separated integers, e.g. 1,8"
+        raise click.BadParameter(message) from None
+    if not levels or min(levels) < 1:
+        raise click.BadParameter(f"{value!r}: expected positive integers, e.g. 1,8")
+    return levels

@@ -104,9 +104,12 @@ def live_release_objects(api: KubeApi, namespace: str, release: str) -> list[dic
     """Objects of the release (by its instance label) of the kinds a release owns."""
     found = []
     for kind in PRUNABLE_KINDS:
-        listed = api.request(
-            "GET", path(kind, namespace), {"labelSelector": f"{RELEASE_LABEL}={release}"}
-        )
+        try:
+            listed = api.request(
+                "GET", path(kind, namespace), {"labelSelector": f"{RELEASE_LABEL}={release}"}
+            )
+        except NotFoundError:  # a custom resource (PodMonitor) the cluster does not serve
+            continue
         for item in listed.get("items", []):
             item["kind"] = kind
             found.append(item)

@@ -21,6 +21,10 @@ RECORD_TYPE = "kimideploy.io/release.v1"
 RECORD_LABEL = "kimideploy.io/release-record"
 REVISION_LABEL = "kimideploy.io/revision"
 STATUS_LABEL = "kimideploy.io/status"
+DRAFTER_LABEL = "kimideploy.io/drafter"
+GATE_LABEL = "kimideploy.io/gate"
+GATE_SPEEDUP_LABEL = "kimideploy.io/gate-speedup"
+"""Labels, so kube-state-metrics (kube_secret_labels) can chart gate verdicts in Grafana."""
 DEFAULT_KEEP = 10
 
 STATUSES = ("pending", "deployed", "failed", "superseded", "rolled-back", "removed")
@@ -66,6 +70,22 @@ def _decode(secret: dict[str, Any]) -> ReleaseRecord:
     return ReleaseRecord(**json.loads(raw))
 
 
+def _labels(record: ReleaseRecord) -> dict[str, str]:
+    labels = {
+        RECORD_LABEL: record.release,
+        REVISION_LABEL: str(record.revision),
+        STATUS_LABEL: record.status,
+        DRAFTER_LABEL: record.drafter,
+        "app.kubernetes.io/managed-by": "kimideploy",
+    }
+    gate = record.details.get("gate")
+    if gate:
+        labels[GATE_LABEL] = "fail-open" if gate.get("fail_open") else str(gate["decision"])
+        if gate.get("worst_speedup") is not None:
+            labels[GATE_SPEEDUP_LABEL] = f"{gate['worst_speedup']:.3f}"
+    return labels
+
+
 def _secret(record: ReleaseRecord) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -74,12 +94,7 @@ def _secret(record: ReleaseRecord) -> dict[str, Any]:
         "metadata": {
             "name": secret_name(record.release, record.revision),
             "namespace": record.namespace,
-            "labels": {
-                RECORD_LABEL: record.release,
-                REVISION_LABEL: str(record.revision),
-                STATUS_LABEL: record.status,
-                "app.kubernetes.io/managed-by": "kimideploy",
-            },
+            "labels": _labels(record),
         },
         "data": {"release": _encode(record)},
     }

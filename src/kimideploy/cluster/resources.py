@@ -24,8 +24,9 @@ KINDS: dict[str, Kind] = {
     "ReplicaSet": Kind("apis/apps/v1", "replicasets"),
     "Job": Kind("apis/batch/v1", "jobs"),
     "Lease": Kind("apis/coordination.k8s.io/v1", "leases"),
+    "PodMonitor": Kind("apis/monitoring.coreos.com/v1", "podmonitors"),
 }
-PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap")
+PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap", "PodMonitor")
 """Kinds a release owns and may prune; PersistentVolumeClaims are never among them."""
 
 

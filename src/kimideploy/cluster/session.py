@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kimideploy.cluster import apply as applying
-from kimideploy.cluster import jobs, records
+from kimideploy.cluster import bench_results, jobs, records
 from kimideploy.cluster import pods as pod_reads
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.lock import ReleaseLock
@@ -108,6 +108,13 @@ class ClusterSession:
     def lock(self, release: str, action: str) -> ReleaseLock:
         return ReleaseLock(self.api, self.namespace, release, action)
 
+    # bench results ----------------------------------------------------------------------------
+    def store_bench(self, bench: bench_results.StoredBench) -> None:
+        bench_results.store(self.api, self.namespace, bench)
+
+    def bench_results(self, release: str) -> list[bench_results.StoredBench]:
+        return bench_results.list_results(self.api, self.namespace, release)
+
     # watching -------------------------------------------------------------------------------
     def rollout_watcher(
         self, deployment: str, startup_budget_s: float, grace_s: float
@@ -128,6 +135,27 @@ class ClusterSession:
 
     def follow(self, pod: str) -> Any:
         return pod_reads.follow_log(self.api, self.namespace, pod)
+
+    def scrape_pod(self, pod: str, port: int, endpoint: str = "metrics") -> str:
+        """GET a pod's HTTP endpoint through the API server's pod proxy (no port-forward needed).
+
+        Raises ClusterError when the proxy cannot reach the pod (no route, not listening)."""
+        try:
+            return self.api.text(
+                path("Pod", self.namespace, f"{pod}:{port}", f"proxy/{endpoint}"), timeout=10
+            )
+        except ClusterError as exc:
+            raise ClusterError(
+                f"the API server's proxy to {pod}:{port}/{endpoint} failed ({exc.message})"
+            ) from exc
+
+    def has_api_resource(self, group_version: str, plural: str) -> bool:
+        """Whether the cluster serves a resource (a CRD such as monitoring.coreos.com/v1)."""
+        try:
+            listed = self.api.request("GET", f"/apis/{group_version}")
+        except NotFoundError:
+            return False
+        return any(r.get("name") == plural for r in listed.get("resources", []))
 
 
 def connect(context: str | None, namespace: str) -> ClusterSession:

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from kimideploy.config.base import Name, Port, Quantity, StrictModel
+from kimideploy.config.gate import GateSettings
 from kimideploy.config.images import CudaArch
 from kimideploy.config.workloads import Workloads
 
@@ -150,6 +151,7 @@ class Cluster(StrictModel):
         description="Cost of one more speculative token per decode step, relative to a plain step "
         "(C(k) = 1 + k * this). 0.1433 reproduces C(3) = 1.43 measured on 8x RTX PRO 6000 PCIe.",
     )
+    gate: GateSettings = Field(default_factory=GateSettings)
     hosts: list[SshHost] = Field(
         default_factory=list, description="SSH access to the GPU machines (for `kimideploy host`)."
     )

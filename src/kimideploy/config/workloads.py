@@ -37,6 +37,13 @@ class ServeSettings(WorkloadSettings):
         default_factory=list,
         description="Extra vLLM flags, appended verbatim (checked by image verify).",
     )
+    # Not on/off: YAML 1.1 reads those as booleans, in the config file and in --set alike.
+    pod_monitor: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="A Prometheus Operator PodMonitor for the serve pods. auto: rendered by `up` "
+        "when the cluster serves monitoring.coreos.com/v1 podmonitors.",
+    )
+    scrape_interval_s: Annotated[int, Field(ge=5, le=600)] = 15
 
 
 class DatagenSettings(WorkloadSettings):

@@ -32,6 +32,7 @@ class Context:
     run_id: str | None
     overrides: tuple[str, ...]
     namespace_override: str | None = None
+    monitoring_crd: bool | None = None
 
     @property
     def namespace(self) -> str:

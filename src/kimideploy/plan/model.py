@@ -18,6 +18,8 @@ class PlanRequest:
     overrides: tuple[str, ...] = ()
     run_id: str | None = None
     namespace: str | None = None
+    monitoring_crd: bool | None = None
+    """Whether the cluster serves PodMonitors (asked by `up`); None: not known (offline)."""
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
         run_id=run_id,
         overrides=request.overrides,
         namespace_override=request.namespace,
+        monitoring_crd=request.monitoring_crd,
     )
 
 
@@ -145,6 +146,15 @@ def _facts(ctx: Context, estimate: HiddenStateEstimate) -> list[tuple[str, str]]
     return facts
 
 
+def _pod_monitor_fact(ctx: Context) -> str:
+    setting = ctx.cluster.workloads.serve.pod_monitor
+    if serve.wants_pod_monitor(ctx):
+        return f"PodMonitor rendered ({setting})"
+    if setting == "auto" and ctx.monitoring_crd is None:
+        return "auto: `up` adds a PodMonitor when the cluster serves monitoring.coreos.com/v1"
+    return f"none ({setting})"
+
+
 def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
     serve_settings = ctx.cluster.workloads.serve
     _, strategy = serve.rollout_strategy(ctx)
@@ -153,6 +163,7 @@ def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
         ("tensor parallel", str(ctx.cluster.gpu.per_node)),
         ("rollout", strategy),
         ("startup budget", f"{serve_settings.startup_budget_s // 60} min (probe on /v1/models)"),
+        ("pod monitor", _pod_monitor_fact(ctx)),
     ]
     spec = serve.speculative_config(ctx)
     if spec is None:

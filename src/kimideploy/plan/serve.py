@@ -186,8 +186,23 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
     }
     service = {**common, "selector": pods.selector_labels(ctx), "port": serve.port}
     config_map = {**common, "data": {SPEC_FILE_NAME: spec_json}}
-    return [
+    objects = [
         ObjectPlan("configmap-serve", config_map),
         ObjectPlan("service-serve", service),
         ObjectPlan("deployment-serve", deployment),
     ]
+    if wants_pod_monitor(ctx):
+        monitor = {
+            **common,
+            "selector": pods.selector_labels(ctx),
+            "interval": f"{serve.scrape_interval_s}s",
+            # vLLM labels its series with model_name only; these say which drafter produced them.
+            "pod_target_labels": [f"{pods.LABEL_PREFIX}/drafter", f"{pods.LABEL_PREFIX}/cluster"],
+        }
+        objects.append(ObjectPlan("podmonitor-serve", monitor))
+    return objects
+
+
+def wants_pod_monitor(ctx: Context) -> bool:
+    setting = ctx.cluster.workloads.serve.pod_monitor
+    return setting == "always" or (setting == "auto" and bool(ctx.monitoring_crd))

@@ -46,10 +46,27 @@ def schema_version_for(kubernetes_version: str) -> tuple[int, int]:
     return candidates[-1]
 
 
+CRD_SCHEMAS = {("PodMonitor", "monitoring.coreos.com/v1"): "podmonitor-monitoring-v1.json"}
+"""Custom resources kimideploy renders; their schemas ship with the package (render/crd_schemas)."""
+
+
+def crd_schema(kind: str, api_version: str) -> dict[str, Any] | None:
+    name = CRD_SCHEMAS.get((kind, api_version))
+    if name is None:
+        return None
+    loaded: dict[str, Any] = json.loads(
+        (resources.files("kimideploy.render") / "crd_schemas" / name).read_text()
+    )
+    return loaded
+
+
 @lru_cache(maxsize=64)
 def _validator(version: tuple[int, int], kind: str, api_version: str) -> Any:
     import jsonschema
 
+    custom = crd_schema(kind, api_version)
+    if custom is not None:
+        return jsonschema.Draft202012Validator(custom)
     group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     schema_file = _folder(version) / f"{kind.lower()}-{group}.json"
     if not schema_file.is_file():

@@ -88,7 +88,10 @@ def up(
     reporter: Reporter,
 ) -> Outcome:
     """Render, show the change, apply a new revision, follow the rollout, roll back on failure."""
-    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")
+    rendered = render_workload(
+        loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
+    )
     _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
@@ -312,6 +315,7 @@ def rollback(
     change: ChangeOptions,
     wait: WaitOptions,
     reporter: Reporter,
+    note: str | None = None,
 ) -> Outcome:
     """To the previous good revision, to --to N, or (--no-spec) the current one, drafter none."""
     history = session.history(release)
@@ -326,6 +330,8 @@ def rollback(
     else:
         target = _rollback_target(history, current, to)
         revision = _revision_from_record(target, f"rollback to revision {target.revision}")
+    if note:
+        revision = replace(revision, note=note)
     return deploy(session, revision, change, wait, reporter, "rollback")
 
 
@@ -362,7 +368,12 @@ def _without_drafter(current: ReleaseRecord) -> Revision:
     loaded = load_project_text(current.config_text, Path(f"revision-{current.revision}.yaml"))
     workload = current.release.rsplit("-", 1)[-1]
     request = PlanRequest(
-        workload, current.cluster, NO_DRAFTER, tuple(current.overrides), namespace=current.namespace
+        workload,
+        current.cluster,
+        NO_DRAFTER,
+        tuple(current.overrides),
+        namespace=current.namespace,
+        monitoring_crd=any(o["kind"] == "PodMonitor" for o in current.manifests),
     )
     rendered = render_workload(loaded, request)
     revision = revision_from_render(loaded, rendered, "rollback to non-speculative serving")
@@ -416,10 +427,16 @@ def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
             "image": r.image.split("@")[-1][:19],
             "status": r.status,
             "user": r.user,
+            "gate": gate_summary(r),
             "note": r.note,
         }
         for r in session.history(release)
     ]
+
+
+def gate_summary(record: ReleaseRecord) -> str:
+    verdict = record.details.get("gate")
+    return str(verdict["summary"]) if verdict else ""
 
 
 def status_report(session: ClusterSession, release: str, project_name: str) -> dict[str, Any]:
@@ -435,6 +452,9 @@ def status_report(session: ClusterSession, release: str, project_name: str) -> d
             image=current.image,
             since=current.created_at,
         )
+    gated = next((r for r in reversed(history) if r.details.get("gate")), None)
+    if gated is not None:
+        serving["gate"] = f"revision {gated.revision} ({gated.drafter}) {gate_summary(gated)}"
     if deployment is None:
         serving["phase"] = "not deployed"
     else:
@@ -442,6 +462,10 @@ def status_report(session: ClusterSession, release: str, project_name: str) -> d
         ready = status.get("readyReplicas", 0)
         serving["phase"] = "ready" if ready == wanted else "progressing"
         serving["ready"] = f"{ready}/{wanted}"
+        if current is not None and ready:
+            from kimideploy.services.live_metrics import live_acceptance
+
+            serving.update(live_acceptance(session, current))
     runs = []
     for job in session.runs(
         f"app.kubernetes.io/name={project_name},app.kubernetes.io/managed-by=kimideploy"

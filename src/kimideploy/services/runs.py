@@ -81,7 +81,7 @@ def follow_run(
 
 def _finish(snapshot: JobSnapshot, run_id: str, reporter: Reporter) -> JobSnapshot:
     for index, result in sorted(progress.results(snapshot.logs).items()):
-        fields = ", ".join(f"{k}={v}" for k, v in result.items() if k != "event")
+        fields = ", ".join(f"{k}={_short(v)}" for k, v in result.items() if k != "event")
         reporter.info(f"index {index} result: {fields}")
     if snapshot.phase == "failed":
         failed = ", ".join(map(str, snapshot.failed_indexes)) or "?"
@@ -93,6 +93,15 @@ def _finish(snapshot: JobSnapshot, run_id: str, reporter: Reporter) -> JobSnapsh
     done = f"{snapshot.succeeded}/{snapshot.completions}"
     reporter.info(f"run {run_id} ({snapshot.name}) complete: {done} indexes")
     return snapshot
+
+
+def _short(value: object) -> str:
+    """Lists and objects (a bench's levels) are summarised; `logs RUN_ID` has them whole."""
+    if isinstance(value, list):
+        return f"[{len(value)} items]"
+    if isinstance(value, dict):
+        return f"{{{len(value)} fields}}"
+    return str(value)
 
 
 def _tail(text: str, lines: int = 5) -> str:

@@ -1,0 +1,72 @@
+"""`kimideploy bench list|report`: the bench runs stored in the cluster, and their charts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from kimideploy.cli.context import CliState
+from kimideploy.cli.table import format_table
+from kimideploy.cli.terminal import cluster_options
+
+cluster_option = click.option("--cluster", help="Cluster profile (default: default_cluster).")
+
+
+@click.group()
+def bench() -> None:
+    """Stored bench runs (from `run bench` and `up serve --gate`)."""
+
+
+@bench.command("list")
+@cluster_option
+@cluster_options
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@click.pass_obj
+def list_runs(
+    state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
+) -> None:
+    """Every stored run of the serve release, oldest first."""
+    from kimideploy.services.bench_reports import list_rows
+    from kimideploy.services.connection import open_session
+
+    loaded = state.project()
+    session = open_session(loaded, cluster, context, namespace)
+    rows = list_rows(session, f"{loaded.project.name}-serve")
+    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+
+
+@bench.command()
+@click.argument("run_id")
+@cluster_option
+@cluster_options
+@click.option(
+    "--output",
+    "-o",
+    "output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="PNG to write (default: bench-RUN_ID.png).",
+)
+@click.pass_obj
+def report(
+    state: CliState,
+    run_id: str,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    output: Path | None,
+) -> None:
+    """Chart a drafter run's speedup against concurrency, over its non-speculative baseline."""
+    from kimideploy.services.bench_reports import report as write_report
+    from kimideploy.services.connection import open_session
+
+    loaded = state.project()
+    session = open_session(loaded, cluster, context, namespace)
+    profile = loaded.project.clusters[cluster or loaded.project.default_cluster]
+    target = output or Path(f"bench-{run_id}.png")
+    lines = write_report(
+        session, f"{loaded.project.name}-serve", run_id, target, profile.gate.min_speedup
+    )
+    click.echo("\n".join(lines))
+    click.echo(f"wrote {target}")

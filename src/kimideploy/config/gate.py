@@ -1,0 +1,50 @@
+"""The promotion gate and the live acceptance watch of a cluster's serve release."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kimideploy.config.base import StrictModel
+
+
+class WatchSettings(StrictModel):
+    """Live acceptance against the cluster's break-even rate (CONTEXT §6)."""
+
+    interval_s: Annotated[int, Field(ge=5, le=3600)] = Field(
+        default=60, description="Seconds between scrapes of the serve pods' /metrics."
+    )
+    min_draft_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        default=2000,
+        description="Draft tokens a window needs before it is judged (quiet windows are noise).",
+    )
+    windows_below: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=3, description="Consecutive judged windows below break-even before acting."
+    )
+    action: Literal["flag", "rollback"] = Field(
+        default="flag",
+        description="flag: report it; rollback: return to non-speculative serving.",
+    )
+
+
+class GateSettings(StrictModel):
+    """`up serve --gate`: keep a drafter only when the measured speedup pays."""
+
+    min_speedup: Annotated[float, Field(gt=0, le=10)] = Field(
+        default=1.05,
+        description="Output tokens/s with the drafter over the non-speculative baseline, required "
+        "for every prompt set at every gated concurrency level.",
+    )
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
+        default=None, description="Levels the verdict depends on (default: bench.concurrency)."
+    )
+    baseline_max_age_h: Annotated[float, Field(gt=0, le=24 * 90)] = Field(
+        default=72, description="A non-speculative baseline older than this is measured again."
+    )
+    fail_open: bool = Field(
+        default=False,
+        description="When the gate itself fails (bench failed, metrics missing), keep the "
+        "drafter instead of rolling back.",
+    )
+    watch: WatchSettings = Field(default_factory=WatchSettings)

@@ -1,0 +1,330 @@
+"""`up serve --gate`: deploy a drafter, measure it against no drafter, keep it or roll back.
+
+Order of work, chosen to spend as few 25-minute model loads as possible:
+1. find the newest comparable non-speculative baseline (same cluster, same serve container and
+   replicas, same bench settings, every gated level, younger than gate.baseline_max_age_h);
+2. if there is none: bench the serving revision when it already is that non-speculative
+   configuration, else deploy it first (one extra load, said out loud), and store the result;
+3. deploy the drafter revision (the engine rolls back by itself if it never becomes ready);
+4. bench it, judge, record the verdict on its release record, and roll back to non-speculative
+   serving when it does not pay, or when the gate could not measure (unless fail-open).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from kimideploy.cluster.bench_results import StoredBench
+from kimideploy.cluster.records import ReleaseRecord
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.config.gate import GateSettings
+from kimideploy.config.loading import LoadedProject
+from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.plan.model import PlanRequest
+from kimideploy.services import deploy, progress, runs
+from kimideploy.services.gate_verdict import (
+    KEEP,
+    ROLLBACK,
+    GateMeasurementError,
+    Verdict,
+    bench_fingerprint,
+    judge,
+    pick_baseline,
+    serve_fingerprint,
+)
+from kimideploy.services.rendering import render_workload
+from kimideploy.services.reporting import Reporter
+
+
+class GateRejectedError(RolloutError):
+    """The gate rolled the drafter back (too slow, or the gate could not measure it)."""
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """Command-line overrides of the cluster's `gate:` settings; None keeps the config's."""
+
+    min_speedup: float | None = None
+    concurrency: tuple[int, ...] | None = None
+    fail_open: bool | None = None
+    bench_poll_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class GateContext:
+    release: str
+    cluster: str
+    image: str
+    settings: GateSettings
+    needed: list[tuple[str, int]]
+    bench_overrides: tuple[str, ...]
+    serve_print: str
+    bench_print: str
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _context(
+    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, options: GateOptions
+) -> GateContext:
+    baseline = render_workload(
+        loaded, replace(request, drafter=NO_DRAFTER, namespace=session.namespace)
+    )
+    cluster = loaded.project.clusters[baseline.plan.cluster]
+    settings = cluster.gate.model_copy(
+        update={
+            k: v
+            for k, v in {
+                "min_speedup": options.min_speedup,
+                "concurrency": list(options.concurrency) if options.concurrency else None,
+                "fail_open": options.fail_open,
+            }.items()
+            if v is not None
+        }
+    )
+    bench = cluster.workloads.bench
+    levels = settings.concurrency or bench.concurrency
+    return GateContext(
+        release=baseline.plan.release,
+        cluster=baseline.plan.cluster,
+        image=baseline.plan.image,
+        settings=settings,
+        needed=[(p, c) for p in bench.prompt_sets for c in levels],
+        bench_overrides=(*request.overrides, f"bench.concurrency={json.dumps(sorted(levels))}"),
+        serve_print=serve_fingerprint(baseline.objects),
+        bench_print=bench_fingerprint(list(bench.prompt_sets), bench.num_prompts, bench.max_tokens),
+    )
+
+
+def up_gated(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    change: deploy.ChangeOptions,
+    wait: deploy.WaitOptions,
+    options: GateOptions,
+    reporter: Reporter,
+) -> tuple[deploy.Outcome, Verdict]:
+    """Deploy request's drafter, measure, and keep it or roll back; the verdict is recorded."""
+    drafter = request.drafter
+    if drafter in (None, NO_DRAFTER):
+        raise UsageError(
+            "--gate compares a drafter with no drafter; name one with --drafter",
+            hint="e.g. `kimideploy up serve --drafter v3 --gate`",
+        )
+    if not wait.wait:
+        raise UsageError("--gate needs to follow the rollout; drop --no-wait")
+    session.ensure_namespace()
+    gate = _context(session, loaded, request, options)
+    levels = ", ".join(sorted({f"c={c}" for _, c in gate.needed}, key=lambda s: int(s[2:])))
+    reporter.info(
+        f"gate: keep {drafter} only with >= {gate.settings.min_speedup:.2f}x output tokens/s "
+        f"over no drafter at {levels} ({', '.join(sorted({p for p, _ in gate.needed}))})"
+    )
+    baseline, note = _baseline(session, loaded, request, change, wait, options, gate, reporter)
+    outcome = deploy.up(session, loaded, request, change, wait, reporter)
+    verdict = _measure_and_judge(
+        session, loaded, request, outcome.revision, options, gate, baseline, note, reporter
+    )
+    _record_verdict(session, gate.release, outcome.revision, verdict)
+    reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
+    if verdict.decision == KEEP:
+        return outcome, verdict
+    _roll_back(session, gate.release, outcome.revision, verdict, change, wait, reporter)
+    raise GateRejectedError(
+        f"drafter {drafter} was rolled back by the gate: {verdict.reason}",
+        hint="`kimideploy history serve` shows the verdict; --gate-fail-open keeps a drafter "
+        "when the gate itself fails",
+    )
+
+
+def _baseline(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    change: deploy.ChangeOptions,
+    wait: deploy.WaitOptions,
+    options: GateOptions,
+    gate: GateContext,
+    reporter: Reporter,
+) -> tuple[StoredBench | None, str]:
+    stored, why = pick_baseline(
+        session.bench_results(gate.release),
+        cluster=gate.cluster,
+        serve_print=gate.serve_print,
+        bench_print=gate.bench_print,
+        needed=gate.needed,
+        max_age_h=gate.settings.baseline_max_age_h,
+        now=_now(),
+    )
+    if stored is not None:
+        reporter.info(f"gate: comparing with {why}")
+        return stored, why
+    reporter.info(f"gate: {why}; measuring a fresh non-speculative baseline")
+    serving = _serving(session, gate.release)
+    if serving is not None and _matches(serving, gate.serve_print):
+        reporter.info(f"gate: revision {serving.revision} already serves without a drafter")
+        revision = serving.revision
+    else:
+        reporter.info(
+            "gate: deploying the non-speculative configuration first "
+            "(one more model load, so that the comparison is like for like)"
+        )
+        revision = deploy.up(
+            session, loaded, replace(request, drafter=NO_DRAFTER), change, wait, reporter
+        ).revision
+    try:
+        return _bench(
+            session, loaded, replace(request, drafter=NO_DRAFTER), revision, options, gate, reporter
+        ), f"fresh baseline measured on revision {revision} ({why})"
+    except GateMeasurementError as exc:
+        if gate.settings.fail_open:
+            reporter.info(f"gate: baseline failed ({exc}); fail-open: deploying the drafter anyway")
+            return None, f"baseline failed: {exc}"
+        raise RolloutError(
+            f"gate: the non-speculative baseline could not be measured: {exc}; "
+            f"the drafter was not deployed (revision {revision}, no drafter, keeps serving)",
+            hint="`kimideploy logs RUN_ID` shows the bench pod's log; --gate-fail-open deploys "
+            "the drafter without a baseline",
+        ) from exc
+
+
+def _serving(session: ClusterSession, release: str) -> ReleaseRecord | None:
+    return next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
+
+
+def _matches(record: ReleaseRecord, serve_print: str) -> bool:
+    try:
+        return record.drafter == NO_DRAFTER and serve_fingerprint(record.manifests) == serve_print
+    except (StopIteration, KeyError, IndexError):
+        return False
+
+
+def _bench(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    revision: int,
+    options: GateOptions,
+    gate: GateContext,
+    reporter: Reporter,
+) -> StoredBench:
+    """Run the bench workload against the serving revision and keep its result in the cluster."""
+    bench_request = PlanRequest(
+        "bench", gate.cluster, request.drafter, gate.bench_overrides, namespace=session.namespace
+    )
+    started = runs.start_run(session, loaded, bench_request, reporter)
+    try:
+        snapshot = runs.follow_run(
+            session, started.job, started.run_id, reporter, poll_s=options.bench_poll_s
+        )
+    except RolloutError as exc:
+        raise GateMeasurementError(f"bench run {started.run_id} failed: {exc.message}") from exc
+    result = progress.results(snapshot.logs).get(0)
+    if not result or not isinstance(result.get("levels"), list):
+        raise GateMeasurementError(
+            f"bench run {started.run_id} finished without a result line in its log "
+            "(was the bench image's kimideploy too old?)"
+        )
+    stored = StoredBench(
+        release=gate.release,
+        run_id=started.run_id,
+        drafter=request.drafter or NO_DRAFTER,
+        cluster=gate.cluster,
+        image=gate.image,
+        revision=revision,
+        serve_fingerprint=gate.serve_print,
+        bench_fingerprint=gate.bench_print,
+        measured_at=_now().strftime("%Y-%m-%dT%H:%M:%S%z"),
+        result=result,
+    )
+    session.store_bench(stored)
+    return stored
+
+
+def _measure_and_judge(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    revision: int,
+    options: GateOptions,
+    gate: GateContext,
+    baseline: StoredBench | None,
+    note: str,
+    reporter: Reporter,
+) -> Verdict:
+    settings = gate.settings
+    base_run = baseline.run_id if baseline else None
+    measured: StoredBench | None = None
+    try:
+        measured = _bench(session, loaded, request, revision, options, gate, reporter)
+        if baseline is None:
+            raise GateMeasurementError(note)
+        keep, reason, levels = judge(
+            measured.result, baseline.result, gate.needed, settings.min_speedup
+        )
+        decision = KEEP if keep else ROLLBACK
+        return Verdict(
+            decision, reason, settings.min_speedup, levels, measured.run_id, base_run, note
+        )
+    except GateMeasurementError as exc:
+        run_id = measured.run_id if measured else None
+        return Verdict(
+            KEEP if settings.fail_open else ROLLBACK,
+            f"gate failed: {exc}",
+            settings.min_speedup,
+            [],
+            run_id,
+            base_run,
+            note,
+            gate_failed=True,
+            fail_open=settings.fail_open,
+        )
+
+
+def _record_verdict(session: ClusterSession, release: str, revision: int, verdict: Verdict) -> None:
+    record = next((r for r in session.history(release) if r.revision == revision), None)
+    if record is not None:
+        record.details = {**record.details, "gate": verdict.details()}
+        session.record(record, new=False)
+
+
+def _roll_back(
+    session: ClusterSession,
+    release: str,
+    revision: int,
+    verdict: Verdict,
+    change: deploy.ChangeOptions,
+    wait: deploy.WaitOptions,
+    reporter: Reporter,
+) -> None:
+    serving = _serving(session, release)
+    if serving is None or serving.revision != revision:
+        now = f"revision {serving.revision}" if serving else "nothing"
+        raise GateRejectedError(
+            f"gate: {verdict.reason}; but revision {revision} is no longer serving ({now} is), "
+            "so nothing was rolled back",
+            hint="someone else changed the release meanwhile; see `kimideploy history serve`",
+        )
+    try:
+        deploy.rollback(
+            session,
+            release,
+            None,
+            True,
+            replace(change, yes=True, auto_rollback=False),
+            wait,
+            reporter,
+            note=f"gate rollback of revision {revision}: {verdict.reason}",
+        )
+    except KimiDeployError as exc:
+        raise RolloutError(
+            f"gate: {verdict.reason}; the rollback to non-speculative serving failed too: "
+            f"{exc.message}",
+            hint="`kimideploy rollback serve --no-spec` retries it",
+        ) from exc

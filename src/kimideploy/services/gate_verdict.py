@@ -1,0 +1,184 @@
+"""The promotion gate's arithmetic: which baseline is comparable, and keep or roll back.
+
+No cluster here: the orchestration (services/gate.py) feeds it stored bench results and the
+result event of the bench pod, so every rule is unit-testable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kimideploy.cluster.bench_results import StoredBench
+
+KEEP, ROLLBACK = "keep", "rollback"
+
+
+class GateMeasurementError(Exception):
+    """The gate could not measure (bench failed, counters missing, no baseline level)."""
+
+
+def fingerprint(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def serve_fingerprint(objects: list[dict[str, Any]]) -> str:
+    """What makes two non-speculative serve revisions perform alike: the vLLM container and the
+    replica count. Labels and annotations (revision, config hash) do not change throughput."""
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    relevant = {k: container.get(k) for k in ("image", "command", "args", "env", "resources")}
+    return fingerprint({"replicas": deployment["spec"].get("replicas", 1), **relevant})
+
+
+def bench_fingerprint(prompt_sets: list[str], num_prompts: int, max_tokens: int) -> str:
+    return fingerprint({"prompt_sets": prompt_sets, "num_prompts": num_prompts, "max": max_tokens})
+
+
+def _levels(result: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(lv["prompt_set"], int(lv["concurrency"])): lv for lv in result.get("levels", [])}
+
+
+def pick_baseline(
+    stored: list[StoredBench],
+    *,
+    cluster: str,
+    serve_print: str,
+    bench_print: str,
+    needed: list[tuple[str, int]],
+    max_age_h: float,
+    now: datetime,
+) -> tuple[StoredBench | None, str]:
+    """The newest comparable non-speculative run, or None and why there is none."""
+    baselines = [s for s in stored if s.drafter == "none" and s.cluster == cluster]
+    if not baselines:
+        return None, f"no non-speculative baseline has been measured on cluster {cluster}"
+    same = [s for s in baselines if s.serve_fingerprint == serve_print]
+    if not same:
+        return None, (
+            "the stored baselines were measured on a different serve configuration "
+            "(image, vLLM flags or replicas changed)"
+        )
+    same = [s for s in same if s.bench_fingerprint == bench_print]
+    if not same:
+        return None, "the stored baselines used other bench settings (prompts or max_tokens)"
+    covering = [s for s in same if set(needed) <= set(_levels(s.result))]
+    if not covering:
+        wanted = ", ".join(f"{p} c={c}" for p, c in needed)
+        return None, f"no stored baseline covers every gated level ({wanted})"
+    newest = covering[-1]
+    age_h = (now - _parse_time(newest.measured_at)).total_seconds() / 3600
+    if age_h > max_age_h:
+        return None, (
+            f"the newest baseline (run {newest.run_id}) is {age_h:.0f} h old, "
+            f"older than gate.baseline_max_age_h ({max_age_h:g} h)"
+        )
+    return newest, f"baseline run {newest.run_id} measured {newest.measured_at} ({age_h:.1f} h ago)"
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
+
+
+def check_measured(result: dict[str, Any], needed: list[tuple[str, int]], what: str) -> None:
+    """Every needed level is present, had no failed request and produced tokens."""
+    levels = _levels(result)
+    for key in needed:
+        level = levels.get(key)
+        where = f"{what} at {key[0]} c={key[1]}"
+        if level is None:
+            raise GateMeasurementError(f"{where}: the bench result has no such level")
+        if level.get("failed"):
+            errors = "; ".join(level.get("errors") or []) or "no error text"
+            raise GateMeasurementError(
+                f"{where}: {level['failed']} of {level.get('requests')} requests failed ({errors})"
+            )
+        if not level.get("output_tokens") or not level.get("output_tokens_per_s"):
+            raise GateMeasurementError(f"{where}: no output tokens were measured")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: str
+    reason: str
+    min_speedup: float
+    levels: list[dict[str, Any]] = field(default_factory=list)
+    run_id: str | None = None
+    baseline_run: str | None = None
+    baseline_note: str = ""
+    gate_failed: bool = False
+    fail_open: bool = False
+
+    @property
+    def worst_speedup(self) -> float | None:
+        values = [lv["speedup"] for lv in self.levels if lv.get("speedup") is not None]
+        return min(values) if values else None
+
+    def summary(self) -> str:
+        worst = self.worst_speedup
+        numbers = f" (worst {worst:.2f}x, needed {self.min_speedup:.2f}x)" if worst else ""
+        label = "kept" if self.decision == KEEP else "rolled back"
+        if self.fail_open:
+            label = "kept (fail-open)"
+        return f"{label}{numbers}: {self.reason}"
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "reason": self.reason,
+            "summary": self.summary(),
+            "min_speedup": self.min_speedup,
+            "worst_speedup": self.worst_speedup,
+            "levels": self.levels,
+            "run_id": self.run_id,
+            "baseline_run": self.baseline_run,
+            "baseline_note": self.baseline_note,
+            "gate_failed": self.gate_failed,
+            "fail_open": self.fail_open,
+        }
+
+
+def judge(
+    measured: dict[str, Any],
+    baseline: dict[str, Any],
+    needed: list[tuple[str, int]],
+    min_speedup: float,
+) -> tuple[bool, str, list[dict[str, Any]]]:
+    """(keep, reason, per-level comparison); raises GateMeasurementError when it cannot decide."""
+    check_measured(baseline, needed, "baseline")
+    check_measured(measured, needed, "drafter")
+    ours, theirs = _levels(measured), _levels(baseline)
+    compared, short = [], []
+    for key in needed:
+        level, base = ours[key], theirs[key]
+        if level.get("acceptance_rate") is None:
+            raise GateMeasurementError(
+                f"drafter at {key[0]} c={key[1]}: vLLM's speculative-decoding counters are missing "
+                f"(metrics {level.get('metrics', 'unavailable')}); is the drafter enabled?"
+            )
+        speedup = level["output_tokens_per_s"] / base["output_tokens_per_s"]
+        row = {
+            "prompt_set": key[0],
+            "concurrency": key[1],
+            "tokens_per_s": level["output_tokens_per_s"],
+            "baseline_tokens_per_s": base["output_tokens_per_s"],
+            "speedup": round(speedup, 4),
+            "acceptance_rate": level.get("acceptance_rate"),
+            "mean_acceptance_length": level.get("mean_acceptance_length"),
+            "per_position_acceptance": level.get("per_position_acceptance"),
+            "ttft_p50_s": level.get("ttft_p50_s"),
+            "tpot_p50_s": level.get("tpot_p50_s"),
+            "passed": speedup >= min_speedup,
+        }
+        compared.append(row)
+        if not row["passed"]:
+            short.append(f"{key[0]} c={key[1]} {speedup:.2f}x")
+    if short:
+        return False, f"below {min_speedup:.2f}x at " + ", ".join(short), compared
+    levels = ", ".join(
+        f"{row['prompt_set']} c={row['concurrency']} {row['speedup']:.2f}x" for row in compared
+    )
+    return True, f"at least {min_speedup:.2f}x everywhere: {levels}", compared

@@ -1,0 +1,202 @@
+"""vLLM's speculative-decoding counters read live from the serve pods, and the watch that acts on
+them: acceptance over each interval compared with the cluster's break-even rate (CONTEXT §6)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kimideploy.cluster.records import ReleaseRecord
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.config.gate import WatchSettings
+from kimideploy.config.loading import LoadedProject, load_project_text
+from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.plan.speedup import break_even_rate
+from kimideploy.services.reporting import Reporter
+from kimideploy.vllm_metrics import Acceptance, acceptance
+
+
+@dataclass(frozen=True)
+class ServingFacts:
+    """What the serving revision's own stored config says about judging its acceptance."""
+
+    record: ReleaseRecord
+    port: int
+    num_speculative_tokens: int
+    step_cost_per_token: float
+
+    @property
+    def break_even(self) -> float:
+        return break_even_rate(self.num_speculative_tokens, self.step_cost_per_token)
+
+
+def serving_facts(record: ReleaseRecord) -> ServingFacts | None:
+    """None when the revision serves without a drafter (there is no acceptance to judge)."""
+    if record.drafter == NO_DRAFTER:
+        return None
+    project = load_project_text(record.config_text, Path(f"revision-{record.revision}.yaml"))
+    drafter = project.project.drafters[record.drafter]
+    deployment = next(o for o in record.manifests if o["kind"] == "Deployment")
+    ports = deployment["spec"]["template"]["spec"]["containers"][0].get("ports") or [{}]
+    return ServingFacts(
+        record,
+        int(ports[0].get("containerPort", 8000)),
+        drafter.num_speculative_tokens,
+        project.project.clusters[record.cluster].step_cost_per_token,
+    )
+
+
+def scrape_serve_pods(
+    session: ClusterSession, release: str, port: int
+) -> tuple[dict[str, str], list[str]]:
+    """Each running serve pod's /metrics through the API server; (texts by pod, errors)."""
+    texts, errors = {}, []
+    for pod in session.pods(f"app.kubernetes.io/instance={release}"):
+        name = pod["metadata"]["name"]
+        if pod.get("status", {}).get("phase") != "Running":
+            continue
+        try:
+            texts[name] = session.scrape_pod(name, port)
+        except KimiDeployError as exc:
+            errors.append(f"{name}: {exc.message}")
+    return texts, errors
+
+
+def _sum(parts: list[Acceptance]) -> Acceptance | None:
+    if not parts:
+        return None
+    width = max(len(p.per_position) for p in parts)
+    return Acceptance(
+        drafts=sum(p.drafts for p in parts),
+        draft_tokens=sum(p.draft_tokens for p in parts),
+        accepted=sum(p.accepted for p in parts),
+        per_position=tuple(
+            sum(p.per_position[i] for p in parts if i < len(p.per_position)) for i in range(width)
+        ),
+    )
+
+
+def live_acceptance(session: ClusterSession, record: ReleaseRecord) -> dict[str, Any]:
+    """Acceptance since the serve pods started (lifetime counters), for `status`."""
+    facts = serving_facts(record)
+    if facts is None:
+        return {"acceptance": "no drafter"}
+    texts, errors = scrape_serve_pods(session, record.release, facts.port)
+    total = _sum([a for a in (acceptance("", t) for t in texts.values()) if a is not None])
+    shown: dict[str, Any] = {"break_even_rate": round(facts.break_even, 4)}
+    if total is None or total.rate is None:
+        reason = "; ".join(errors) or "no speculative-decoding counters yet"
+        return {**shown, "acceptance": f"unavailable ({reason})"}
+    below = " BELOW break-even" if total.rate < facts.break_even else ""
+    return {
+        **shown,
+        "acceptance": f"{total.rate:.1%} since pod start{below}",
+        "acceptance_rate": round(total.rate, 4),
+        "mean_acceptance_length": round(total.mean_acceptance_length or 0, 3),
+        "pods_scraped": len(texts),
+    }
+
+
+@dataclass
+class AcceptanceWatch:
+    """Acceptance per interval, summed over pods; a restarted pod's counters start again."""
+
+    break_even: float
+    settings: WatchSettings
+    previous: dict[str, str] = field(default_factory=dict)
+    below: int = 0
+
+    def observe(self, texts: dict[str, str], errors: list[str]) -> tuple[str, bool]:
+        """(a line for the person watching, whether to act now)."""
+        parts = []
+        for pod, text in texts.items():
+            before = self.previous.get(pod, "")
+            window = acceptance(before, text)
+            if window is not None and window.drafts < 0:  # the pod restarted: counters reset
+                window = acceptance("", text)
+            if window is not None and pod in self.previous:
+                parts.append(window)
+        self.previous = dict(texts)
+        total = _sum(parts)
+        trouble = f"; unavailable: {'; '.join(errors)}" if errors else ""
+        if total is None or total.rate is None:
+            return f"acceptance: no window yet ({len(texts)} pods scraped{trouble})", False
+        rate = f"acceptance {total.rate:.1%} over {total.draft_tokens:.0f} draft tokens"
+        even = f"break-even {self.break_even:.1%}"
+        if total.draft_tokens < self.settings.min_draft_tokens:
+            needed = self.settings.min_draft_tokens
+            return f"{rate} (too few to judge, < {needed}); {even}{trouble}", False
+        if total.rate >= self.break_even:
+            self.below = 0
+            return f"{rate}; {even}: paying{trouble}", False
+        self.below += 1
+        line = (
+            f"{rate}; {even}: BELOW break-even "
+            f"({self.below}/{self.settings.windows_below} windows){trouble}"
+        )
+        return line, self.below >= self.settings.windows_below
+
+
+def watch_release(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    reporter: Reporter,
+    max_windows: int | None = None,
+    interval_s: float | None = None,
+    act: bool | None = None,
+) -> str:
+    """Scrape every interval until stopped; flag, or roll back, a drafter below break-even."""
+    from kimideploy.services import deploy
+
+    release = f"{loaded.project.name}-serve"
+    serving = next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
+    if serving is None:
+        raise UsageError(f"{release} is not serving in namespace {session.namespace}")
+    facts = serving_facts(serving)
+    if facts is None:
+        raise UsageError(
+            f"revision {serving.revision} serves without a drafter; there is nothing to watch"
+        )
+    cluster = loaded.project.clusters.get(serving.cluster)
+    settings = cluster.gate.watch if cluster else WatchSettings()
+    if act is not None:
+        settings = settings.model_copy(update={"action": "rollback" if act else "flag"})
+    interval = settings.interval_s if interval_s is None else interval_s
+    watch = AcceptanceWatch(facts.break_even, settings)
+    reporter.info(
+        f"watching revision {serving.revision} ({serving.drafter}, k="
+        f"{facts.num_speculative_tokens}) every {interval:g}s; break-even acceptance "
+        f"{facts.break_even:.1%}; on {settings.windows_below} windows below it: {settings.action}"
+    )
+    windows = 0
+    while max_windows is None or windows < max_windows:
+        texts, errors = scrape_serve_pods(session, release, facts.port)
+        line, act_now = watch.observe(texts, errors)
+        reporter.info(f"[{time.strftime('%H:%M:%S')}] {line}")
+        windows += 1
+        if act_now:
+            reason = (
+                f"acceptance below the break-even rate {facts.break_even:.1%} for "
+                f"{settings.windows_below} windows in a row ({line})"
+            )
+            if settings.action == "flag":
+                reporter.info(f"ALERT: revision {serving.revision} ({serving.drafter}): {reason}")
+                watch.below = 0
+            else:
+                deploy.rollback(
+                    session,
+                    release,
+                    None,
+                    True,
+                    deploy.ChangeOptions(yes=True),
+                    deploy.WaitOptions(),
+                    reporter,
+                    note=f"watch rollback of revision {serving.revision}: {reason}",
+                )
+                return f"rolled back to non-speculative serving: {reason}"
+        if max_windows is None or windows < max_windows:
+            time.sleep(interval)
+    return f"watched {windows} windows"

@@ -1,0 +1,339 @@
+"""The promotion gate on the real control plane, with bench results delivered as a real bench job
+delivers them: the `result` line in its pod's log, served by KWOK for the simulated pod."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import harness
+
+pytestmark = pytest.mark.integration
+FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
+BENCH_PODS = "app.kubernetes.io/component=bench"
+LEVELS = (1, 8)
+QUICK_BENCH = "bench.pod_annotations=" + json.dumps({"kimideploy.test/run-duration": "1s"})
+
+
+def bench_level(
+    prompt_set: str, concurrency: int, tokens_per_s: float, rate: float | None
+) -> dict[str, Any]:
+    return {
+        "prompt_set": prompt_set,
+        "concurrency": concurrency,
+        "requests": 50,
+        "failed": 0,
+        "output_tokens": 51200,
+        "seconds": round(51200 / tokens_per_s, 3),
+        "output_tokens_per_s": tokens_per_s,
+        "ttft_p50_s": 0.21,
+        "ttft_p99_s": 0.9,
+        "tpot_p50_s": round(concurrency / tokens_per_s, 5),
+        "tpot_p99_s": round(2 * concurrency / tokens_per_s, 5),
+        "metrics": "scraped",
+        "acceptance_rate": rate,
+        "mean_acceptance_length": None if rate is None else 1 + 3 * rate,
+        "per_position_acceptance": None if rate is None else [rate + 0.2, rate, rate - 0.2],
+        "errors": [],
+    }
+
+
+def bench_log(path: Path, drafter: str, tokens_per_s: dict[int, float], rate: float | None) -> Path:
+    """What the bench workload prints: human lines on stderr, progress and result on stdout."""
+    levels = [
+        bench_level(p, c, tokens_per_s[c], rate) for p in ("chat", "reasoning") for c in LEVELS
+    ]
+    result = {
+        "event": "result",
+        "stage": "bench",
+        "run_id": "x",
+        "drafter": drafter,
+        "levels": levels,
+    }
+    progress = {
+        "event": "progress",
+        "stage": "bench",
+        "done": 4,
+        "total": 4,
+        "unit": "levels",
+        "rate": 0.0,
+    }
+    return harness.write_container_log(
+        path, [json.dumps(progress), "chat c=1 ... (human line)", json.dumps(result)]
+    )
+
+
+def by_drafter(
+    files: dict[str, Path], fail: set[str] = frozenset()
+) -> Callable[[dict[str, Any]], harness.PodChoice]:
+    def choose(pod: dict[str, Any]) -> harness.PodChoice:
+        drafter = pod["metadata"]["labels"]["kimideploy.io/drafter"]
+        extra = {"kimideploy.test/fail-index": "0"} if drafter in fail else {}
+        return files.get(drafter), extra
+
+    return choose
+
+
+def history(kd: Callable[..., tuple[int, str, str]]) -> list[dict[str, Any]]:
+    code, out, _ = kd("history", "serve", "-o", "json")
+    assert code == 0
+    rows: list[dict[str, Any]] = json.loads(out)
+    return rows
+
+
+def gated(
+    kd: Callable[..., tuple[int, str, str]], drafter: str, *extra: str
+) -> tuple[int, str, str]:
+    return kd(
+        "up", "serve", "--drafter", drafter, "--gate", "--at-concurrency", "1,8",
+        "--set", QUICK_BENCH, *extra, *FAST,
+    )  # fmt: skip
+
+
+def record_labels(
+    testcluster: harness.TestCluster, namespace: str, revision: int
+) -> dict[str, str]:
+    secret = json.loads(
+        testcluster.kubectl(
+            "-n",
+            namespace,
+            "get",
+            "secret",
+            f"kimideploy.release.kimi-k25-serve.v{revision}",
+            "-o",
+            "json",
+        )
+    )
+    labels: dict[str, str] = secret["metadata"]["labels"]
+    return labels
+
+
+def test_a_drafter_below_the_threshold_is_rolled_back_to_non_speculative_serving(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    files = {
+        "none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None),
+        "v3": bench_log(tmp_path / "v3.log", "v3", {1: 40.0, 8: 390.0}, 0.15),
+    }
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
+        code, out, err = gated(kd, "v3", "--min-speedup", "1.1")
+    assert code == 4, err
+    assert "no non-speculative baseline has been measured on cluster rtx6000" in err
+    assert "deploying the non-speculative configuration first" in err
+    assert "PodMonitor" not in err  # this cluster serves no monitoring.coreos.com CRD
+    assert "drafter v3 was rolled back by the gate: below 1.10x at chat c=1 0.67x" in err
+    rows = history(kd)
+    assert [(r["revision"], r["drafter"], r["status"]) for r in rows] == [
+        (1, "none", "superseded"),
+        (2, "v3", "rolled-back"),
+        (3, "none", "deployed"),
+    ]
+    assert rows[1]["gate"].startswith("rolled back (worst 0.67x, needed 1.10x): below 1.10x")
+    assert rows[2]["note"].startswith("gate rollback of revision 2: below 1.10x at chat c=1 0.67x")
+    deployment = json.loads(
+        testcluster.kubectl("-n", namespace, "get", "deployment", "kimi-k25-serve", "-o", "json")
+    )
+    assert (
+        "--speculative-config"
+        not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    labels = record_labels(testcluster, namespace, 2)
+    assert labels["kimideploy.io/gate"] == "rollback"
+    assert labels["kimideploy.io/gate-speedup"] == "0.667"
+    code, out, _ = kd("status", "-o", "json")
+    assert code == 0
+    serving = json.loads(out)["serving"]
+    assert serving["revision"] == 3 and serving["drafter"] == "none"
+    assert serving["gate"].startswith("revision 2 (v3) rolled back (worst 0.67x")
+    code, out, _ = kd("status")
+    assert "gate" in out and "rolled back" in out
+
+
+def test_a_fast_drafter_is_kept_and_the_stored_baseline_is_reused(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    files = {
+        "none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None),
+        "v3": bench_log(tmp_path / "v3.log", "v3", {1: 84.0, 8: 480.0}, 0.62),
+        "v2": bench_log(tmp_path / "v2.log", "v2", {1: 78.0, 8: 470.0}, 0.55),
+    }
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
+        assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+        code, out, err = gated(kd, "v3", "--min-speedup", "1.15")
+        assert code == 0, err
+        assert "revision 1 already serves without a drafter" in err  # no extra model load
+        assert "gate: kept (worst 1.20x, needed 1.15x)" in out
+        code, out, err = gated(kd, "v2", "--min-speedup", "1.15")
+    assert code == 0, err
+    assert "gate: comparing with baseline run" in err
+    assert "measuring a fresh" not in err
+    rows = history(kd)
+    assert [(r["revision"], r["drafter"], r["status"]) for r in rows] == [
+        (1, "none", "superseded"),
+        (2, "v3", "superseded"),
+        (3, "v2", "deployed"),
+    ]
+    assert rows[1]["gate"].startswith("kept (worst 1.20x, needed 1.15x): at least 1.15x everywhere")
+    assert record_labels(testcluster, namespace, 3)["kimideploy.io/gate"] == "keep"
+    code, out, _ = kd("status", "-o", "json")
+    serving = json.loads(out)["serving"]
+    assert serving["gate"].startswith("revision 3 (v2) kept")
+    # KWOK pods serve no HTTP: the live acceptance says why it is missing instead of guessing.
+    assert serving["acceptance"].startswith("unavailable (")
+    assert serving["break_even_rate"] == pytest.approx(0.1433)
+    code, out, err = kd("bench", "list", "-o", "json")
+    assert code == 0, err
+    listed = json.loads(out)
+    assert [r["drafter"] for r in listed] == ["none", "v3", "v2"]
+    chart = tmp_path / "speedup.png"
+    code, out, err = kd("bench", "report", listed[1]["run_id"], "--output", str(chart))
+    assert code == 0, err
+    data = chart.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
+    assert "chat: c=1 1.40x, c=8 1.20x" in out
+
+
+def test_a_failing_bench_job_rolls_back_with_the_reason_unless_fail_open(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    files = {"none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None)}
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files, fail={"v3", "v1"})):
+        code, _, err = gated(kd, "v3")
+        assert code == 4, err
+        assert "rolled back by the gate: gate failed: bench run" in err
+        assert "failed indexes: 0" in err
+        rows = history(kd)
+        assert [(r["drafter"], r["status"]) for r in rows][-2:] == [
+            ("v3", "rolled-back"),
+            ("none", "deployed"),
+        ]
+        assert "gate failed: bench run" in rows[-2]["gate"]
+        code, out, err = gated(kd, "v1", "--gate-fail-open")
+    assert code == 0, err
+    assert "gate: kept (fail-open): gate failed: bench run" in out
+    rows = history(kd)
+    assert (rows[-1]["drafter"], rows[-1]["status"]) == ("v1", "deployed")
+    assert (
+        record_labels(testcluster, namespace, rows[-1]["revision"])["kimideploy.io/gate"]
+        == "fail-open"
+    )
+
+
+def test_gate_options_without_gate_and_gate_without_drafter_are_usage_errors(
+    kd: Callable[..., tuple[int, str, str]],
+) -> None:
+    code, _, err = kd("up", "serve", "--drafter", "v3", "--min-speedup", "1.2", *FAST)
+    assert code == 2 and "--min-speedup only apply with --gate" in err
+    code, _, err = kd("up", "serve", "--drafter", "none", "--gate", *FAST)
+    assert code == 2 and "--gate compares a drafter with no drafter" in err
+
+
+def structural(schema: Any) -> Any:
+    """Our strict JSON schema as a CRD's structural schema: the API server prunes unknown fields
+    itself, and CRD schemas allow neither `const` nor additionalProperties beside properties."""
+    if isinstance(schema, dict):
+        return {
+            k: structural(v)
+            for k, v in schema.items()
+            if k not in ("$comment", "const") and not (k == "additionalProperties" and v is False)
+        }
+    if isinstance(schema, list):
+        return [structural(v) for v in schema]
+    return schema
+
+
+@pytest.fixture
+def pod_monitor_crd(testcluster: harness.TestCluster) -> Any:
+    from kimideploy.render.schema import crd_schema
+
+    spec_schema = structural(crd_schema("PodMonitor", "monitoring.coreos.com/v1"))["properties"][
+        "spec"
+    ]
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {
+                "kind": "PodMonitor",
+                "plural": "podmonitors",
+                "singular": "podmonitor",
+                "listKind": "PodMonitorList",
+            },
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "properties": {"spec": spec_schema}}
+                    },
+                }
+            ],
+        },
+    }
+    testcluster.kubectl("apply", "-f", "-", stdin=json.dumps(crd))
+    testcluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/podmonitors.monitoring.coreos.com",
+        "--timeout=60s",
+    )
+    yield
+    testcluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=true")
+
+
+def test_a_pod_monitor_is_rendered_only_where_the_cluster_serves_the_crd(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    pod_monitor_crd: Any,
+) -> None:
+    code, _, err = kd("up", "serve", "--drafter", "v3", *FAST)
+    assert code == 0, err
+    assert "create PodMonitor/kimi-k25-serve" in err
+    monitor = json.loads(
+        testcluster.kubectl("-n", namespace, "get", "podmonitor", "kimi-k25-serve", "-o", "json")
+    )
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "http", "path": "/metrics", "interval": "15s"}
+    ]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "kimi-k25-serve"
+    )
+    assert "kimideploy.io/drafter" in monitor["spec"]["podTargetLabels"]
+    code, _, err = kd("up", "serve", "--drafter", "none", "--set", "serve.pod_monitor=never", *FAST)
+    assert code == 0, err
+    assert "prune PodMonitor/kimi-k25-serve" in err
+    assert testcluster.kubectl("-n", namespace, "get", "podmonitors", "-o", "name") == ""
+
+
+def test_watch_reports_unreachable_metrics_and_refuses_a_release_without_a_drafter(
+    kd: Callable[..., tuple[int, str, str]],
+) -> None:
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    code, out, err = kd("watch", "serve", "--windows", "2", "--interval", "0.1")
+    assert code == 0, err
+    assert "watching revision 1 (v3, k=3) every 0.1s; break-even acceptance 14.3%" in err
+    # KWOK's pods run no vLLM: the API server's pod proxy cannot reach them, and the watch says so.
+    assert "acceptance: no window yet (0 pods scraped; unavailable: kimi-k25-serve-" in err
+    assert ":8000/metrics failed (" in err
+    assert "watched 2 windows" in out
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    code, _, err = kd("watch", "serve", "--windows", "1")
+    assert code == 2 and "serves without a drafter; there is nothing to watch" in err
