@@ -50,9 +50,47 @@ def findings(example: LoadedProject, name: str, folder: Path | None) -> dict[str
     return {f.check: f for f in check(example.project, name, folder)}
 
 
+def write_lineage(folder: Path, example: LoadedProject, **changes: Any) -> Path:
+    model = example.project.model
+    lineage = {"kind": "kimideploy.drafter-lineage.v1", "run_id": "abc123", "trained_for": model.repo,
+               "trained_for_revision": model.revision, "eagle_aux_hidden_state_layer_ids": [2, 30, 58],
+               "metrics": {"accuracy_per_position": [0.7, 0.6, 0.5]}, **changes}  # fmt: skip
+    (folder / "kimideploy-lineage.json").write_text(json.dumps(lineage))
+    return folder
+
+
 def test_a_good_v3_passes(example: LoadedProject, tmp_path: Path) -> None:
-    found = findings(example, "v3", drafter_dir(tmp_path / "v3"))
+    found = findings(example, "v3", write_lineage(drafter_dir(tmp_path / "v3"), example))
     assert [name for name, f in found.items() if not f.ok] == []
+
+
+def test_a_speculators_format_drafter_is_understood(example: LoadedProject, tmp_path: Path) -> None:
+    """What `kimideploy run train` writes: speculators 0.9's config with the layer config nested."""
+    folder = drafter_dir(tmp_path / "v3", architectures=["Eagle3DraftModel"], hidden_size=None,
+                         speculators_model_type="eagle3", transformer_layer_config={"hidden_size": 7168},
+                         speculators_config={"proposal_methods": [{"speculative_tokens": 5}]})  # fmt: skip
+    found = findings(example, "v3", write_lineage(folder, example))
+    assert found["architecture"].ok and found["hidden size"].ok
+    tokens = found["trained tokens"]
+    assert not tokens.ok and not tokens.blocking
+    assert tokens.detail == "trained for 5 speculative tokens, registry serves 3"
+
+
+def test_the_lineage_file_catches_a_drafter_trained_for_another_target(
+    example: LoadedProject, tmp_path: Path
+) -> None:
+    folder = write_lineage(drafter_dir(tmp_path / "v3"), example, trained_for_revision="f" * 40,
+                           eagle_aux_hidden_state_layer_ids=[2, 30, 58])  # fmt: skip
+    found = findings(example, "v3", folder)
+    target = found["lineage: target"]
+    assert (
+        not target.ok
+        and target.blocking
+        and "trained on moonshotai/Kimi-K2.5@ffffffffffff" in target.detail
+    )
+    (folder / "kimideploy-lineage.json").unlink()
+    missing = findings(example, "v3", folder)["lineage file"]
+    assert not missing.ok and not missing.blocking
 
 
 def test_the_teams_layer_id_trap_is_caught_with_the_fix(

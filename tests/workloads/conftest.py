@@ -38,9 +38,43 @@ def workloads_python() -> Path:
     return python
 
 
+SPECULATORS = "0.9.0"
+TORCH_FAMILY = ("torch==2.9.1", "torchvision==0.24.1", "torchaudio==2.9.1")
+
+
+def train_python() -> Path:
+    """speculators (it needs transformers 5) over the same .pth-shared torch 2.9.1: the venv's
+    own site-packages come before the .pth path, so its transformers 5 wins over the pinned 4.x.
+    The train image itself pins torch 2.10.0 (docker/constraints/train-speculators-0.9.txt);
+    on CPU the model code under test is the same."""
+    base = vllm_venv("0.16.0")
+    venv = cache_root() / "venvs" / f"train-speculators-{SPECULATORS}-torch-2.9.1"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").is_file():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        site = next(venv.glob("lib/python3*/site-packages"))
+        (site / "pinned-vllm-stack.pth").write_text(
+            str(next(base.glob("lib/python3*/site-packages"))) + "\n"
+        )
+        constraints = venv / "constraints.txt"
+        constraints.write_text("\n".join(TORCH_FAMILY) + "\n")
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", f"speculators=={SPECULATORS}",
+             "-c", str(constraints)],
+            check=True,
+        )  # fmt: skip
+        (venv / ".complete").write_text("ok")
+    return python
+
+
 @pytest.fixture(scope="session")
 def torch_python() -> Path:
     return workloads_python()
+
+
+@pytest.fixture(scope="session")
+def speculators_python() -> Path:
+    return train_python()
 
 
 @pytest.fixture(scope="session")

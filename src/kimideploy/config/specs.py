@@ -99,6 +99,10 @@ class TrainSpec(WorkloadSpec):
     batch_size: int
     max_seq_len: int
     checkpoint_every_steps: int
+    draft_layers: int = 1
+    convert_layer_convention: bool = False
+    seed: int = 0
+    resume_dir: str | None = None
 
 
 class BenchSpec(WorkloadSpec):

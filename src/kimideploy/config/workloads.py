@@ -99,6 +99,20 @@ class TrainSettings(WorkloadSettings):
     batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(default=8, description="Per GPU.")
     max_seq_len: Annotated[int, Field(ge=128, le=262_144)] = 8192
     checkpoint_every_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    draft_layers: Annotated[int, Field(ge=1, le=8)] = Field(
+        default=1, description="Decoder layers of a drafter trained from scratch (EAGLE-3: 1)."
+    )
+    convert_layer_convention: bool = Field(
+        default=False,
+        description="Accept a dataset whose layer ids are written in the other convention when "
+        "they name the same layers as the drafter's (the output config is in vLLM's convention).",
+    )
+    seed: Annotated[int, Field(ge=0)] = 0
+    resume_run: Annotated[str, Field(pattern=r"^[a-z0-9]{1,16}$")] | None = Field(
+        default=None,
+        description="Start from the last complete checkpoint of this earlier run id (a restarted "
+        "pod of the same run always resumes its own).",
+    )
     rendezvous_port: Port = 29500
     shm_size: Quantity = "64Gi"
 

@@ -101,6 +101,9 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
         nodes=settings.nodes, gpus_per_node=ctx.cluster.gpu.per_node, epochs=settings.epochs,
         lr=settings.lr, batch_size=settings.batch_size, max_seq_len=settings.max_seq_len,
         checkpoint_every_steps=settings.checkpoint_every_steps,
+        draft_layers=settings.draft_layers,
+        convert_layer_convention=settings.convert_layer_convention, seed=settings.seed,
+        resume_dir=f"{dirs['checkpoints']}/{settings.resume_run}" if settings.resume_run else None,
     )  # fmt: skip
 
 

@@ -17,7 +17,14 @@ from kimideploy.config.project import Project
 from kimideploy.plan import speedup
 from kimideploy.services.data import safetensors_problem
 
-EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator"}
+EAGLE3_ARCHITECTURES = {
+    "LlamaForCausalLMEagle3",
+    "Eagle3LlamaForCausalLM",
+    "Eagle3Speculator",
+    "Eagle3DraftModel",  # the speculators format (speculators_model_type eagle3), which vLLM reads
+}
+LINEAGE_FILE = "kimideploy-lineage.json"
+"""Written by the train workload next to config.json."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,12 @@ def folder_findings(project: Project, drafter: Drafter, folder: Path) -> list[Fi
             "an EAGLE-3 checkpoint declares LlamaForCausalLMEagle3 (speculators writes it)",
         )
     )
-    hidden = config.get("target_hidden_size") or config.get("hidden_size")
+    layer_config = config.get("transformer_layer_config") or {}
+    hidden = (
+        config.get("target_hidden_size")
+        or config.get("hidden_size")
+        or layer_config.get("hidden_size")
+    )
     findings.append(
         Finding(
             "hidden size",
@@ -160,7 +172,71 @@ def folder_findings(project: Project, drafter: Drafter, folder: Path) -> list[Fi
         )
     )
     findings += _vocab_findings(model.vocab_size, drafter, config, tensors)
+    findings += _speculators_findings(drafter, config)
+    findings += _lineage_findings(project, drafter, folder / LINEAGE_FILE)
     return findings
+
+
+def _speculators_findings(drafter: Drafter, config: dict[str, Any]) -> list[Finding]:
+    """In the speculators format, vLLM takes num_speculative_tokens from the checkpoint unless
+    the serve flags say otherwise; a mismatch means the registry's k is not what was trained."""
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or []
+    if not methods:
+        return []
+    trained_k = methods[0].get("speculative_tokens")
+    return [
+        Finding(
+            "trained tokens",
+            trained_k == drafter.num_speculative_tokens,
+            f"trained for {trained_k} speculative tokens, registry serves "
+            f"{drafter.num_speculative_tokens}",
+            f"set num_speculative_tokens to {trained_k} unless measured acceptance says otherwise",
+            blocking=False,
+        )
+    ]
+
+
+def _lineage_findings(project: Project, drafter: Drafter, path: Path) -> list[Finding]:
+    if not path.is_file():
+        return [
+            Finding(
+                "lineage file",
+                False,
+                f"no {path.name}: nothing says what this drafter was trained on",
+                "drafters trained by `kimideploy run train` carry one; for others, check the "
+                "registry's lineage by hand",
+                blocking=False,
+            )
+        ]
+    lineage = json.loads(path.read_text())
+    model = project.model
+    trained = (lineage.get("trained_for"), lineage.get("trained_for_revision"))
+    wanted_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
+    metrics = lineage.get("metrics") or {}
+    accuracy = metrics.get("accuracy_per_position")
+    return [
+        Finding(
+            "lineage: target",
+            trained == (model.repo, model.revision),
+            f"trained on {trained[0]}@{str(trained[1])[:12]}, serving "
+            f"{model.repo}@{model.short_revision} (run {lineage.get('run_id')})",
+            f"train this drafter on {model.repo}@{model.short_revision}'s own hidden states",
+        ),
+        Finding(
+            "lineage: layers",
+            lineage.get("eagle_aux_hidden_state_layer_ids") == wanted_ids,
+            f"trained on vLLM layers {lineage.get('eagle_aux_hidden_state_layer_ids')}, "
+            f"registry {wanted_ids}",
+            "make the registry's aux_layer_ids match the layers the drafter was trained on",
+        ),
+        Finding(
+            "lineage: accuracy",
+            bool(accuracy),
+            f"training per-position accuracy {accuracy}" if accuracy else "no training metrics",
+            "copy the measured per-position acceptance into the registry's `acceptance`",
+            blocking=False,
+        ),
+    ]
 
 
 def _layer_findings(layers: int, drafter: Drafter, config: dict[str, Any]) -> list[Finding]:

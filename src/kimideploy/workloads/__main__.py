@@ -15,6 +15,7 @@ WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
     "extract": specs.ExtractSpec,
     "vocab": specs.VocabSpec,
     "bench": specs.BenchSpec,
+    "train": specs.TrainSpec,
 }
 
 

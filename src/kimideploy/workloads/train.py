@@ -1,0 +1,474 @@
+"""train: an EAGLE-3 drafter with the pinned speculators release, on extracted hidden states.
+
+The model, its loss and its per-position accuracy are speculators' own (Eagle3DraftModel built the
+way `speculators train` builds it); the loop around it is ours, because it must keep the promises
+of every workload here: refuse wrong features before spending GPU time, checkpoint atomically every
+N steps and at each epoch end, resume a restarted pod at the step it stopped (same data order,
+same optimizer state), drain on SIGTERM (exit 75), and write a drafter vLLM loads as it is, with a
+lineage file that says what it was trained on.
+
+torchrun starts one process per GPU; several nodes get their rank from the Indexed Job and meet at
+index 0 through the headless Service (see plan/jobs.py). One process (RANK unset) runs on CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.specs import TrainSpec
+from kimideploy.workloads import train_data
+from kimideploy.workloads.runtime import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    BadInputError,
+    Stopper,
+    atomic_write,
+    emit,
+    log,
+)
+from kimideploy.workloads.vocab import load_vocab_maps
+
+LINEAGE_FILE = "kimideploy-lineage.json"
+STATE_FILE = "state.json"
+KEEP_CHECKPOINTS = 3
+
+
+@dataclass
+class Position:
+    """Where training stands; a checkpoint stores it and a resumed run starts from it."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world: int
+    local_rank: int
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+def _ranks() -> Ranks:
+    return Ranks(
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("WORLD_SIZE", "1")),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def run(spec: TrainSpec) -> int:
+    if spec.mode != "offline":
+        raise BadInputError(
+            "train.mode online (hidden states computed live by a vLLM instance) is not built in "
+            "this workload yet; extract the features (`kimideploy run extract`) and train offline"
+        )
+    dataset = train_data.open_dataset(Path(spec.hidden_states_dir))
+    for note in train_data.check_dataset(dataset.manifests, spec):
+        log(note)
+    ranks = _ranks()
+    steps = train_data.steps_per_epoch(dataset.samples, ranks.world, spec.batch_size)
+    if steps == 0:
+        raise BadInputError(
+            f"{dataset.samples} samples cannot fill one batch of {spec.batch_size} on each of "
+            f"{ranks.world} ranks; lower train.batch_size or extract more samples"
+        )
+    d2t, t2d = load_vocab_maps(Path(spec.vocab_dir), spec.target.vocab_size)
+    if len(d2t) != spec.draft_vocab_size:
+        raise BadInputError(
+            f"the vocab maps in {spec.vocab_dir} have {len(d2t)} draft tokens, drafter "
+            f"{spec.drafter} wants {spec.draft_vocab_size}; run `kimideploy run vocab` again"
+        )
+    return Trainer(spec, dataset, ranks, d2t, t2d, steps).train()
+
+
+class Trainer:
+    def __init__(
+        self,
+        spec: TrainSpec,
+        dataset: train_data.Dataset,
+        ranks: Ranks,
+        d2t: Any,
+        t2d: Any,
+        steps_per_epoch: int,
+    ) -> None:
+        import torch
+
+        self.spec, self.dataset, self.ranks = spec, dataset, ranks
+        self.steps_per_epoch = steps_per_epoch
+        self.total_steps = steps_per_epoch * spec.epochs
+        self.device = (
+            torch.device("cuda", ranks.local_rank)
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        if ranks.world > 1:
+            import torch.distributed as dist
+
+            if torch.cuda.is_available():
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        torch.manual_seed(spec.seed)
+        self.model = build_model(spec, d2t, t2d).to(self.device)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr)
+        self.position = Position()
+        self.loss_config = _loss_config()
+        self.stopper = Stopper()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def train(self) -> int:
+        import torch
+
+        self._resume()
+        model = self.model
+        if self.ranks.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(self.model)
+        started, start_step, start_tokens = time.monotonic(), self.position.step, 0
+        last: dict[str, Any] = {}
+        while self.position.epoch < self.spec.epochs:
+            order = train_data.epoch_order(
+                self.dataset.samples,
+                self.spec.seed,
+                self.position.epoch,
+                self.ranks.rank,
+                self.ranks.world,
+            )
+            batches = list(train_data.batches(order, self.spec.batch_size))
+            for batch_ids in batches[self.position.step_in_epoch :]:
+                batch = self._batch(batch_ids)
+                model.train()
+                _, loss, metrics = model(
+                    **batch,
+                    ttt_steps=self.spec.num_speculative_tokens,
+                    loss_config=self.loss_config,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                self.optimizer.step()
+                tokens = int(batch["input_ids"].shape[1]) * self.ranks.world
+                self.position.step += 1
+                self.position.step_in_epoch += 1
+                self.position.tokens += tokens
+                start_tokens += tokens
+                last = self._report(
+                    float(loss.detach()), metrics, started, start_step, start_tokens
+                )
+                if self.position.step % self.spec.checkpoint_every_steps == 0:
+                    self._checkpoint(last)
+                if self._should_stop():
+                    self._checkpoint(last)
+                    log(f"stopped at step {self.position.step}; a restarted pod resumes there")
+                    return EXIT_INTERRUPTED
+            self.position.epoch += 1
+            self.position.step_in_epoch = 0
+            self._checkpoint(last)
+        if self.ranks.leader:
+            self._write_drafter(last)
+        self._barrier()
+        return EXIT_OK
+
+    def _batch(self, sample_ids: list[int]) -> dict[str, Any]:
+        """Samples packed into one sequence (document ids keep attention within a sample)."""
+        import torch
+        from safetensors.torch import load_file
+        from speculators.models.eagle3.data import shift_batch
+
+        parts = []
+        for doc, index in enumerate(sample_ids):
+            saved = load_file(str(self.dataset.files[index]))
+            aux = saved["aux_hidden_states"].float()  # [layers, T, H]
+            length = min(int(saved["input_ids"].shape[0]), self.spec.max_seq_len + 1)
+            sample = {
+                "input_ids": saved["input_ids"][:length],
+                "hidden_states": aux.permute(1, 0, 2).reshape(aux.shape[1], -1)[:length],
+                "verifier_last_hidden_states": saved["last_hidden_state"].float()[:length],
+                "loss_mask": saved["loss_mask"][:length].bool(),
+                "lengths": torch.tensor([length]),
+                "position_ids": torch.arange(length),
+            }
+            shifted = shift_batch(sample)
+            shifted["document_ids"] = torch.full_like(shifted["input_ids"], doc)
+            parts.append(shifted)
+        keys = (
+            "input_ids",
+            "hidden_states",
+            "verifier_last_hidden_states",
+            "loss_mask",
+            "position_ids",
+            "document_ids",
+        )
+        return {k: torch.cat([p[k] for p in parts])[None].to(self.device) for k in keys}
+
+    def _report(
+        self,
+        loss: float,
+        metrics: dict[str, Any],
+        started: float,
+        start_step: int,
+        start_tokens: int,
+    ) -> dict[str, Any]:
+        accuracy = per_position_accuracy(metrics, self.spec.num_speculative_tokens)
+        elapsed = max(time.monotonic() - started, 1e-6)
+        rate = (self.position.step - start_step) / elapsed
+        figures = {
+            "step": self.position.step,
+            "epoch": self.position.epoch + 1,
+            "loss": round(loss, 6),
+            "accuracy_per_position": [round(a, 4) for a in accuracy],
+            "tokens_per_s": round(start_tokens / elapsed, 1),
+        }
+        if self.ranks.leader:
+            remaining = self.total_steps - self.position.step
+            emit(
+                {
+                    "event": "progress",
+                    "stage": "train",
+                    "done": self.position.step,
+                    "total": self.total_steps,
+                    "unit": "steps",
+                    "rate": round(rate, 4),
+                    "eta_s": round(remaining / rate, 1) if rate > 0 else None,
+                    **figures,
+                }
+            )
+        return figures
+
+    def _should_stop(self) -> bool:
+        """Every rank stops at the same step: a SIGTERM on any of them stops all."""
+        if self.ranks.world == 1:
+            return self.stopper.stopping
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if self.stopper.stopping else 0.0], device=self.device)
+        dist.all_reduce(flag)
+        return bool(flag.item() > 0)
+
+    def _barrier(self) -> None:
+        if self.ranks.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _checkpoint(self, figures: dict[str, Any]) -> None:
+        """Rank 0 writes step-N/ next to the others and renames it in; state.json last."""
+        if self.ranks.leader:
+            import torch
+            from safetensors.torch import save_file
+
+            root = Path(self.spec.checkpoint_dir)
+            root.mkdir(parents=True, exist_ok=True)
+            final = root / f"step-{self.position.step:08d}"
+            if not (final / STATE_FILE).is_file():
+                tmp = root / f".tmp-step-{self.position.step:08d}-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+                weights = self.model.state_dict().items()
+                state = {k: v.detach().cpu().contiguous() for k, v in weights}
+                save_file(state, str(tmp / "model.safetensors"))
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+                record = {
+                    **self.position.__dict__,
+                    "run_id": self.spec.run_id,
+                    "metrics": figures,
+                    "world": self.ranks.world,
+                }
+                atomic_write(tmp / STATE_FILE, json.dumps(record, indent=2).encode())
+                if final.exists():  # an incomplete directory left by a crash mid-write
+                    shutil.rmtree(final)
+                tmp.rename(final)
+                self._prune_checkpoints(root)
+            emit(
+                {
+                    "event": "checkpoint",
+                    "stage": "train",
+                    "step": self.position.step,
+                    "path": str(final),
+                }
+            )
+        self._barrier()
+
+    @staticmethod
+    def _prune_checkpoints(root: Path) -> None:
+        complete = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
+        for old in complete[:-KEEP_CHECKPOINTS]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _resume(self) -> None:
+        import torch
+        from safetensors.torch import load_file
+
+        found = latest_checkpoint(Path(self.spec.checkpoint_dir))
+        if found is None and self.spec.resume_dir:
+            found = latest_checkpoint(Path(self.spec.resume_dir))
+        if found is None:
+            log(f"starting at step 0 ({self.total_steps} steps, {self.spec.epochs} epochs)")
+            return
+        state = json.loads((found / STATE_FILE).read_text())
+        self.model.load_state_dict(load_file(str(found / "model.safetensors")), strict=True)
+        self.optimizer.load_state_dict(
+            torch.load(found / "optimizer.pt", map_location=self.device, weights_only=True)
+        )
+        self.position = Position(
+            state["step"], state["epoch"], state["step_in_epoch"], state["tokens"]
+        )
+        log(f"resuming from {found} at step {self.position.step} of {self.total_steps}")
+        if self.ranks.leader:
+            emit(
+                {
+                    "event": "resumed",
+                    "stage": "train",
+                    "step": self.position.step,
+                    "epoch": self.position.epoch + 1,
+                    "from": str(found),
+                }
+            )
+
+    # -- the drafter ---------------------------------------------------------------------------
+    def _write_drafter(self, figures: dict[str, Any]) -> None:
+        out = Path(self.spec.output_dir)
+        tmp = out.with_name(f".{out.name}.tmp-{self.spec.run_id}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(str(tmp))
+        config_path = tmp / "config.json"
+        config = json.loads(config_path.read_text())
+        # vLLM reads these at the top level; speculators writes them there, made certain here.
+        config["eagle_aux_hidden_state_layer_ids"] = list(self.spec.layers.vllm_ids)
+        config["draft_vocab_size"] = self.spec.draft_vocab_size
+        methods = config["speculators_config"]["proposal_methods"]
+        methods[0]["speculative_tokens"] = self.spec.num_speculative_tokens
+        atomic_write(config_path, json.dumps(config, indent=2, sort_keys=True).encode())
+        atomic_write(tmp / LINEAGE_FILE, json.dumps(self._lineage(figures), indent=2).encode())
+        if out.exists():  # never overwrite a drafter: the previous one moves aside
+            aside = out.with_name(f"{out.name}.previous-{datetime.now(UTC):%Y%m%dT%H%M%S}")
+            out.rename(aside)
+            log(f"moved the previous {out} to {aside}")
+        tmp.rename(out)
+        emit(
+            {
+                "event": "result",
+                "stage": "train",
+                "drafter": self.spec.drafter,
+                "output_dir": str(out),
+                "steps": self.position.step,
+                **figures,
+            }
+        )
+        log(f"wrote drafter {self.spec.drafter} to {out}")
+
+    def _lineage(self, figures: dict[str, Any]) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        spec_json = self.spec.model_dump_json()
+        return {
+            "kind": "kimideploy.drafter-lineage.v1",
+            "drafter": self.spec.drafter,
+            "run_id": self.spec.run_id,
+            "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "trained_for": self.spec.target.repo,
+            "trained_for_revision": self.spec.target.revision,
+            "eagle_aux_hidden_state_layer_ids": list(self.spec.layers.vllm_ids),
+            "layer_id_convention": "vllm",
+            "written_as": {"ids": self.spec.layers.ids, "convention": self.spec.layers.convention},
+            "draft_vocab_size": self.spec.draft_vocab_size,
+            "num_speculative_tokens": self.spec.num_speculative_tokens,
+            "base_drafter": self.spec.base_drafter_path,
+            "dataset": {"path": self.spec.hidden_states_dir, **self.dataset.lineage()},
+            "vocab": self.spec.vocab_dir,
+            "config_sha256": hashlib.sha256(spec_json.encode()).hexdigest(),
+            "speculators_version": version("speculators"),
+            "world_size": self.ranks.world,
+            "metrics": {**figures, "epochs": self.spec.epochs, "tokens": self.position.tokens},
+        }
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest step-N directory whose state.json was written (the last thing written)."""
+    complete = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
+    return complete[-1] if complete else None
+
+
+def per_position_accuracy(metrics: dict[str, Any], positions: int) -> list[float]:
+    """speculators' conditional accuracy per draft position: correct given all earlier correct,
+    the training-time counterpart of vLLM's per-position acceptance."""
+    out = []
+    for i in range(positions):
+        total = float(metrics.get(f"cond_acc_{i}_total", 0))
+        out.append(float(metrics.get(f"cond_acc_{i}_sum", 0)) / total if total else 0.0)
+    return out
+
+
+def _loss_config() -> Any:
+    # The fused implementation needs a GPU kernel; the eager one is the same loss on CPU.
+    import torch
+    from speculators.losses import resolve_loss_config
+
+    return resolve_loss_config("kl_div", "fused" if torch.cuda.is_available() else "eager")
+
+
+def build_model(spec: TrainSpec, d2t: Any, t2d: Any) -> Any:
+    """From a base drafter (fine-tuning) or from scratch, the way `speculators train` builds one."""
+    import torch
+    from speculators.models.eagle3.core import Eagle3DraftModel
+
+    attention = "simple_flex_attention" if torch.cuda.is_available() else "eager"
+    if spec.base_drafter_path:
+        base = Path(spec.base_drafter_path)
+        try:
+            model = Eagle3DraftModel.from_pretrained(str(base))
+        except (OSError, ValueError, KeyError) as exc:
+            raise BadInputError(
+                f"base drafter {base} is not a speculators EAGLE-3 checkpoint ({exc}); convert it "
+                "with `speculators convert` or train from scratch (train.base_drafter: null)"
+            ) from exc
+        written = list(model.config.eagle_aux_hidden_state_layer_ids or [])
+        if written != list(spec.layers.vllm_ids):
+            raise BadInputError(
+                f"base drafter {base} reads layers {written} (vLLM's convention), the dataset and "
+                f"drafter {spec.drafter} use {spec.layers.vllm_ids}; fine-tuning cannot change them"
+            )
+        if model.config.draft_vocab_size != spec.draft_vocab_size:
+            raise BadInputError(
+                f"base drafter {base} has a draft vocabulary of {model.config.draft_vocab_size}, "
+                f"drafter {spec.drafter} wants {spec.draft_vocab_size}"
+            )
+        model.config.transformer_layer_config._attn_implementation = attention
+        return model
+    from speculators.train.cli import create_transformer_layer_config
+
+    layer_config = create_transformer_layer_config(
+        spec.target.path, spec.draft_layers, "llama", None, 0, list(range(spec.draft_layers))
+    )
+    return Eagle3DraftModel.from_training_args(
+        layer_config,
+        t2d=t2d,
+        d2t=d2t,
+        target_layer_ids=list(spec.layers.vllm_ids),
+        draft_vocab_size=spec.draft_vocab_size,
+        norm_before_residual=True,
+        ttt_steps=spec.num_speculative_tokens,
+        verifier_name_or_path=spec.target.path,
+        draft_attn_impl=attention,
+    )
+
+
+__all__ = ["EXIT_BAD_INPUT", "run"]

@@ -1,0 +1,220 @@
+"""train: a tiny EAGLE-3 drafter (speculators 0.9.0's model) on features the data pipeline extracted
+from the tiny target, on CPU: loss going down, checkpoint and resume at the same step with the
+same numbers, two ranks through torch.distributed, a drafter vLLM 0.16.0's own config loader
+reads, and the refusals that stop a wrong dataset before any GPU time is spent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimideploy.config.drafters import to_vllm_layer_ids
+from kimideploy.config.specs import LayerSelection, TrainSpec, VocabSpec
+from kimideploy.images.verify import vllm_venv
+from tests.conftest import REPO
+from tests.workloads.conftest import run_workload
+from tests.workloads.test_extract_vocab_inspect import extract_spec, target
+
+DRAFT_VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def features(
+    tmp_path_factory: pytest.TempPathFactory, torch_python: Path, tiny_model: Path
+) -> Path:
+    """Hidden states (vLLM ids [1, 2]) and vocab maps, made by the pipeline's own workloads."""
+    root = tmp_path_factory.mktemp("pipeline")
+    extract = run_workload(
+        "extract", extract_spec(root, tiny_model, [1, 2], "vllm"), python=str(torch_python)
+    )
+    _, err = extract.communicate(timeout=300)
+    assert extract.returncode == 0, err
+    vocab = VocabSpec(run_id="v", cluster="test", target=target(tiny_model), conversations_dir=str(root / "conv"),
+                      output_dir=str(root / "vocab"), draft_vocab_size=DRAFT_VOCAB)  # fmt: skip
+    (root / "vocab.json").write_text(vocab.model_dump_json())
+    process = run_workload("vocab", root / "vocab.json", python=str(torch_python))
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    return root
+
+
+def train_spec(
+    where: Path, features: Path, model: Path, ids: tuple[int, ...] = (1, 2), convention: str = "vllm", **changes: Any
+) -> Path:  # fmt: skip
+    ids = list(ids)
+    layers = LayerSelection(
+        ids=ids, convention=convention, vllm_ids=to_vllm_layer_ids(ids, convention)
+    )  # type: ignore[arg-type]
+    values = {"run_id": "r1", "cluster": "test", "shards": 1, "target": target(model), "drafter": "tiny-v1",
+              "base_drafter_path": None, "hidden_states_dir": str(features / "hs"), "vocab_dir": str(features / "vocab"),
+              "checkpoint_dir": str(where / "ckpt"), "output_dir": str(where / "drafter"), "layers": layers,
+              "draft_vocab_size": DRAFT_VOCAB, "num_speculative_tokens": 3, "mode": "offline", "nodes": 1,
+              "gpus_per_node": 1, "epochs": 15, "lr": 3e-3, "batch_size": 4, "max_seq_len": 512,
+              "checkpoint_every_steps": 5, **changes}  # fmt: skip
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "train.json"
+    path.write_text(TrainSpec(**values).model_dump_json())
+    return path
+
+
+def events(out: str, kind: str) -> list[dict[str, Any]]:
+    found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [e for e in found if e["event"] == kind]
+
+
+def train(python: Path, spec: Path, timeout: float = 600) -> tuple[int, str, str]:
+    process = run_workload("train", spec, python=str(python))
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+VLLM_READS = """
+import json, sys
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+config = SpeculatorsConfig.from_pretrained(sys.argv[1])
+raw = json.load(open(sys.argv[1] + "/config.json"))
+print(json.dumps({"ids": config.eagle_aux_hidden_state_layer_ids, "draft_vocab_size": config.draft_vocab_size,
+                  "architectures": config.architectures,
+                  "speculative": SpeculatorsConfig.extract_vllm_speculative_config(raw)}))
+"""
+
+
+def test_training_lowers_the_loss_and_writes_a_drafter_vllm_reads(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    code, out, err = train(speculators_python, train_spec(tmp_path, features, tiny_model))
+    assert code == 0, err
+    progress = events(out, "progress")
+    assert [p["step"] for p in progress] == list(
+        range(1, 16)
+    )  # 4 samples, batch 4: one step per epoch
+    assert progress[-1]["loss"] < 0.8 * progress[0]["loss"]  # the same batch every step
+    assert len(progress[-1]["accuracy_per_position"]) == 3 and progress[-1]["tokens_per_s"] > 0
+    assert [e["step"] for e in events(out, "checkpoint")][:3] == [
+        1,
+        2,
+        3,
+    ]  # each epoch, and every 5
+    [result] = events(out, "result")
+    drafter = tmp_path / "drafter"
+    config = json.loads((drafter / "config.json").read_text())
+    assert (
+        config["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+        and config["draft_vocab_size"] == DRAFT_VOCAB
+    )
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    lineage = json.loads((drafter / "kimideploy-lineage.json").read_text())
+    assert lineage["trained_for"] == "test/tiny" and lineage["trained_for_revision"] == "1" * 40
+    assert lineage["dataset"]["convention"] == "vllm" and lineage["dataset"]["samples"] == 4
+    assert (
+        lineage["metrics"]["loss"] == result["loss"] and lineage["speculators_version"] == "0.9.0"
+    )
+    assert len(lineage["config_sha256"]) == 64
+    vllm_python = vllm_venv("0.16.0") / "bin" / "python"
+    read = subprocess.run(
+        [str(vllm_python), "-c", VLLM_READS, str(drafter)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = json.loads(read.stdout.strip().splitlines()[-1])
+    assert loaded["ids"] == [1, 2] and loaded["draft_vocab_size"] == DRAFT_VOCAB
+    assert loaded["architectures"] == ["Eagle3LlamaForCausalLM"]
+    assert loaded["speculative"]["num_speculative_tokens"] == 3
+    # A second run never overwrites the first drafter: it moves aside.
+    code, out, err = train(speculators_python, train_spec(tmp_path, features, tiny_model, run_id="r2", epochs=1,
+                                                           checkpoint_dir=str(tmp_path / "ckpt2")))  # fmt: skip
+    assert code == 0, err
+    assert len(list(tmp_path.glob("drafter.previous-*"))) == 1
+
+
+def test_a_stopped_run_resumes_at_its_step_with_the_same_numbers(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    settings = {"epochs": 20, "batch_size": 2, "checkpoint_every_steps": 1000}
+    code, out, err = train(
+        speculators_python, train_spec(tmp_path / "straight", features, tiny_model, **settings)
+    )
+    assert code == 0, err
+    straight = {p["step"]: p["loss"] for p in events(out, "progress")}
+    assert max(straight) == 40  # 4 samples, batch 2: two steps per epoch
+    spec = train_spec(tmp_path / "stopped", features, tiny_model, **settings)
+    process = run_workload("train", spec, python=str(speculators_python))
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("{") and json.loads(line).get("step", 0) >= 5:
+            process.send_signal(signal.SIGTERM)  # what the kubelet sends on eviction
+            break
+    rest, err = process.communicate(timeout=300)
+    assert process.returncode == 75, err
+    stopped_at = events("".join(lines) + rest, "checkpoint")[-1]["step"]
+    assert 5 <= stopped_at < 40 and "a restarted pod resumes there" in err
+    code, out, err = train(speculators_python, spec)
+    assert code == 0, err
+    [resumed] = events(out, "resumed")
+    assert resumed["step"] == stopped_at
+    after = {p["step"]: p["loss"] for p in events(out, "progress")}
+    assert min(after) == stopped_at + 1 and max(after) == 40
+    for step, loss in after.items():
+        assert loss == pytest.approx(straight[step], rel=1e-4, abs=1e-6), step
+
+
+def test_two_ranks_train_through_torch_distributed(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    spec = train_spec(tmp_path, features, tiny_model, epochs=3, batch_size=1)
+    command = [str(speculators_python), "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+               "--nproc-per-node=2", "-m", "kimideploy.workloads", "train", "--spec", str(spec)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    progress = events(done.stdout, "progress")
+    assert [p["step"] for p in progress] == [1, 2, 3, 4, 5, 6]  # 4 samples over 2 ranks, batch 1
+    lineage = json.loads((tmp_path / "drafter" / "kimideploy-lineage.json").read_text())
+    assert lineage["world_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("ids", "convention", "changes", "message"),
+    [
+        ((0, 1), "sglang", {}, "Set train.convert_layer_convention: true"),
+        ((2, 3), "vllm", {}, "they are different layers"),
+        ((1, 2), "vllm", {"batch_size": 8}, "cannot fill one batch of 8"),
+        ((1, 2), "vllm", {"mode": "online"}, "train.mode online"),
+    ],
+)
+def test_a_dataset_that_does_not_fit_is_refused_before_training(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path,
+    ids: tuple[int, ...], convention: str, changes: dict[str, Any], message: str,
+) -> None:  # fmt: skip
+    code, _, err = train(
+        speculators_python, train_spec(tmp_path, features, tiny_model, ids, convention, **changes)
+    )
+    assert code == 2 and message in err
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "drafter").exists()
+
+
+def test_an_explicit_conversion_trains_and_writes_vllm_ids(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    spec = train_spec(
+        tmp_path, features, tiny_model, (0, 1), "sglang", convert_layer_convention=True, epochs=1
+    )
+    code, _, err = train(speculators_python, spec)
+    assert code == 0, err
+    assert (
+        "drafter in the sglang convention [0, 1] name the same layers; the drafter is written with vLLM's [1, 2]"
+        in err
+    )
+    config = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+    lineage = json.loads((tmp_path / "drafter" / "kimideploy-lineage.json").read_text())
+    assert lineage["written_as"] == {"ids": [0, 1], "convention": "sglang"}
