@@ -131,13 +131,15 @@ def test_user_errors_come_back_with_vllms_own_message(
 def test_flag_drift_every_serve_image_accepts_what_is_rendered_for_it(
     example: LoadedProject,
 ) -> None:
-    """b200/b300 serve on vLLM 0.18 (no patches): their rendered arguments must be accepted too."""
+    """b200/b300 serve on vLLM 0.18 (one extraction patch): their rendered arguments must be
+    accepted too, by the patched sources."""
     from kimideploy.services.images import verify_image
     from kimideploy.services.reporting import SilentReporter
 
     steps = verify_image(example, "vllm-0.18-kimi", SilentReporter(), pins=False)
     names = [s.name for s in steps]
-    assert names == [
+    assert names[0] == "patch 0001-deepseek-final-hidden-state-as-aux-layer.patch applies"
+    assert names[1:] == [
         f"vLLM accepts: {c} --drafter {d}"
         for c in ("b200", "b300")
         for d in ("none", "v1", "v2", "v3")
@@ -161,3 +163,26 @@ def test_image_verify_cli_end_to_end(capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0, out + err
     assert "patch 0003-kimi-k25-supports-eagle3.patch applies" in out
     assert "vLLM accepts: rtx6000 --drafter v3" in out and "FAIL" not in out
+
+
+def test_the_018_extraction_patch_takes_effect_only_where_applied(example: LoadedProject) -> None:
+    """The image's self-check, run by vLLM 0.18.0's interpreter: patched sources pass, the
+    pristine wheel fails (so the check can tell)."""
+    import os
+    import subprocess
+
+    from tests.conftest import REPO
+
+    image = example.project.images["vllm-0.18-kimi"]
+    python = str(checks.vllm_venv("0.18.0") / "bin" / "python")
+    command = [python, "-m", "kimideploy.images.selfcheck", *image.patches]
+
+    def selfcheck(*paths: Path) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths))}
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+    patched = selfcheck(checks.patched_overlay(image), REPO / "src")
+    assert patched.returncode == 0, patched.stderr
+    assert "returns aux id len(layers)" in patched.stderr
+    pristine = selfcheck(REPO / "src")
+    assert pristine.returncode == 1 and "FAIL 0001-deepseek-final-hidden-state" in pristine.stderr

@@ -337,3 +337,33 @@ def test_watch_reports_unreachable_metrics_and_refuses_a_release_without_a_draft
     assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
     code, _, err = kd("watch", "serve", "--windows", "1")
     assert code == 2 and "serves without a drafter; there is nothing to watch" in err
+
+
+def test_a_manual_non_speculative_bench_run_becomes_the_gates_baseline(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    files = {
+        "none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None),
+        "v3": bench_log(tmp_path / "v3.log", "v3", {1: 84.0, 8: 480.0}, 0.62),
+    }
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
+        assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+        code, _, err = kd(
+            "run",
+            "bench",
+            "--set",
+            QUICK_BENCH,
+            "--set",
+            "bench.concurrency=[1, 8]",
+            "--poll",
+            "0.3",
+        )
+        assert code == 0, err
+        assert "(drafter none) for the gate" in err
+        code, out, err = gated(kd, "v3")
+    assert code == 0, err
+    assert "gate: comparing with baseline run" in err and "measuring a fresh" not in err
+    assert "kept" in out

@@ -194,3 +194,45 @@ def test_up_refuses_a_drafter_predicted_to_be_slower(edited_config: Callable[...
         _refuse_failing_drafter(loaded, "v2", force=False)
     _refuse_failing_drafter(loaded, "v2", force=True)
     _refuse_failing_drafter(loaded, "none", force=False)
+
+
+def test_the_serve_pods_init_container_checks_the_copy_on_the_models_volume(
+    example: LoadedProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m kimideploy.workloads drafter-check` with the serve spec the renderer wrote."""
+    from kimideploy.config.specs import ServeSpec
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.services.rendering import render_workload
+    from kimideploy.workloads import drafter_check
+
+    rendered = render_workload(example, PlanRequest("serve", "b300", "v2"))
+    deployment = next(o for o in rendered.objects if o["kind"] == "Deployment")
+    [init] = [
+        c
+        for c in deployment["spec"]["template"]["spec"]["initContainers"]
+        if c["name"] == "drafter-check"
+    ]
+    assert init["command"] == [
+        "python",
+        "-m",
+        "kimideploy.workloads",
+        "drafter-check",
+        "--spec",
+        "/etc/kimideploy/spec.json",
+    ]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in init["volumeMounts"]
+    config_map = next(o for o in rendered.objects if o["kind"] == "ConfigMap")
+    spec = ServeSpec.model_validate_json(config_map["data"]["spec.json"])
+    assert spec.draft_vocab_size == 32000 and spec.drafter_path == "/models/drafters/v2"
+    # The team's trap: v2 was written in the sglang convention with no ids in config.json.
+    copy = drafter_dir(tmp_path / "v2", eagle_aux_hidden_state_layer_ids=None)
+    assert drafter_check.run(spec.model_copy(update={"drafter_path": str(copy)})) == 2
+    err = capsys.readouterr().err
+    assert "FAIL layer ids: config.json has no eagle_aux_hidden_state_layer_ids" in err
+    assert 'fix: set "eagle_aux_hidden_state_layer_ids": [3, 31, 59]' in err
+    assert "not starting a model load that would fail" in err
+    fixed = drafter_dir(tmp_path / "v2-fixed", eagle_aux_hidden_state_layer_ids=[3, 31, 59])
+    assert drafter_check.run(spec.model_copy(update={"drafter_path": str(fixed)})) == 0
+    none = render_workload(example, PlanRequest("serve", "b300", "none")).objects
+    pod = next(o for o in none if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert "drafter-check" not in [c["name"] for c in pod["initContainers"]]

@@ -63,11 +63,14 @@ import json, sys, torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 saved = load_file(sys.argv[1]); model = AutoModelForCausalLM.from_pretrained(sys.argv[2], torch_dtype=torch.float32)
+entering_norm = []
+model.model.norm.register_forward_hook(lambda m, i, o: entering_norm.append(i[0]))
 with torch.no_grad():
     states = model(saved["input_ids"][None], output_hidden_states=True).hidden_states
 def same(idx): return all(torch.equal(saved["aux_hidden_states"][i], states[p][0]) for i, p in enumerate(idx))
 print(json.dumps({"declared": same(json.loads(sys.argv[3])), "other": same(json.loads(sys.argv[4])),
-                  "final": torch.equal(saved["last_hidden_state"], states[-1][0]),
+                  "final": torch.equal(saved["last_hidden_state"], entering_norm[0][0]),
+                  "post_norm": torch.equal(saved["last_hidden_state"], states[-1][0]),
                   "mask": saved["loss_mask"].tolist(), "tokens": len(saved["input_ids"])}))
 """
 
@@ -98,6 +101,9 @@ def test_extraction_equals_a_forward_pass_in_the_declared_convention(
     assert len(files) == len(ANSWERS)
     result = compare(torch_python, files[0], tiny_model, declared, other)
     assert result["declared"] and not result["other"] and result["final"]
+    assert not result[
+        "post_norm"
+    ]  # HF's last hidden state is after the norm; training wants before
     assert 0 < sum(result["mask"]) < result["tokens"]  # only the generated assistant tokens
     manifest = json.loads((tmp_path / "hs/shard-00000/manifest.json").read_text())
     assert manifest["convention"] == convention and manifest["layer_ids"] == ids

@@ -44,7 +44,11 @@ def run(
         click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
         return
     try:
-        runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll)
+        snapshot = runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll)
+        if workload == "bench":
+            from kimideploy.services.gate import record_bench_run
+
+            record_bench_run(session, started, snapshot, reporter)
     except KeyboardInterrupt:
         reporter.info(f"detached; Job {started.job} keeps running. Re-attach: {follow_hint}")
         raise

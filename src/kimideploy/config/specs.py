@@ -126,5 +126,6 @@ class ServeSpec(WorkloadSpec):
     drafter_path: str | None
     layers: LayerSelection | None
     num_speculative_tokens: int | None
+    draft_vocab_size: int | None = None
     image_cuda_archs: list[str]
     vllm_version: str | None

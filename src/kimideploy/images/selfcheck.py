@@ -39,10 +39,21 @@ def _supports_eagle3() -> str:
     return "SupportsEagle3 on DeepseekV3ForCausalLM and KimiK25ForConditionalGeneration"
 
 
+def _final_aux_layer() -> str:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
+
+    source = inspect.getsource(DeepseekV2Model.forward)
+    assert "len(self.layers) in self.aux_hidden_state_layers" in source, (
+        "DeepseekV2Model cannot return the final pre-norm hidden state as an aux layer"
+    )
+    return "DeepseekV2Model returns aux id len(layers) (pre-norm final hidden state)"
+
+
 CHECKS: dict[str, Callable[[], str]] = {
     "0001-eagle3-allow-kimi-k25-target.patch": _allowlist,
     "0002-kimi-k25-media-placeholder-in-drafter.patch": _media_placeholder,
     "0003-kimi-k25-supports-eagle3.patch": _supports_eagle3,
+    "0001-deepseek-final-hidden-state-as-aux-layer.patch": _final_aux_layer,
 }
 
 

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from kimideploy.config.drafters import Drafter
-from kimideploy.config.specs import SPEC_FILE_NAME, ServeSpec
+from kimideploy.config.specs import SPEC_FILE_NAME, SPEC_PATH, ServeSpec
 from kimideploy.plan import pods
 from kimideploy.plan.context import Context, drafter_path, is_speculative, target_model_path
 from kimideploy.plan.model import ObjectPlan
@@ -108,6 +108,7 @@ def serve_spec(ctx: Context) -> ServeSpec:
         drafter_path=drafter_path(ctx.drafter_name, drafter) if drafter else None,
         layers=ctx.layers() if drafter else None,
         num_speculative_tokens=drafter.num_speculative_tokens if drafter else None,
+        draft_vocab_size=drafter.draft_vocab_size if drafter else None,
         image_cuda_archs=list(ctx.image.cuda_archs),
         vllm_version=ctx.image.vllm,
     )
@@ -129,6 +130,21 @@ def init_containers(ctx: Context) -> list[dict[str, Any]]:
         "python", "-m", "kimideploy.images.gpucheck", "--archs", ",".join(ctx.image.cuda_archs),
         "--cuda", ctx.image.cuda or "", "--gpus", str(gpus),
     ]  # fmt: skip
+    small = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
+    _, spec_mount = pods.spec_volume(ctx.object_name)
+    drafter_check = [
+        {
+            # The drafter on the models volume, checked as `drafter check --dir` would.
+            "name": "drafter-check",
+            "image": ctx.image.reference,
+            "command": ["python", "-m", "kimideploy.workloads", "drafter-check", "--spec",
+                        SPEC_PATH],
+            "resources": small,
+            "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
+                             spec_mount],
+            "securityContext": hardened,
+        }
+    ] if ctx.drafter else []  # fmt: skip
     return [
         {
             "name": "gpu-check",
@@ -149,6 +165,7 @@ def init_containers(ctx: Context) -> list[dict[str, Any]]:
             "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
             "securityContext": hardened,
         },
+        *drafter_check,
     ]
 
 

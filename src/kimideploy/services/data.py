@@ -7,24 +7,12 @@ header (its declared tensors must fit the file exactly), so a truncated or corru
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kimideploy.errors import UsageError
-
-DTYPE_SIZES = {
-    "BF16": 2,
-    "F16": 2,
-    "F32": 4,
-    "F64": 8,
-    "I64": 8,
-    "I32": 4,
-    "U8": 1,
-    "BOOL": 1,
-    "I8": 1,
-}
+from kimideploy.safetensors_files import safetensors_problem
 
 
 @dataclass
@@ -37,37 +25,6 @@ class Inspection:
     tokens: int = 0
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
-
-
-def safetensors_problem(path: Path) -> tuple[str | None, int]:
-    """None when the header parses and the tensors fill the file exactly; also the token count."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        raw = handle.read(8)
-        if len(raw) < 8:
-            return "shorter than a safetensors header", 0
-        (length,) = struct.unpack("<Q", raw)
-        if length > size - 8:
-            return f"header claims {length} bytes, file has {size}", 0
-        try:
-            header = json.loads(handle.read(length))
-        except ValueError:
-            return "header is not JSON", 0
-    end = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, stop = info["data_offsets"]
-        count = 1
-        for dim in info["shape"]:
-            count *= dim
-        if stop - start != count * DTYPE_SIZES.get(info["dtype"], 0):
-            return f"tensor {name} has {stop - start} bytes for shape {info['shape']}", 0
-        end = max(end, stop)
-    if 8 + length + end != size:
-        return f"truncated: tensors end at {8 + length + end}, file has {size} bytes", 0
-    tokens = header.get("input_ids", {}).get("shape", [0])[0]
-    return None, int(tokens)
 
 
 def inspect(path: Path) -> Inspection:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import re
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -149,7 +150,8 @@ def deploy(
             {"failure": state.failure, "reason": state.message},
         )
         session.record(record, new=False)
-        container = "model-check" if state.failure == "InitFailed" else None
+        failed_init = re.search(r"init container (\S+)", state.message)
+        container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
         log_tail = session.log(state.pod, tail=20, container=container) if state.pod else ""
         failure = f"revision {number} failed: {state.message}"
         if log_tail.strip():
@@ -326,7 +328,7 @@ def rollback(
         )
     current = next((r for r in reversed(history) if r.status == "deployed"), history[-1])
     if no_spec:
-        revision = _without_drafter(current)
+        revision = non_speculative_revision(current)
     else:
         target = _rollback_target(history, current, to)
         revision = _revision_from_record(target, f"rollback to revision {target.revision}")
@@ -361,7 +363,7 @@ def _rollback_target(
     return candidates[-1]
 
 
-def _without_drafter(current: ReleaseRecord) -> Revision:
+def non_speculative_revision(current: ReleaseRecord) -> Revision:
     """Re-render the current revision's stored config and overrides with drafter `none`."""
     if not current.config_text:
         raise UsageError(f"revision {current.revision} has no stored config to re-render")

@@ -17,11 +17,13 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from kimideploy.cluster.bench_results import StoredBench
+from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.gate import GateSettings
 from kimideploy.config.loading import LoadedProject
+from kimideploy.config.specs import BenchSpec
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services import deploy, progress, runs
@@ -245,6 +247,49 @@ def _bench(
     )
     session.store_bench(stored)
     return stored
+
+
+def record_bench_run(
+    session: ClusterSession, started: runs.RunStarted, snapshot: JobSnapshot, reporter: Reporter
+) -> StoredBench | None:
+    """Keep a `run bench` result like the gate's own, labelled with what was actually serving,
+    so a manual non-speculative run can serve as the gate's baseline."""
+    result = progress.results(snapshot.logs).get(0)
+    spec_map = next(o for o in started.rendered.objects if o["kind"] == "ConfigMap")
+    spec = BenchSpec.model_validate_json(spec_map["data"]["spec.json"])
+    release = started.rendered.plan.release.rsplit("-", 1)[0] + "-serve"
+    serving = _serving(session, release)
+    if not result or serving is None:
+        return None
+    if serving.drafter != spec.drafter:
+        reporter.info(
+            f"note: the run was labelled drafter {spec.drafter} but revision {serving.revision} "
+            f"serves {serving.drafter}; it is stored as {serving.drafter}"
+        )
+    stored = StoredBench(
+        release=release,
+        run_id=started.run_id,
+        drafter=serving.drafter,
+        cluster=serving.cluster,
+        image=serving.image,
+        revision=serving.revision,
+        serve_fingerprint=_fingerprint_of(serving),
+        bench_fingerprint=bench_fingerprint(spec.prompt_sets, spec.num_prompts, spec.max_tokens),
+        measured_at=_now().strftime("%Y-%m-%dT%H:%M:%S%z"),
+        result=result,
+    )
+    session.store_bench(stored)
+    reporter.info(f"stored bench run {started.run_id} (drafter {serving.drafter}) for the gate")
+    return stored
+
+
+def _fingerprint_of(record: ReleaseRecord) -> str:
+    """A speculative revision compares with the non-speculative render of the same config."""
+    if record.drafter == NO_DRAFTER:
+        return serve_fingerprint(record.manifests)
+    from kimideploy.services.deploy import non_speculative_revision
+
+    return serve_fingerprint(non_speculative_revision(record).manifests)
 
 
 def _measure_and_judge(

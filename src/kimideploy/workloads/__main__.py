@@ -16,6 +16,7 @@ WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
     "vocab": specs.VocabSpec,
     "bench": specs.BenchSpec,
     "train": specs.TrainSpec,
+    "drafter-check": specs.ServeSpec,
 }
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec, WORKLOADS[args.workload])
-        module = importlib.import_module(f"kimideploy.workloads.{args.workload}")
+        module = importlib.import_module(f"kimideploy.workloads.{args.workload.replace('-', '_')}")
         code: int = module.run(spec)
         return code
     except BadInputError as exc:

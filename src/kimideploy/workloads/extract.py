@@ -1,10 +1,13 @@
 """extract: hidden states of the aux layers (in the declared convention) plus the final layer.
 
-Reference path on transformers (tests, and checking the production path on a GPU): one forward
-pass per sample with output_hidden_states. HF's hidden_states[k] is the residual stream entering
-decoder layer k, so vLLM's id k reads hidden_states[k] and SGLang's id k (the output of layer k)
-reads hidden_states[k + 1]. One safetensors file per sample, written atomically; a restarted shard
-skips finished samples. Refuses to start when the volume cannot hold what is left to write.
+Production path (`backend: vllm`, extract_vllm.py): the states vLLM itself computes, through vLLM
+0.18's extract_hidden_states speculative method. Reference path on transformers (tests, and
+checking the production path on a GPU): one forward pass per sample with output_hidden_states.
+HF's hidden_states[k] is the residual stream entering decoder layer k, so vLLM's id k reads
+hidden_states[k] and SGLang's id k (the output of layer k) reads hidden_states[k + 1]; the final
+layer is the residual entering the final norm. One safetensors file per sample, written
+atomically; a restarted shard skips finished samples. Refuses to start when the volume cannot hold
+what is left to write.
 """
 
 from __future__ import annotations
@@ -43,11 +46,6 @@ def sample_file(out: Path, sample_id: str) -> Path:
 
 
 def run(spec: ExtractSpec) -> int:
-    if spec.backend != "transformers":
-        raise BadInputError(
-            "extract backend 'vllm' is not part of this version; set "
-            "clusters.<name>.workloads.extract.backend: transformers"
-        )
     index = shard_index()
     samples = my_samples(Path(spec.conversations_dir), spec.shards, index)
     if not samples:
@@ -58,7 +56,36 @@ def run(spec: ExtractSpec) -> int:
     out.mkdir(parents=True, exist_ok=True)
     todo = [s for s in samples if not sample_file(out, s["id"]).is_file()]
     _check_space(spec, out, len(todo) / len(samples))
+    if spec.backend == "vllm":
+        from kimideploy.workloads import extract_vllm
+
+        return extract_vllm.extract(spec, index, out, samples, todo)
     return _extract(spec, index, out, samples, todo)
+
+
+def save_sample(spec: ExtractSpec, out: Path, sample_id: str, tensors: dict[str, Any]) -> int:
+    """Write one sample's tensors next to the others and rename it in; returns its size."""
+    from safetensors.torch import save_file
+
+    tmp = out / f".{sample_id}.tmp"
+    metadata = {"id": sample_id, "convention": spec.layers.convention, "backend": spec.backend}
+    save_file(tensors, str(tmp), metadata=metadata)
+    final = sample_file(out, sample_id)
+    tmp.replace(final)
+    return final.stat().st_size
+
+
+def _final_norm_input(model: Any) -> list[Any]:
+    """A list that receives, on each forward pass, the residual stream entering the final norm."""
+    captured: list[Any] = []
+    norm = getattr(model.get_decoder(), "norm", None)
+    if norm is None:
+        raise BadInputError(
+            f"{type(model).__name__}: no final norm found on its decoder; the reference path "
+            "supports Llama- and DeepSeek-V3-shaped models"
+        )
+    norm.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
+    return captured
 
 
 def _check_space(spec: ExtractSpec, out: Path, remaining: float) -> None:
@@ -80,19 +107,16 @@ def _extract(
     todo: list[dict[str, Any]],
 ) -> int:
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = getattr(torch, spec.dtype)
     tokenizer = AutoTokenizer.from_pretrained(spec.target.path)
     model = AutoModelForCausalLM.from_pretrained(spec.target.path, torch_dtype=dtype).eval()
     positions = hidden_state_indexes(spec.layers.ids, spec.layers.convention)
-    stopper = Stopper()
-    progress = Progress("extract", "tokens", 0)
-    start, tokens, written = time.monotonic(), 0, 0
-    log(f"shard {index}: {len(samples)} samples, {len(samples) - len(todo)} already extracted")
+    final_norm_input = _final_norm_input(model)
+    shard = ShardWriter(spec, index, out, samples, todo)
     for sample in todo:
-        if stopper.stopping:
+        if shard.stopper.stopping:
             return EXIT_INTERRUPTED
         ids, mask = tokenize_segments(tokenizer, sample["segments"])
         with torch.no_grad():
@@ -103,22 +127,47 @@ def _extract(
             "aux_hidden_states": torch.stack([states[p][0] for p in positions])
             .to(dtype)
             .contiguous(),
-            "last_hidden_state": states[-1][0].to(dtype).contiguous(),
+            # HF's last hidden state is after the final norm; the drafter's training target
+            # (speculators: lm_head(norm(last))) and vLLM's layer id num_layers want it before.
+            "last_hidden_state": final_norm_input.pop()[0].to(dtype).contiguous(),
         }
-        tmp = out / f".{sample['id']}.tmp"
-        save_file(
-            tensors, str(tmp), metadata={"id": sample["id"], "convention": spec.layers.convention}
+        shard.add(sample["id"], tensors, len(ids))
+    return shard.finish()
+
+
+class ShardWriter:
+    """Both backends' bookkeeping: atomic sample files, progress in tokens and MB/s, the drain
+    flag, and the manifest at the end."""
+
+    def __init__(
+        self,
+        spec: ExtractSpec,
+        index: int,
+        out: Path,
+        samples: list[dict[str, Any]],
+        todo: list[dict[str, Any]],
+    ) -> None:
+        self.spec, self.index, self.out, self.samples = spec, index, out, samples
+        self.stopper = Stopper()
+        self.progress = Progress("extract", "tokens", 0)
+        self.start, self.tokens, self.written = time.monotonic(), 0, 0
+        log(f"shard {index}: {len(samples)} samples, {len(samples) - len(todo)} already extracted")
+
+    def add(self, sample_id: str, tensors: dict[str, Any], tokens: int) -> None:
+        self.written += save_sample(self.spec, self.out, sample_id, tensors)
+        self.tokens += tokens
+        self.progress.total += tokens
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        self.progress.advance(tokens, mb_per_s=round(self.written / 1e6 / elapsed, 3))
+
+    def finish(self) -> int:
+        seconds = time.monotonic() - self.start
+        return finish(
+            self.spec, self.index, self.out, self.samples, self.tokens, self.written, seconds
         )
-        tmp.replace(sample_file(out, sample["id"]))
-        tokens += len(ids)
-        written += sample_file(out, sample["id"]).stat().st_size
-        progress.total += len(ids)
-        elapsed = max(time.monotonic() - start, 1e-6)
-        progress.advance(len(ids), mb_per_s=round(written / 1e6 / elapsed, 3))
-    return _finish(spec, index, out, samples, tokens, written, time.monotonic() - start)
 
 
-def _finish(
+def finish(
     spec: ExtractSpec,
     index: int,
     out: Path,
@@ -138,7 +187,7 @@ def _finish(
         "layer_ids": spec.layers.ids,
         "convention": spec.layers.convention,
         "vllm_layer_ids": spec.layers.vllm_ids,
-        "final_layer": True,
+        "final_layer": "pre-norm",  # the residual entering the final norm (vLLM id = layers)
         "dtype": spec.dtype,
         "hidden_size": spec.target.hidden_size,
         "bytes_per_token_minimum": minimum,

@@ -1,0 +1,203 @@
+"""Will vLLM load this drafter directory, for this target, at these layers? (no torch needed)
+
+Shared by `kimideploy drafter check --dir` (a local copy) and the serve pod's `drafter-check` init
+container (the copy on the models volume, seconds before a 25-minute load). Each problem is a
+Finding with its fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kimideploy.safetensors_files import read_headers
+
+EAGLE3_ARCHITECTURES = {
+    "LlamaForCausalLMEagle3",
+    "Eagle3LlamaForCausalLM",
+    "Eagle3Speculator",
+    "Eagle3DraftModel",  # the speculators format (speculators_model_type eagle3), which vLLM reads
+}
+LINEAGE_FILE = "kimideploy-lineage.json"
+"""Written by the train workload next to config.json."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    blocking: bool = True
+
+    @property
+    def status(self) -> str:
+        return "pass" if self.ok else ("FAIL" if self.blocking else "warn")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the registry and the target say the directory must hold."""
+
+    target_repo: str
+    target_revision: str
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    layer_ids: list[int]
+    convention: str
+    vllm_layer_ids: list[int]
+    draft_vocab_size: int
+    num_speculative_tokens: int
+
+
+def folder_findings(expected: Expected, folder: Path) -> list[Finding]:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return [
+            Finding(
+                "config.json", False, f"{config_file} is missing", "point at a drafter checkpoint"
+            )
+        ]
+    config = json.loads(config_file.read_text())
+    archs = set(config.get("architectures") or [])
+    layer_config = config.get("transformer_layer_config") or {}
+    hidden = (
+        config.get("target_hidden_size")
+        or config.get("hidden_size")
+        or layer_config.get("hidden_size")
+    )
+    tensors, broken = read_headers(folder)
+    return [
+        Finding(
+            "architecture",
+            bool(archs & EAGLE3_ARCHITECTURES),
+            ", ".join(sorted(archs)) or "none",
+            "an EAGLE-3 checkpoint declares LlamaForCausalLMEagle3 (speculators writes it)",
+        ),
+        Finding(
+            "hidden size",
+            hidden == expected.hidden_size,
+            f"{hidden} (target {expected.hidden_size})",
+            "this drafter was built for another target; train one for this model",
+        ),
+        _layer_finding(expected, config),
+        Finding(
+            "weights readable",
+            not broken and bool(tensors),
+            "; ".join(broken) or f"{len(tensors)} tensors",
+            "re-download or re-sync the drafter",
+        ),
+        *_vocab_findings(expected, config, tensors),
+        *_speculators_findings(expected, config),
+        *_lineage_findings(expected, folder / LINEAGE_FILE),
+    ]
+
+
+def _layer_finding(expected: Expected, config: dict[str, Any]) -> Finding:
+    wanted, layers = expected.vllm_layer_ids, expected.num_hidden_layers
+    written = config.get("eagle_aux_hidden_state_layer_ids")
+    default = [2, layers // 2, layers - 3]
+    if written is None:
+        ok = wanted == default
+        detail = (
+            f"config.json has no eagle_aux_hidden_state_layer_ids: vLLM uses its default {default}"
+        )
+    else:
+        ok = list(written) == wanted
+        detail = f"config.json says {list(written)}; trained at {wanted} in vLLM's convention"
+    if expected.convention == "sglang":
+        detail += f" (record: {expected.layer_ids} in the sglang convention = {wanted} in vLLM's)"
+    fix = f'set "eagle_aux_hidden_state_layer_ids": {wanted} at the top level of config.json'
+    in_range = all(1 <= k <= layers - 1 for k in wanted)
+    return Finding("layer ids", ok and in_range, detail, fix)
+
+
+def _vocab_findings(
+    expected: Expected, config: dict[str, Any], tensors: dict[str, Any]
+) -> list[Finding]:
+    draft_vocab = config.get("draft_vocab_size")
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    shapes_ok = (
+        d2t is not None
+        and t2d is not None
+        and d2t["shape"] == [draft_vocab]
+        and t2d["shape"] == [expected.vocab_size]
+    )
+    return [
+        Finding(
+            "draft vocab size",
+            draft_vocab == expected.draft_vocab_size,
+            f"config.json {draft_vocab}, registry {expected.draft_vocab_size}",
+            "make the registry record match the checkpoint",
+        ),
+        Finding(
+            "vocab maps",
+            shapes_ok,
+            f"d2t {d2t['shape'] if d2t else 'missing'}, t2d {t2d['shape'] if t2d else 'missing'} "
+            f"(want [{draft_vocab}] and [{expected.vocab_size}])",
+            "rebuild the maps for this target with `kimideploy run vocab`",
+        ),
+    ]
+
+
+def _speculators_findings(expected: Expected, config: dict[str, Any]) -> list[Finding]:
+    """In the speculators format the checkpoint names the tokens it was trained for; a mismatch
+    means the registry's k is not what was trained."""
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or []
+    if not methods:
+        return []
+    trained_k = methods[0].get("speculative_tokens")
+    return [
+        Finding(
+            "trained tokens",
+            trained_k == expected.num_speculative_tokens,
+            f"trained for {trained_k} speculative tokens, registry serves "
+            f"{expected.num_speculative_tokens}",
+            f"set num_speculative_tokens to {trained_k} unless measured acceptance says otherwise",
+            blocking=False,
+        )
+    ]
+
+
+def _lineage_findings(expected: Expected, path: Path) -> list[Finding]:
+    if not path.is_file():
+        return [
+            Finding(
+                "lineage file",
+                False,
+                f"no {path.name}: nothing says what this drafter was trained on",
+                "drafters trained by `kimideploy run train` carry one; for others, check the "
+                "registry's lineage by hand",
+                blocking=False,
+            )
+        ]
+    lineage = json.loads(path.read_text())
+    trained = (lineage.get("trained_for"), lineage.get("trained_for_revision"))
+    accuracy = (lineage.get("metrics") or {}).get("accuracy_per_position")
+    short = expected.target_revision[:12]
+    return [
+        Finding(
+            "lineage: target",
+            trained == (expected.target_repo, expected.target_revision),
+            f"trained on {trained[0]}@{str(trained[1])[:12]}, serving "
+            f"{expected.target_repo}@{short} (run {lineage.get('run_id')})",
+            f"train this drafter on {expected.target_repo}@{short}'s own hidden states",
+        ),
+        Finding(
+            "lineage: layers",
+            lineage.get("eagle_aux_hidden_state_layer_ids") == expected.vllm_layer_ids,
+            f"trained on vLLM layers {lineage.get('eagle_aux_hidden_state_layer_ids')}, "
+            f"registry {expected.vllm_layer_ids}",
+            "make the registry's aux_layer_ids match the layers the drafter was trained on",
+        ),
+        Finding(
+            "lineage: accuracy",
+            bool(accuracy),
+            f"training per-position accuracy {accuracy}" if accuracy else "no training metrics",
+            "copy the measured per-position acceptance into the registry's `acceptance`",
+            blocking=False,
+        ),
+    ]
