@@ -38,7 +38,7 @@ def cli(ctx: click.Context, config_path: Path | None, debug: bool) -> None:
     """Deploy, train and measure EAGLE-3 speculative decoding for Kimi-K2.5 on Kubernetes.
 
     Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 cluster unreachable or
-    forbidden, 4 rollout or job failed, 130 interrupted.
+    forbidden, 4 rollout or job failed (or the gate rolled a drafter back), 130 interrupted.
     """
     ctx.obj = CliState(config_path=config_path, debug=debug)
 
