@@ -47,6 +47,7 @@ def test_up_dry_run_prints_the_plan_and_touches_nothing(capsys: pytest.CaptureFi
     assert "Plan: serve on rtx6000, drafter v3" in out
     assert '"method": "eagle3", "model": "/models/drafters/v3", "num_speculative_tokens": 3' in out
     assert "Recreate (8 GPUs cannot hold 2 copies of 8)" in out
+    assert "with --gate: keep only at >= 1.10x output tokens/s over no drafter at c=1,8" in out
     assert "Deployment/kimi-k25-serve" in out
     assert "Dry run (client): nothing was sent to a cluster." in out
 

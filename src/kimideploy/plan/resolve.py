@@ -181,7 +181,13 @@ def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
         predicted = (
             f"unknown: no measured acceptance; break-even acceptance rate {even:.1%} (k={k})"
         )
-    return [*facts, ("predicted", predicted)]
+    gate = ctx.cluster.gate
+    levels = ",".join(map(str, gate.concurrency or ctx.cluster.workloads.bench.concurrency))
+    policy = (
+        f"with --gate: keep only at >= {gate.min_speedup:.2f}x output tokens/s over no drafter "
+        f"at c={levels}, else roll back to no drafter"
+    )
+    return [*facts, ("predicted", predicted), ("gate", policy)]
 
 
 def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
