@@ -180,3 +180,43 @@ def test_forbidden_names_verb_resource_and_namespace(
     assert code == 3
     assert f"forbidden: cannot get secrets in namespace {namespace}" in err
     assert 'User "nobody"' in err
+
+
+def test_online_train_runs_the_target_server_as_a_sidecar_of_each_trainer(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    harness.serve_logs(
+        testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
+    )
+    code, _out, err = kd(
+        "run", "train", "--cluster", "b300", "--set", "train.mode=online",
+        "--set", "train.nodes=2", "--set", annotations(run_duration="3s"), "--poll", "0.3",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "complete: 2/2 indexes" in err
+    pods = json.loads(testcluster.kubectl("-n", namespace, "get", "pods", "-o", "json"))["items"]
+    assert len(pods) == 2
+    for pod in pods:
+        [server] = pod["spec"]["initContainers"]
+        # The API server kept it a native sidecar: restarted on failure, stopped with the pod.
+        assert server["name"] == "target-server" and server["restartPolicy"] == "Always"
+        assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        [trainer] = pod["spec"]["containers"]
+        assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        assert "--nproc-per-node=4" in trainer["args"]
+    claims = testcluster.kubectl("-n", namespace, "get", "pvc", "-o", "name").split()
+    assert "persistentvolumeclaim/kimi-k25-hidden-states" not in claims
+
+
+def test_online_train_that_cannot_fit_is_refused_before_anything_is_created(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+) -> None:
+    code, _, err = kd("run", "train", "--cluster", "rtx6000", "--set", "train.mode=online")
+    assert code == 2
+    assert "online training cannot fit on rtx6000" in err and "leaving none for the trainer" in err
+    assert not testcluster.kubectl("-n", namespace, "get", "jobs,pvc", "-o", "name").strip()

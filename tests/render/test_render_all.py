@@ -108,7 +108,7 @@ def test_bench_targets_the_serve_service(example: LoadedProject) -> None:
 
 
 def test_pvcs_are_marked_to_be_kept(example: LoadedProject) -> None:
-    objects = render_workload(example, PlanRequest("train", "b300")).objects
+    objects = render_workload(example, PlanRequest("train", "b200")).objects
     claims = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
     assert {c["metadata"]["name"] for c in claims} == {
         "kimi-k25-models", "kimi-k25-datasets", "kimi-k25-hidden-states", "kimi-k25-checkpoints"

@@ -74,6 +74,34 @@ def train(python: Path, spec: Path, timeout: float = 600) -> tuple[int, str, str
     return process.returncode, out, err
 
 
+def losses(out: str) -> dict[int, float]:
+    return {p["step"]: p["loss"] for p in events(out, "progress")}
+
+
+def offline_losses(
+    python: Path, where: Path, features: Path, model: Path, **settings: Any
+) -> dict[int, float]:
+    code, out, err = train(python, train_spec(where, features, model, **settings))
+    assert code == 0, err
+    return losses(out)
+
+
+def stop_after(python: Path, spec: Path, step: int) -> tuple[int, str]:
+    """SIGTERM (what the kubelet sends on eviction) once `step` is reported: (the step of the
+    last checkpoint, stderr); the drain must exit 75."""
+    process = run_workload("train", spec, python=str(python))
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("{") and json.loads(line).get("step", 0) >= step:
+            process.send_signal(signal.SIGTERM)
+            break
+    rest, err = process.communicate(timeout=300)
+    assert process.returncode == 75, err
+    return events("".join(lines) + rest, "checkpoint")[-1]["step"], err
+
+
 VLLM_READS = """
 import json, sys
 from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
@@ -138,30 +166,18 @@ def test_a_stopped_run_resumes_at_its_step_with_the_same_numbers(
     tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
 ) -> None:
     settings = {"epochs": 20, "batch_size": 2, "checkpoint_every_steps": 1000}
-    code, out, err = train(
-        speculators_python, train_spec(tmp_path / "straight", features, tiny_model, **settings)
+    straight = offline_losses(
+        speculators_python, tmp_path / "straight", features, tiny_model, **settings
     )
-    assert code == 0, err
-    straight = {p["step"]: p["loss"] for p in events(out, "progress")}
     assert max(straight) == 40  # 4 samples, batch 2: two steps per epoch
     spec = train_spec(tmp_path / "stopped", features, tiny_model, **settings)
-    process = run_workload("train", spec, python=str(speculators_python))
-    assert process.stdout is not None
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith("{") and json.loads(line).get("step", 0) >= 5:
-            process.send_signal(signal.SIGTERM)  # what the kubelet sends on eviction
-            break
-    rest, err = process.communicate(timeout=300)
-    assert process.returncode == 75, err
-    stopped_at = events("".join(lines) + rest, "checkpoint")[-1]["step"]
+    stopped_at, err = stop_after(speculators_python, spec, 5)
     assert 5 <= stopped_at < 40 and "a restarted pod resumes there" in err
     code, out, err = train(speculators_python, spec)
     assert code == 0, err
     [resumed] = events(out, "resumed")
     assert resumed["step"] == stopped_at
-    after = {p["step"]: p["loss"] for p in events(out, "progress")}
+    after = losses(out)
     assert min(after) == stopped_at + 1 and max(after) == 40
     for step, loss in after.items():
         assert loss == pytest.approx(straight[step], rel=1e-4, abs=1e-6), step

@@ -23,6 +23,7 @@ class JobSnapshot:
     index_failures: dict[int, str] = field(default_factory=dict)
     logs: dict[int, str] = field(default_factory=dict)
     message: str = ""
+    waiting: dict[int, str] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -62,6 +63,7 @@ def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True
     failures = {
         i: _failure(p) for i, p in latest.items() if p.get("status", {}).get("phase") == "Failed"
     }
+    waiting = {i: w for i, p in latest.items() if (w := pod_waiting(p))}
     logs = {}
     if with_logs:
         for index, pod in latest.items():
@@ -78,7 +80,36 @@ def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True
         index_failures=failures,
         logs=logs,
         message=message,
+        waiting=waiting,
     )
+
+
+def pod_waiting(pod: dict[str, Any]) -> str:
+    """What holds a live pod back, or "": a container waiting on an error (CrashLoopBackOff,
+    ImagePullBackOff), or a sidecar (online training's target server) still loading, which can
+    take half an hour and would otherwise look like a silent Pending pod."""
+    status = pod.get("status", {})
+    if status.get("phase") not in ("Pending", "Running"):
+        return ""
+    sidecars = {
+        c["name"] for c in pod.get("spec", {}).get("initContainers") or []
+        if c.get("restartPolicy") == "Always"
+    }  # fmt: skip
+    statuses = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    for container in statuses:
+        state, restarts = container.get("state", {}), container.get("restartCount", 0)
+        again = f", restarted {restarts} times" if restarts else ""
+        reason = (state.get("waiting") or {}).get("reason", "")
+        if reason and reason not in ("ContainerCreating", "PodInitializing"):
+            return f"{container['name']} {reason}{again}"
+        if container["name"] in sidecars and not container.get("started", False):
+            since = (state.get("running") or {}).get("startedAt", "")
+            started = f" since {since}" if since else ""
+            return f"{container['name']} starting{started}{again}"
+    return ""
 
 
 def _failure(pod: dict[str, Any]) -> str:

@@ -80,6 +80,21 @@ class VocabSpec(WorkloadSpec):
     draft_vocab_size: int
 
 
+class OnlineTrainSpec(SpecModel):
+    """train.mode online: where the target server beside the trainer answers, and how to ask it."""
+
+    endpoint: str = Field(description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.")
+    storage_dir: str = Field(description="The connector's shared_storage_path, as mounted here.")
+    conversations_dir: str
+    aux_layer_ids: list[int] = Field(description="What the server was started with (vLLM ids).")
+    request_timeout_s: int = 600
+    max_retries: int = 5
+    server_wait_s: int = Field(
+        default=2700, description="How long to wait for a (re)loading server."
+    )
+    concurrency: int = Field(default=8, description="Requests in flight per rank (prefetch).")
+
+
 class TrainSpec(WorkloadSpec):
     workload: Literal["train"] = "train"
     drafter: str
@@ -103,6 +118,7 @@ class TrainSpec(WorkloadSpec):
     convert_layer_convention: bool = False
     seed: int = 0
     resume_dir: str | None = None
+    online: OnlineTrainSpec | None = None
 
 
 class BenchSpec(WorkloadSpec):

@@ -87,6 +87,43 @@ class VocabSettings(WorkloadSettings):
     """Vocab mapping runs on CPU; only resources and annotations are set."""
 
 
+def _server_resources() -> PodResources:
+    return PodResources(cpu="32", memory="256Gi")
+
+
+class OnlineTrainSettings(StrictModel):
+    """train.mode: online. Each trainer pod runs the target in a vLLM server beside it (a native
+    sidecar on GPUs of the same node); hidden states go through a pod-local scratch directory and
+    are deleted once read, so nothing is stored (CONTEXT §5: 500K samples would be ~25 TB)."""
+
+    server_gpus: Annotated[int, Field(ge=1, le=16)] | None = Field(
+        default=None,
+        description="GPUs per node for the target server (its tensor parallel size); the "
+        "trainer gets the others. Default: the fewest of 1, 2, 4, 8 that hold the weights plus "
+        "kv_headroom_gb per GPU.",
+    )
+    gpu_memory_utilization: Annotated[float, Field(gt=0.1, le=0.98)] = 0.9
+    kv_headroom_gb: Annotated[float, Field(ge=1, le=1000)] = Field(
+        default=8,
+        description="Per server GPU beyond its share of the weights: KV cache, the "
+        "hidden-state buffer and activations of one prefill.",
+    )
+    server_resources: PodResources = Field(default_factory=_server_resources)
+    startup_budget_s: Annotated[int, Field(ge=600, le=21600)] = Field(
+        default=2700, description="Time the server may take to load the weights."
+    )
+    port: Port = 8000
+    request_timeout_s: Annotated[int, Field(ge=10, le=7200)] = 600
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 5
+    concurrency: Annotated[int, Field(ge=1, le=256)] = Field(
+        default=8, description="Samples requested ahead per trainer rank."
+    )
+    scratch_size: Quantity = Field(
+        default="256Gi",
+        description="Pod-local emptyDir the server writes hidden states to (deleted once read).",
+    )
+
+
 class TrainSettings(WorkloadSettings):
     drafter: Name = Field(description="Drafter record this run produces (its layer ids and vocab).")
     base_drafter: Name | None = Field(default=None, description="Drafter to fine-tune from.")
@@ -115,6 +152,7 @@ class TrainSettings(WorkloadSettings):
     )
     rendezvous_port: Port = 29500
     shm_size: Quantity = "64Gi"
+    online: OnlineTrainSettings = Field(default_factory=OnlineTrainSettings)
 
 
 PromptSet = Literal["chat", "reasoning"]

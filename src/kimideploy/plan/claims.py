@@ -27,6 +27,14 @@ WORKLOAD_CLAIMS: dict[str, dict[str, bool]] = {
 }
 
 
+def workload_claims(ctx: Context) -> dict[str, bool]:
+    """The claims this plan's pods mount; online training stores no hidden states."""
+    claims = dict(WORKLOAD_CLAIMS[ctx.workload])
+    if ctx.workload == "train" and ctx.cluster.workloads.train.mode == "online":
+        claims.pop("hidden_states")
+    return claims
+
+
 @dataclass(frozen=True)
 class HiddenStateEstimate:
     samples: int
@@ -66,7 +74,7 @@ def estimate_hidden_states(project: Project, ctx: Context) -> HiddenStateEstimat
 
 def claim_objects(ctx: Context, estimate: HiddenStateEstimate) -> list[ObjectPlan]:
     objects = []
-    for claim in WORKLOAD_CLAIMS[ctx.workload]:
+    for claim in workload_claims(ctx):
         setting = getattr(ctx.cluster.storage, claim)
         size = estimate.claim_size if claim == "hidden_states" else setting.size
         labels = standard_labels(ctx, component="storage")

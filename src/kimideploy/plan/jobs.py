@@ -15,8 +15,8 @@ from kimideploy.config.specs import (
     VocabSpec,
     WorkloadSpec,
 )
-from kimideploy.plan import pods
-from kimideploy.plan.claims import WORKLOAD_CLAIMS, HiddenStateEstimate
+from kimideploy.plan import online, pods
+from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
 from kimideploy.plan.context import (
     CHECKPOINTS_MOUNT,
     DATASETS_MOUNT,
@@ -89,6 +89,10 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
     assert drafter is not None
     base = settings.base_drafter
     dirs = data_dirs(ctx)
+    gpus, online_spec = ctx.cluster.gpu.per_node, None
+    if online.is_online(ctx):
+        gpus = online.check(ctx).trainer_gpus
+        online_spec = online.online_spec(ctx, dirs["conversations"])
     return TrainSpec(
         run_id=run_id, cluster=ctx.cluster_name, shards=settings.nodes, target=ctx.target_ref(),
         drafter=ctx.drafter_name,
@@ -98,12 +102,13 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
         output_dir=drafter_path(ctx.drafter_name, drafter), layers=ctx.layers(),
         draft_vocab_size=drafter.draft_vocab_size,
         num_speculative_tokens=drafter.num_speculative_tokens, mode=settings.mode,
-        nodes=settings.nodes, gpus_per_node=ctx.cluster.gpu.per_node, epochs=settings.epochs,
+        nodes=settings.nodes, gpus_per_node=gpus, epochs=settings.epochs,
         lr=settings.lr, batch_size=settings.batch_size, max_seq_len=settings.max_seq_len,
         checkpoint_every_steps=settings.checkpoint_every_steps,
         draft_layers=settings.draft_layers,
         convert_layer_convention=settings.convert_layer_convention, seed=settings.seed,
         resume_dir=f"{dirs['checkpoints']}/{settings.resume_run}" if settings.resume_run else None,
+        online=online_spec,
     )  # fmt: skip
 
 
@@ -146,12 +151,17 @@ def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[Object
     shape = _job_shape(ctx, spec)
     labels = pods.standard_labels(ctx)
     common = {"name": ctx.object_name, "namespace": ctx.namespace, "labels": labels}
-    claim_vols, claim_mounts = pods.claim_volumes(ctx, WORKLOAD_CLAIMS[ctx.workload])
+    claim_vols, claim_mounts = pods.claim_volumes(ctx, workload_claims(ctx))
     spec_vol, spec_mount = pods.spec_volume(f"{ctx.object_name}-spec")
     volumes, mounts = [*claim_vols, spec_vol], [*claim_mounts, spec_mount]
     if shape.gpus:
         shm_vol, shm_mount = pods.shm_volume(shape.shm)
         volumes, mounts = [*volumes, shm_vol], [*mounts, shm_mount]
+    init_containers = []
+    if online.is_online(ctx):
+        scratch_vol, scratch_mount = online.scratch_volume(ctx)
+        volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
+        init_containers.append(online.server_container(ctx, online.check(ctx)))
     job = {
         **common,
         "annotations": pods.object_annotations(ctx),
@@ -173,6 +183,7 @@ def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[Object
         "resources": pods.resources(shape.cpu, shape.memory, shape.gpus),
         "volumes": volumes,
         "volume_mounts": mounts,
+        "init_containers": init_containers,
     }
     spec_map = {**common, "name": f"{ctx.object_name}-spec", "data": {SPEC_FILE_NAME: spec_json}}
     objects = [ObjectPlan("configmap-spec", spec_map), ObjectPlan(f"job-{ctx.workload}", job)]
@@ -211,6 +222,8 @@ def _job_shape(ctx: Context, spec: WorkloadSpec) -> JobShape:
 def _train_shape(ctx: Context) -> JobShape:
     """torchrun: standalone on one node; static ranks from the completion index across nodes."""
     train, gpus = ctx.cluster.workloads.train, ctx.cluster.gpu.per_node
+    if online.is_online(ctx):
+        gpus = online.check(ctx).trainer_gpus  # the target server holds the others
     tail = ["-m", "kimideploy.workloads", "train", "--spec", SPEC_PATH]
     args = [f"--nproc-per-node={gpus}"]
     subdomain = ""

@@ -12,7 +12,7 @@ from kimideploy.config.project import Project
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.config.workloads import GPU_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import UsageError
-from kimideploy.plan import jobs, serve, speedup
+from kimideploy.plan import jobs, online, serve, speedup
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.context import Context, deterministic_run_id, drafter_path
 from kimideploy.plan.model import Plan, PlanRequest
@@ -139,7 +139,14 @@ def _facts(ctx: Context, estimate: HiddenStateEstimate) -> list[tuple[str, str]]
         facts.append(("GPUs", f"{gpu.per_node} x {gpu.product} ({gpu.arch}) per pod"))
     if ctx.workload == "serve":
         facts += _serve_facts(ctx)
-    if ctx.workload in ("extract", "train", "datagen"):
+    if online.is_online(ctx):
+        scratch = ctx.cluster.workloads.train.online.scratch_size
+        facts += [
+            ("online", online.check(ctx).describe()),
+            ("hidden states", f"computed per sample by the target server, never stored "
+                              f"(pod-local scratch {scratch})"),
+        ]  # fmt: skip
+    elif ctx.workload in ("extract", "train", "datagen"):
         facts.append(("hidden states", estimate.describe()))
     if ctx.run_id:
         facts.append(("run id", ctx.run_id))
@@ -215,7 +222,8 @@ def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
             )
         if ctx.workload == "serve" and drafter.status == "rejected":
             warnings.append(f"drafter {name} is marked rejected in the registry")
-    if ctx.workload in ("extract", "train") and estimate.claim_bytes < estimate.total_bytes:
+    stores = ctx.workload == "extract" or (ctx.workload == "train" and not online.is_online(ctx))
+    if stores and estimate.claim_bytes < estimate.total_bytes:
         warnings.append(
             f"the hidden-state claim ({estimate.claim_size}) is smaller than the "
             f"{human_bytes(estimate.total_bytes)} extraction will write"

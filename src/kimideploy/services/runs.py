@@ -62,11 +62,16 @@ def follow_run(
 ) -> JobSnapshot:
     """Report progress until the Job ends; a failed run raises RolloutError (exit 4)."""
     announced: set[int] = set()
+    told: dict[int, str] = {}
     while True:
         snapshot = session.job(job)
         summary = progress.aggregate(snapshot.logs, snapshot.completions)
         line = summary.describe() if summary else f"{snapshot.phase}: waiting for progress lines"
         reporter.status(f"{job}: {snapshot.succeeded}/{snapshot.completions} indexes done; {line}")
+        for index, holding in sorted(snapshot.waiting.items()):
+            if told.get(index) != holding:
+                told[index] = holding
+                reporter.info(f"index {index}: {holding}")
         for index in snapshot.failed_indexes:
             if index not in announced:
                 announced.add(index)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kimideploy.config import extraction_engine
 from kimideploy.config.specs import ExtractSpec
 from kimideploy.workloads.conversations import tokenize_segments
 from kimideploy.workloads.runtime import EXIT_INTERRUPTED
@@ -39,11 +40,12 @@ class ExtractionMismatchError(Exception):
 
 def aux_layer_ids(spec: ExtractSpec) -> list[int]:
     """The drafter's layers in vLLM's convention, then the final pre-norm layer."""
-    return [*spec.layers.vllm_ids, spec.target.num_hidden_layers]
+    return extraction_engine.aux_layer_ids(spec.layers.vllm_ids, spec.target.num_hidden_layers)
 
 
 def engine_kwargs(spec: ExtractSpec, storage: Path) -> dict[str, Any]:
     """vllm.LLM(**these): checked against the pinned vLLM's own config builder by the tests."""
+    vllm_ids, layers = spec.layers.vllm_ids, spec.target.num_hidden_layers
     return {
         "model": spec.target.path,
         "tokenizer": spec.target.path,
@@ -52,18 +54,8 @@ def engine_kwargs(spec: ExtractSpec, storage: Path) -> dict[str, Any]:
         "dtype": spec.dtype,
         "trust_remote_code": True,
         "enable_prefix_caching": False,
-        "speculative_config": {
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {
-                "hf_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids(spec)}
-            },
-        },
-        "kv_transfer_config": {
-            "kv_connector": "ExampleHiddenStatesConnector",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(storage)},
-        },
+        "speculative_config": extraction_engine.speculative_config(vllm_ids, layers),
+        "kv_transfer_config": extraction_engine.kv_transfer_config(str(storage)),
     }
 
 

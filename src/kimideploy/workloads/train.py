@@ -1,4 +1,6 @@
-"""train: an EAGLE-3 drafter with the pinned speculators release, on extracted hidden states.
+"""train: an EAGLE-3 drafter with the pinned speculators release, on the target's hidden states:
+stored by `run extract` (offline) or computed on request by a vLLM server in the pod (online,
+see train_features.py).
 
 The model, its loss and its per-position accuracy are speculators' own (Eagle3DraftModel built the
 way `speculators train` builds it); the loop around it is ours, because it must keep the promises
@@ -27,6 +29,7 @@ from kimideploy.config.specs import TrainSpec
 from kimideploy.workloads import train_data
 from kimideploy.workloads.runtime import (
     EXIT_BAD_INPUT,
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     BadInputError,
@@ -35,6 +38,7 @@ from kimideploy.workloads.runtime import (
     emit,
     log,
 )
+from kimideploy.workloads.train_features import Features, ServerUnavailableError, open_features
 from kimideploy.workloads.vocab import load_vocab_maps
 
 LINEAGE_FILE = "kimideploy-lineage.json"
@@ -72,35 +76,35 @@ def _ranks() -> Ranks:
 
 
 def run(spec: TrainSpec) -> int:
-    if spec.mode != "offline":
-        raise BadInputError(
-            "train.mode online (hidden states computed live by a vLLM instance) is not built in "
-            "this workload yet; extract the features (`kimideploy run extract`) and train offline"
-        )
-    dataset = train_data.open_dataset(Path(spec.hidden_states_dir))
-    for note in train_data.check_dataset(dataset.manifests, spec):
-        log(note)
     ranks = _ranks()
-    steps = train_data.steps_per_epoch(dataset.samples, ranks.world, spec.batch_size)
-    if steps == 0:
-        raise BadInputError(
-            f"{dataset.samples} samples cannot fill one batch of {spec.batch_size} on each of "
-            f"{ranks.world} ranks; lower train.batch_size or extract more samples"
-        )
-    d2t, t2d = load_vocab_maps(Path(spec.vocab_dir), spec.target.vocab_size)
-    if len(d2t) != spec.draft_vocab_size:
-        raise BadInputError(
-            f"the vocab maps in {spec.vocab_dir} have {len(d2t)} draft tokens, drafter "
-            f"{spec.drafter} wants {spec.draft_vocab_size}; run `kimideploy run vocab` again"
-        )
-    return Trainer(spec, dataset, ranks, d2t, t2d, steps).train()
+    features = open_features(spec)
+    try:
+        steps = train_data.steps_per_epoch(features.samples, ranks.world, spec.batch_size)
+        if steps == 0:
+            source = "extract" if spec.mode == "offline" else "generate"
+            raise BadInputError(
+                f"{features.samples} samples cannot fill one batch of {spec.batch_size} on each "
+                f"of {ranks.world} ranks; lower train.batch_size or {source} more samples"
+            )
+        d2t, t2d = load_vocab_maps(Path(spec.vocab_dir), spec.target.vocab_size)
+        if len(d2t) != spec.draft_vocab_size:
+            raise BadInputError(
+                f"the vocab maps in {spec.vocab_dir} have {len(d2t)} draft tokens, drafter "
+                f"{spec.drafter} wants {spec.draft_vocab_size}; run `kimideploy run vocab` again"
+            )
+        return Trainer(spec, features, ranks, d2t, t2d, steps).train()
+    except ServerUnavailableError as exc:
+        log(f"error: {exc}")
+        return EXIT_FAILED
+    finally:
+        features.close()
 
 
 class Trainer:
     def __init__(
         self,
         spec: TrainSpec,
-        dataset: train_data.Dataset,
+        features: Features,
         ranks: Ranks,
         d2t: Any,
         t2d: Any,
@@ -108,7 +112,7 @@ class Trainer:
     ) -> None:
         import torch
 
-        self.spec, self.dataset, self.ranks = spec, dataset, ranks
+        self.spec, self.features, self.ranks = spec, features, ranks
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = steps_per_epoch * spec.epochs
         self.device = (
@@ -144,14 +148,18 @@ class Trainer:
         last: dict[str, Any] = {}
         while self.position.epoch < self.spec.epochs:
             order = train_data.epoch_order(
-                self.dataset.samples,
+                self.features.samples,
                 self.spec.seed,
                 self.position.epoch,
                 self.ranks.rank,
                 self.ranks.world,
             )
             batches = list(train_data.batches(order, self.spec.batch_size))
-            for batch_ids in batches[self.position.step_in_epoch :]:
+            todo = batches[self.position.step_in_epoch :]
+            for number, batch_ids in enumerate(todo):
+                # Online, the next batch is prefilled on the target server while this one trains.
+                upcoming = todo[number + 1] if number + 1 < len(todo) else []
+                self.features.prefetch(batch_ids + upcoming)
                 batch = self._batch(batch_ids)
                 model.train()
                 _, loss, metrics = model(
@@ -188,12 +196,11 @@ class Trainer:
     def _batch(self, sample_ids: list[int]) -> dict[str, Any]:
         """Samples packed into one sequence (document ids keep attention within a sample)."""
         import torch
-        from safetensors.torch import load_file
         from speculators.models.eagle3.data import shift_batch
 
         parts = []
         for doc, index in enumerate(sample_ids):
-            saved = load_file(str(self.dataset.files[index]))
+            saved = self.features.load(index)
             aux = saved["aux_hidden_states"].float()  # [layers, T, H]
             length = min(int(saved["input_ids"].shape[0]), self.spec.max_seq_len + 1)
             sample = {
@@ -392,7 +399,7 @@ class Trainer:
             "draft_vocab_size": self.spec.draft_vocab_size,
             "num_speculative_tokens": self.spec.num_speculative_tokens,
             "base_drafter": self.spec.base_drafter_path,
-            "dataset": {"path": self.spec.hidden_states_dir, **self.dataset.lineage()},
+            "dataset": self.features.lineage(),
             "vocab": self.spec.vocab_dir,
             "config_sha256": hashlib.sha256(spec_json.encode()).hexdigest(),
             "speculators_version": version("speculators"),

@@ -1,0 +1,236 @@
+"""train, online mode: hidden states computed per sample by the target server beside the trainer.
+
+vLLM 0.18 cannot run its extract_hidden_states method on CPU ("spec decode is not supported" in
+its CPU model runner), so the server here is tests/workloads/hidden_states_server.py, started with
+the exact flags plan/online.py renders for the real one, computing the layers with the tiny
+target's own forward pass and writing them in the connector's layout. What ties it to the real
+vLLM 0.18: its flags are parsed by vLLM 0.18's own `vllm serve` parser into an engine config, and
+the trainer's request and the server's reply are validated by vLLM 0.18's own protocol models.
+
+The main promise: online training is offline training without the storage, step for step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimideploy.config.specs import OnlineTrainSpec
+from kimideploy.images.verify import vllm_venv
+from kimideploy.plan.online import server_args
+from tests.conftest import REPO
+from tests.workloads.conftest import HERE, free_port
+from tests.workloads.test_train import (
+    events,
+    features,
+    losses,
+    offline_losses,
+    stop_after,
+    train,
+    train_spec,
+)
+
+__all__ = ["features"]  # the module-scoped pipeline fixture, shared with test_train
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[bytes], url: str, storage: Path, record: Path):
+        self.process, self.url, self.storage, self.record = process, url, storage, record
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.record.is_file():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines()]
+
+    def online(self, conversations: Path, **changes: Any) -> dict[str, Any]:
+        values = {"endpoint": f"{self.url}/v1", "storage_dir": str(self.storage),
+                  "conversations_dir": str(conversations), "aux_layer_ids": [1, 2, 4],
+                  "request_timeout_s": 60, "max_retries": 1, "server_wait_s": 60,
+                  "concurrency": 3, **changes}  # fmt: skip
+        return OnlineTrainSpec(**values).model_dump()
+
+
+def flags(
+    port: int, storage: Path, served: str = "tiny", ids: tuple[int, ...] = (1, 2)
+) -> list[str]:
+    return server_args(served_name=served, port=port, tensor_parallel_size=1, max_model_len=514,
+                       gpu_memory_utilization=0.9, dtype="float32", trust_remote_code=True,
+                       vllm_ids=list(ids), num_hidden_layers=4, storage=str(storage))  # fmt: skip
+
+
+def start_server(
+    python: Path, model: Path, where: Path, served: str = "tiny", ids: tuple[int, ...] = (1, 2)
+) -> Server:
+    port, storage, record = free_port(), where / "scratch", where / "requests.jsonl"
+    where.mkdir(parents=True, exist_ok=True)
+    command = [str(python), str(HERE / "hidden_states_server.py"), "serve", str(model),
+               *flags(port, storage, served, ids), "--record", str(record)]  # fmt: skip
+    log = (where / "server.log").open("wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                return Server(process, url, storage, record)
+        except OSError:
+            if process.poll() is not None:
+                break
+            time.sleep(0.5)
+    process.kill()
+    pytest.fail(f"the stand-in server did not start: {(where / 'server.log').read_text()[-2000:]}")
+
+
+@pytest.fixture
+def server(tmp_path: Path, torch_python: Path, tiny_model: Path) -> Iterator[Server]:
+    running = start_server(torch_python, tiny_model, tmp_path / "server")
+    yield running
+    running.process.terminate()
+    running.process.wait(timeout=30)
+
+
+def test_online_training_is_offline_training_without_the_storage(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path, server: Server
+) -> None:
+    settings = {"epochs": 4, "batch_size": 2, "checkpoint_every_steps": 1000}
+    offline = offline_losses(
+        speculators_python, tmp_path / "offline", features, tiny_model, **settings
+    )
+    online_spec = train_spec(tmp_path / "online", features, tiny_model, mode="online",
+                             hidden_states_dir=str(tmp_path / "nothing-stored"),
+                             online=server.online(features / "conv"), **settings)  # fmt: skip
+    code, out, err = train(speculators_python, online_spec)
+    assert code == 0, err
+    online = losses(out)
+    assert sorted(online) == sorted(offline) == list(range(1, 9))
+    for step, loss in online.items():
+        assert loss == pytest.approx(offline[step], rel=1e-4, abs=1e-6), step
+    # Each sample asked for once per epoch, as a prefill of its token ids; every file read is gone.
+    asked = server.requests()
+    assert len(asked) == 4 * 4 and {r["max_tokens"] for r in asked} == {1}
+    assert all(isinstance(t, int) for r in asked for t in r["prompt"])
+    assert list(server.storage.iterdir()) == []
+    lineage = json.loads((tmp_path / "online" / "drafter" / "kimideploy-lineage.json").read_text())
+    assert lineage["dataset"]["mode"] == "online" and lineage["dataset"]["samples"] == 4
+    assert lineage["dataset"]["server_aux_layer_ids"] == [1, 2, 4]
+    config = json.loads((tmp_path / "online" / "drafter" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+
+
+def test_a_stopped_online_run_resumes_without_asking_for_what_it_already_trained_on(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path, server: Server
+) -> None:
+    settings = {"epochs": 10, "batch_size": 2, "checkpoint_every_steps": 1000}
+    straight = offline_losses(
+        speculators_python, tmp_path / "straight", features, tiny_model, **settings
+    )
+    spec = train_spec(tmp_path / "stopped", features, tiny_model, mode="online",
+                      online=server.online(features / "conv"), **settings)  # fmt: skip
+    stopped_at, _ = stop_after(speculators_python, spec, 3)
+    assert 3 <= stopped_at < 20
+    before = len(server.requests())
+    code, out, err = train(speculators_python, spec)
+    assert code == 0, err
+    assert events(out, "resumed")[0]["step"] == stopped_at
+    # The resumed pod asks only for the batches it has left: two samples per remaining step.
+    assert len(server.requests()) - before == (20 - stopped_at) * 2
+    for step, loss in losses(out).items():
+        assert loss == pytest.approx(straight[step], rel=1e-4, abs=1e-6), step
+    assert list(server.storage.iterdir()) == []
+
+
+def test_a_server_that_is_not_the_target_is_refused(
+    tmp_path: Path, speculators_python: Path, torch_python: Path, tiny_model: Path, features: Path
+) -> None:
+    other = start_server(torch_python, tiny_model, tmp_path / "other", served="someone-else")
+    wrong_layers = start_server(torch_python, tiny_model, tmp_path / "wrong", ids=(1, 2, 3))
+    try:
+        for server, message in [
+            (other, "serves someone-else, not tiny"),
+            (wrong_layers, "returned hidden states that do not belong to sample"),
+        ]:
+            spec = train_spec(tmp_path / message[:8], features, tiny_model, mode="online",
+                              online=server.online(features / "conv"), epochs=1)  # fmt: skip
+            code, _, err = train(speculators_python, spec)
+            assert code == 2 and message in err, err
+            assert not (tmp_path / message[:8] / "drafter").exists()
+            assert list(server.storage.iterdir()) == []  # the wrong file was deleted all the same
+    finally:
+        for server in (other, wrong_layers):
+            server.process.terminate()
+            server.process.wait(timeout=30)
+    # No server at all: the pod waits its budget, then fails (exit 1) and is retried by the Job.
+    gone = Server(other.process, f"http://127.0.0.1:{free_port()}", tmp_path / "s", tmp_path / "r")
+    spec = train_spec(tmp_path / "none", features, tiny_model, mode="online",
+                      online=gone.online(features / "conv", server_wait_s=3), epochs=1)  # fmt: skip
+    code, _, err = train(speculators_python, spec)
+    assert code == 1 and "did not answer within 3 s" in err
+
+
+VLLM_CHECKS = """
+import json, sys
+from kimideploy.images.engine_check import use_cpu_platform
+use_cpu_platform()
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest, CompletionResponse
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+model, args, request, reply = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+parsed = make_arg_parser(FlexibleArgumentParser()).parse_args([model, *args])
+parsed.model = parsed.model_tag or parsed.model
+config = AsyncEngineArgs.from_cli_args(parsed).create_engine_config()
+speculative = config.speculative_config
+parsed_request = CompletionRequest.model_validate(request)
+parsed_reply = CompletionResponse.model_validate(reply)
+print(json.dumps({"method": speculative.method,
+                  "ids": list(speculative.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids),
+                  "connector": config.kv_transfer_config.kv_connector,
+                  "storage": config.kv_transfer_config.kv_connector_extra_config["shared_storage_path"],
+                  "prefix_caching": config.cache_config.enable_prefix_caching,
+                  "max_model_len": config.model_config.max_model_len,
+                  "prompt_len": len(parsed_request.prompt), "max_tokens": parsed_request.max_tokens,
+                  "return_token_ids": parsed_request.return_token_ids,
+                  "path": parsed_reply.kv_transfer_params["hidden_states_path"],
+                  "echoed": parsed_reply.choices[0].prompt_token_ids}))
+"""
+
+
+def test_the_server_flags_and_the_exchange_are_vllm_018s_own(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path, server: Server
+) -> None:
+    spec = train_spec(tmp_path, features, tiny_model, mode="online",
+                      online=server.online(features / "conv"), epochs=1, batch_size=4)  # fmt: skip
+    code, _, err = train(speculators_python, spec)
+    assert code == 0, err
+    request = server.requests()[0]
+    with urllib.request.urlopen(urllib.request.Request(
+        server.url + "/v1/completions", data=json.dumps(request).encode(),
+        headers={"Content-Type": "application/json"},
+    )) as answer:  # fmt: skip
+        reply = json.loads(answer.read())
+    python = vllm_venv("0.18.0") / "bin" / "python"
+    rendered = flags(8000, Path("/scratch/hidden-states"))
+    done = subprocess.run(
+        [str(python), "-c", VLLM_CHECKS, str(tiny_model), json.dumps(rendered), json.dumps(request),
+         json.dumps(reply)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    checked = json.loads(done.stdout.strip().splitlines()[-1])
+    assert checked == {
+        "method": "extract_hidden_states", "ids": [1, 2, 4], "connector": "ExampleHiddenStatesConnector",
+        "storage": "/scratch/hidden-states", "prefix_caching": False, "max_model_len": 514,
+        "prompt_len": len(request["prompt"]), "max_tokens": 1, "return_token_ids": True,
+        "path": reply["kv_transfer_params"]["hidden_states_path"], "echoed": request["prompt"],
+    }  # fmt: skip
+    Path(reply["kv_transfer_params"]["hidden_states_path"]).unlink()
