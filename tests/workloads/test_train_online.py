@@ -234,3 +234,19 @@ def test_the_server_flags_and_the_exchange_are_vllm_018s_own(
         "path": reply["kv_transfer_params"]["hidden_states_path"], "echoed": request["prompt"],
     }  # fmt: skip
     Path(reply["kv_transfer_params"]["hidden_states_path"]).unlink()
+
+
+def test_the_gpu_check_script_agrees_with_the_reference_through_the_stand_in(
+    tmp_path: Path, torch_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """scripts/gpu-check-online is what a GPU session runs against real vLLM; here it runs against
+    the stand-in so its flags, client and comparison stay working between GPU sessions."""
+    server = f"{torch_python} {HERE / 'hidden_states_server.py'}"
+    command = [str(torch_python), str(REPO / "scripts" / "gpu-check-online"), str(tiny_model),
+               str(features / "conv"), "--dtype", "float32", "--server", server]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["samples"] == 4 and summary["failures"] == []
+    assert summary["worst_relative_error"] < 1e-5
