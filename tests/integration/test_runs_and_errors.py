@@ -204,6 +204,9 @@ def test_online_train_runs_the_target_server_as_a_sidecar_of_each_trainer(
         # The API server kept it a native sidecar: restarted on failure, stopped with the pod.
         assert server["name"] == "target-server" and server["restartPolicy"] == "Always"
         assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        # Accepted as sent: readiness on /v1/models, no startup probe holding the trainer back.
+        assert server["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+        assert "startupProbe" not in server
         [trainer] = pod["spec"]["containers"]
         assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "4"
         assert "--nproc-per-node=4" in trainer["args"]

@@ -44,10 +44,12 @@ def test_each_b300_trainer_pod_runs_the_target_on_half_its_gpus(example: LoadedP
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert job["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert job["args"][0] == "--nproc-per-node=4"
-    # The trainer is held back until the 25-minute load is done, however long it takes.
-    probe = server["startupProbe"]
-    assert probe["httpGet"] == {"path": "/v1/models", "port": 8000}
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= 2700
+    # Nothing holds the trainer back (a startup probe on a sidecar would, and a server that never
+    # loads would then restart forever in a pod that never fails): the trainer waits the budget.
+    assert "startupProbe" not in server
+    assert server["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": 8000}
+    # Liveness leaves the 45-minute load alone.
+    assert server["livenessProbe"]["initialDelaySeconds"] == 2700
     # Both read and write the same pod-local scratch; no hidden-state volume is claimed.
     scratch = {"name": "hidden-states-scratch", "mountPath": SCRATCH_MOUNT}
     assert scratch in server["volumeMounts"] and scratch in job["volume_mounts"]
@@ -178,18 +180,18 @@ def pod(phase: str, init: list[dict[str, Any]], main: list[dict[str, Any]]) -> d
 
 
 def test_a_run_says_when_its_target_server_is_loading_or_crashing() -> None:
-    loading = {"name": "target-server", "started": False, "restartCount": 0,
+    loading = {"name": "target-server", "started": True, "ready": False, "restartCount": 0,
                "state": {"running": {"startedAt": "2026-11-29T10:00:00Z"}}}  # fmt: skip
-    waiting_trainer = {"name": "train", "state": {"waiting": {"reason": "PodInitializing"}}}
-    assert pod_waiting(pod("Pending", [loading], [waiting_trainer])) == (
+    trainer = {"name": "train", "state": {"running": {}}}
+    assert pod_waiting(pod("Running", [loading], [trainer])) == (
         "target-server starting since 2026-11-29T10:00:00Z"
     )
-    crashing = {"name": "target-server", "started": False, "restartCount": 3,
+    crashing = {"name": "target-server", "started": False, "ready": False, "restartCount": 3,
                 "state": {"waiting": {"reason": "CrashLoopBackOff"}}}  # fmt: skip
-    assert pod_waiting(pod("Pending", [crashing], [waiting_trainer])) == (
+    assert pod_waiting(pod("Running", [crashing], [trainer])) == (
         "target-server CrashLoopBackOff, restarted 3 times"
     )
-    ready = {**loading, "started": True}
+    ready = {**loading, "ready": True}
     training = {"name": "train", "state": {"running": {}}}
     assert pod_waiting(pod("Running", [ready], [training])) == ""
     assert pod_waiting(pod("Succeeded", [crashing], [training])) == ""

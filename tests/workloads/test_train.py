@@ -183,16 +183,23 @@ def test_a_stopped_run_resumes_at_its_step_with_the_same_numbers(
         assert loss == pytest.approx(straight[step], rel=1e-4, abs=1e-6), step
 
 
+def two_ranks(python: Path, spec: Path) -> subprocess.Popen[str]:
+    """Two training ranks on this host through torch.distributed.run (gloo), started, not awaited."""
+    command = [str(python), "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+               "--nproc-per-node=2", "-m", "kimideploy.workloads", "train", "--spec", str(spec)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+
+
 def test_two_ranks_train_through_torch_distributed(
     tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
 ) -> None:
     spec = train_spec(tmp_path, features, tiny_model, epochs=3, batch_size=1)
-    command = [str(speculators_python), "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-               "--nproc-per-node=2", "-m", "kimideploy.workloads", "train", "--spec", str(spec)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    progress = events(done.stdout, "progress")
+    ranks = two_ranks(speculators_python, spec)
+    stdout, stderr = ranks.communicate(timeout=600)
+    assert ranks.returncode == 0, stderr[-3000:]
+    progress = events(stdout, "progress")
     assert [p["step"] for p in progress] == [1, 2, 3, 4, 5, 6]  # 4 samples over 2 ranks, batch 1
     lineage = json.loads((tmp_path / "drafter" / "kimideploy-lineage.json").read_text())
     assert lineage["world_size"] == 2

@@ -36,6 +36,7 @@ from tests.workloads.test_train import (
     stop_after,
     train,
     train_spec,
+    two_ranks,
 )
 
 __all__ = ["features"]  # the module-scoped pipeline fixture, shared with test_train
@@ -51,11 +52,15 @@ class Server:
         return [json.loads(line) for line in self.record.read_text().splitlines()]
 
     def online(self, conversations: Path, **changes: Any) -> dict[str, Any]:
-        values = {"endpoint": f"{self.url}/v1", "storage_dir": str(self.storage),
-                  "conversations_dir": str(conversations), "aux_layer_ids": [1, 2, 4],
-                  "request_timeout_s": 60, "max_retries": 1, "server_wait_s": 60,
-                  "concurrency": 3, **changes}  # fmt: skip
-        return OnlineTrainSpec(**values).model_dump()
+        return online_settings(self.url, self.storage, conversations, **changes)
+
+
+def online_settings(url: str, storage: Path, conversations: Path, **changes: Any) -> dict[str, Any]:
+    values = {"endpoint": f"{url}/v1", "storage_dir": str(storage),
+              "conversations_dir": str(conversations), "aux_layer_ids": [1, 2, 4],
+              "request_timeout_s": 60, "max_retries": 1, "server_wait_s": 60,
+              "concurrency": 3, **changes}  # fmt: skip
+    return OnlineTrainSpec(**values).model_dump()
 
 
 def flags(
@@ -67,9 +72,10 @@ def flags(
 
 
 def start_server(
-    python: Path, model: Path, where: Path, served: str = "tiny", ids: tuple[int, ...] = (1, 2)
-) -> Server:
-    port, storage, record = free_port(), where / "scratch", where / "requests.jsonl"
+    python: Path, model: Path, where: Path, served: str = "tiny", ids: tuple[int, ...] = (1, 2),
+    port: int = 0,
+) -> Server:  # fmt: skip
+    port, storage, record = port or free_port(), where / "scratch", where / "requests.jsonl"
     where.mkdir(parents=True, exist_ok=True)
     command = [str(python), str(HERE / "hidden_states_server.py"), "serve", str(model),
                *flags(port, storage, served, ids), "--record", str(record)]  # fmt: skip
@@ -146,6 +152,38 @@ def test_a_stopped_online_run_resumes_without_asking_for_what_it_already_trained
     for step, loss in losses(out).items():
         assert loss == pytest.approx(straight[step], rel=1e-4, abs=1e-6), step
     assert list(server.storage.iterdir()) == []
+
+
+def test_ranks_started_before_their_server_wait_for_it_then_train_as_offline_ranks_do(
+    tmp_path: Path, speculators_python: Path, torch_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """The trainer starts beside the loading server (no startup probe holds it back) and waits."""
+    settings = {"epochs": 3, "batch_size": 1, "checkpoint_every_steps": 1000}
+    offline = two_ranks(speculators_python, train_spec(tmp_path / "offline", features, tiny_model,
+                                                       **settings))  # fmt: skip
+    offline_out, offline_err = offline.communicate(timeout=600)
+    assert offline.returncode == 0, offline_err[-3000:]
+    port, where = free_port(), tmp_path / "server"
+    online = online_settings(f"http://127.0.0.1:{port}", where / "scratch", features / "conv",
+                             server_wait_s=300)  # fmt: skip
+    spec = train_spec(tmp_path / "online", features, tiny_model, mode="online", online=online,
+                      **settings)  # fmt: skip
+    ranks = two_ranks(speculators_python, spec)
+    time.sleep(5)
+    assert ranks.poll() is None  # still waiting: nothing answers yet
+    server = start_server(torch_python, tiny_model, where, port=port)
+    try:
+        out, err = ranks.communicate(timeout=600)
+    finally:
+        server.process.terminate()
+        server.process.wait(timeout=30)
+    assert ranks.returncode == 0, err[-3000:]
+    trained, expected = losses(out), losses(offline_out)
+    assert sorted(trained) == sorted(expected) == list(range(1, 7))
+    for step, loss in trained.items():
+        assert loss == pytest.approx(expected[step], rel=1e-4, abs=1e-6), step
+    # Each rank asked for its own share, once per epoch: 4 samples x 3 epochs in all.
+    assert len(server.requests()) == 12 and list(server.storage.iterdir()) == []
 
 
 def test_a_server_that_is_not_the_target_is_refused(

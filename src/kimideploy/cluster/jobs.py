@@ -86,8 +86,9 @@ def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True
 
 def pod_waiting(pod: dict[str, Any]) -> str:
     """What holds a live pod back, or "": a container waiting on an error (CrashLoopBackOff,
-    ImagePullBackOff), or a sidecar (online training's target server) still loading, which can
-    take half an hour and would otherwise look like a silent Pending pod."""
+    ImagePullBackOff), or a sidecar (online training's target server) not ready yet: its load
+    can take half an hour while the trainer beside it only waits, which would otherwise look
+    like a pod that runs and says nothing."""
     status = pod.get("status", {})
     if status.get("phase") not in ("Pending", "Running"):
         return ""
@@ -105,7 +106,7 @@ def pod_waiting(pod: dict[str, Any]) -> str:
         reason = (state.get("waiting") or {}).get("reason", "")
         if reason and reason not in ("ContainerCreating", "PodInitializing"):
             return f"{container['name']} {reason}{again}"
-        if container["name"] in sidecars and not container.get("started", False):
+        if container["name"] in sidecars and not container.get("ready", False):
             since = (state.get("running") or {}).get("startedAt", "")
             started = f" since {since}" if since else ""
             return f"{container['name']} starting{started}{again}"

@@ -1,12 +1,13 @@
 """train.mode online: the target server beside each trainer, and how a node's GPUs are split.
 
 Each trainer pod runs the target in vLLM 0.18 as a native sidecar (an init container with
-restartPolicy Always, Kubernetes >= 1.29): its startup probe holds the trainer back until the
-weights are loaded, it restarts on its own if it dies, and it stops when the trainer finishes, so
-nothing outlives the Job. It serves on the pod's own network and writes each request's hidden
-states to a pod-local emptyDir the trainer reads and empties; nothing crosses the network or
-lands on a volume (CONTEXT §5: 500K samples stored would be ~25 TB). Several nodes: one server per
-node, each trainer rank asks its own node's server.
+restartPolicy Always, Kubernetes >= 1.29): the trainer starts beside it and waits for it to answer
+(at most the startup budget, then the pod fails and the Job's retry limit applies), it restarts on
+its own if it dies, and it stops when the trainer finishes, so nothing outlives the Job. It serves
+on the pod's own network and writes each request's hidden states to a pod-local emptyDir the
+trainer reads and empties; nothing crosses the network or lands on a volume (CONTEXT §5: 500K
+samples stored would be ~25 TB). Several nodes: one server per node, each trainer rank asks its own
+node's server.
 
 The node's GPUs are split: the server takes the fewest of 1, 2, 4, 8 (its tensor parallel size)
 that hold the weights plus `kv_headroom_gb` each, the trainer the rest. A target that needs every
@@ -15,7 +16,6 @@ GPU of a node (595 GB on 8 x 96 GB) cannot train online there, which is said bef
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,14 +198,20 @@ def server_container(ctx: Context, split: OnlineLayout) -> dict[str, Any]:
         "resources": pods.resources(
             online.server_resources.cpu, online.server_resources.memory, split.server_gpus
         ),
-        "startupProbe": {
+        # No startupProbe: on a sidecar it would hold the trainer back, and a server that never
+        # loads would then restart forever in a pod that never fails. The trainer waits for the
+        # server itself (OnlineTrainSpec.server_wait_s = startup_budget_s) and exits 1 when the
+        # budget runs out, so the Job's retry limit bounds a broken server. Readiness only tells
+        # `kimideploy run` that the load is done; liveness starts once the budget has passed.
+        "readinessProbe": {
             "httpGet": {"path": "/v1/models", "port": online.port},
             "periodSeconds": period,
             "timeoutSeconds": 5,
-            "failureThreshold": math.ceil(online.startup_budget_s / period),
+            "failureThreshold": 1,
         },
         "livenessProbe": {
             "httpGet": {"path": "/health", "port": online.port},
+            "initialDelaySeconds": online.startup_budget_s,
             "periodSeconds": 30,
             "timeoutSeconds": 10,
             "failureThreshold": 4,

@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ from kimideploy.workloads.vocab import load_vocab_maps
 LINEAGE_FILE = "kimideploy-lineage.json"
 STATE_FILE = "state.json"
 KEEP_CHECKPOINTS = 3
+# PyTorch's own default for NCCL: long enough for a checkpoint write on rank 0, short enough
+# that a hung rank does not hold a whole cluster for an hour.
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
 @dataclass
@@ -113,6 +116,7 @@ class Trainer:
         import torch
 
         self.spec, self.features, self.ranks = spec, features, ranks
+        self.group: Any = None
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = steps_per_epoch * spec.epochs
         self.device = (
@@ -125,7 +129,15 @@ class Trainer:
 
             if torch.cuda.is_available():
                 torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            # Online, each rank joins only once its node's server has loaded, and nodes load at
+            # different speeds: joining may take up to the servers' budget. Training itself runs
+            # on a group with the usual timeout, so a hung collective is still caught quickly.
+            join = COLLECTIVE_TIMEOUT + (
+                timedelta(seconds=spec.online.server_wait_s) if spec.online else timedelta()
+            )
+            dist.init_process_group(backend, timeout=join)
+            self.group = dist.new_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
         torch.manual_seed(spec.seed)
         self.model = build_model(spec, d2t, t2d).to(self.device)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -143,7 +155,7 @@ class Trainer:
         if self.ranks.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            model = DistributedDataParallel(self.model)
+            model = DistributedDataParallel(self.model, process_group=self.group)
         started, start_step, start_tokens = time.monotonic(), self.position.step, 0
         last: dict[str, Any] = {}
         while self.position.epoch < self.spec.epochs:
@@ -266,14 +278,14 @@ class Trainer:
         import torch.distributed as dist
 
         flag = torch.tensor([1.0 if self.stopper.stopping else 0.0], device=self.device)
-        dist.all_reduce(flag)
+        dist.all_reduce(flag, group=self.group)
         return bool(flag.item() > 0)
 
     def _barrier(self) -> None:
         if self.ranks.world > 1:
             import torch.distributed as dist
 
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _checkpoint(self, figures: dict[str, Any]) -> None:
