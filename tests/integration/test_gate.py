@@ -17,6 +17,7 @@ FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
 BENCH_PODS = "app.kubernetes.io/component=bench"
 LEVELS = (1, 8)
 QUICK_BENCH = "bench.pod_annotations=" + json.dumps({"kimideploy.test/run-duration": "1s"})
+MANUAL_BENCH = ("--set", QUICK_BENCH, "--set", "bench.concurrency=[1, 8]", "--poll", "0.3")
 
 
 def bench_level(
@@ -65,6 +66,14 @@ def bench_log(path: Path, drafter: str, tokens_per_s: dict[int, float], rate: fl
     return harness.write_container_log(
         path, [json.dumps(progress), "chat c=1 ... (human line)", json.dumps(result)]
     )
+
+
+def baseline_and_v3(where: Path, v3_tokens_per_s: dict[int, float], rate: float) -> dict[str, Path]:
+    """Bench logs of the non-speculative baseline (60 and 400 tok/s at c=1 and 8) and of v3."""
+    return {
+        "none": bench_log(where / "none.log", "none", {1: 60.0, 8: 400.0}, None),
+        "v3": bench_log(where / "v3.log", "v3", v3_tokens_per_s, rate),
+    }
 
 
 def by_drafter(
@@ -345,25 +354,64 @@ def test_a_manual_non_speculative_bench_run_becomes_the_gates_baseline(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    files = {
-        "none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None),
-        "v3": bench_log(tmp_path / "v3.log", "v3", {1: 84.0, 8: 480.0}, 0.62),
-    }
+    files = baseline_and_v3(tmp_path, {1: 84.0, 8: 480.0}, 0.62)
     with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
         assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
-        code, _, err = kd(
-            "run",
-            "bench",
-            "--set",
-            QUICK_BENCH,
-            "--set",
-            "bench.concurrency=[1, 8]",
-            "--poll",
-            "0.3",
-        )
+        code, _, err = kd("run", "bench", *MANUAL_BENCH)
         assert code == 0, err
         assert "(drafter none) for the gate" in err
         code, out, err = gated(kd, "v3")
     assert code == 0, err
     assert "gate: comparing with baseline run" in err and "measuring a fresh" not in err
     assert "kept" in out
+
+
+def test_run_bench_with_a_baseline_reports_the_speedup_per_level(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    files = baseline_and_v3(tmp_path, {1: 84.0, 8: 480.0}, 0.62)
+    bench = MANUAL_BENCH
+
+    def jobs() -> list[str]:
+        return testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "name").split()
+
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
+        assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+        # Nothing to compare with yet: refused before a bench Job exists.
+        code, _, err = kd("run", "bench", "--baseline", *bench)
+        assert code == 2 and "no comparable non-speculative bench run to compare with" in err
+        assert "no non-speculative baseline has been measured on cluster rtx6000" in err
+        assert jobs() == []
+        code, out, err = kd("run", "bench", *bench)
+        assert code == 0, err
+        assert out.split()[:6] == ["PROMPT_SET", "CONCURRENCY", "TOKENS_PER_S", "ACCEPTANCE_RATE",
+                                   "MEAN_ACCEPTANCE_LENGTH", "TTFT_P50_S"]  # fmt: skip
+        assert "SPEEDUP" not in out
+        [baseline] = json.loads(kd("bench", "list", "-o", "json")[1])
+        assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+        code, out, err = kd("run", "bench", "--drafter", "v3", "--baseline", *bench)
+        assert code == 0, err
+        assert f"comparing with baseline run {baseline['run_id']}" in err
+        rows = [line.split() for line in out.strip().splitlines()]
+        assert rows[0][:5] == ["PROMPT_SET", "CONCURRENCY", "TOKENS_PER_S",
+                               "BASELINE_TOKENS_PER_S", "SPEEDUP"]  # fmt: skip
+        measured = {(r[0], r[1]): (r[3], r[4]) for r in rows[1:]}
+        assert measured == {("chat", "1"): ("60.0", "1.4"), ("chat", "8"): ("400.0", "1.2"),
+                            ("reasoning", "1"): ("60.0", "1.4"),
+                            ("reasoning", "8"): ("400.0", "1.2")}  # fmt: skip
+        drafter_run = json.loads(kd("bench", "list", "-o", "json")[1])[-1]["run_id"]
+        before = jobs()
+        # Refused before a Job exists: another max_tokens does not compare with the baseline, a
+        # drafter's run is no baseline, an unknown run is unknown.
+        for chosen, message in [
+            (baseline["run_id"], "does not compare with this one: the stored baselines used other"),
+            (drafter_run, f"bench run {drafter_run} measured drafter v3; a baseline must be"),
+            ("nope", "no stored bench run nope of release"),
+        ]:
+            code, _, err = kd("run", "bench", "--drafter", "v3", "--baseline", chosen,
+                              "--set", "bench.max_tokens=64", *bench)  # fmt: skip
+            assert code == 2 and message in err, err
+        assert jobs() == before

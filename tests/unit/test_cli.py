@@ -120,3 +120,12 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
 
     with pytest.raises(UsageError):
         main(["--debug", "render", "serve", "--drafter", "v9"])
+
+
+@pytest.mark.parametrize("args", [("run", "train", "--baseline"), ("run", "bench", "--detach",
+                                                                   "--baseline", "abc123")])  # fmt: skip
+def test_baseline_is_for_a_followed_bench_run_only(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "--baseline compares a bench run that this command follows" in err

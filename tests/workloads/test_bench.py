@@ -74,3 +74,14 @@ def test_an_unreachable_release_fails_the_run(tmp_path: Path, tiny_model: Path) 
     assert process.returncode == 1
     result = json.loads((tmp_path / "x/result.json").read_text())
     assert result["levels"][0]["failed"] == 3 and result["levels"][0]["errors"]
+
+
+def test_a_missing_baseline_fails_before_measuring(tmp_path: Path, tiny_model: Path) -> None:
+    from tests.workloads.conftest import free_port
+
+    spec = bench_spec(tmp_path, f"http://127.0.0.1:{free_port()}", tiny_model, "x",
+                      baseline_path=str(tmp_path / "gone/result.json"))  # fmt: skip
+    process = run_workload("bench", spec)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and "cannot read the baseline result" in err
+    assert not (tmp_path / "x").exists()  # nothing measured, nothing written

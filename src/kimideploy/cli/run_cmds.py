@@ -15,6 +15,15 @@ JOB_WORKLOADS = click.Choice(["datagen", "extract", "vocab", "train", "bench"])
 @plan_options
 @cluster_options
 @click.option("--detach", is_flag=True, help="Create the Job and return; follow later with `logs`.")
+@click.option(
+    "--baseline",
+    is_flag=False,
+    flag_value="latest",
+    default=None,
+    metavar="[RUN_ID]",
+    help="bench only: report the speedup per level over a stored non-speculative bench run "
+    "(alone: the newest comparable one, as the gate picks it).",
+)
 @click.option("--poll", default=2.0, hidden=True)
 @click.pass_obj
 def run(
@@ -26,19 +35,31 @@ def run(
     context: str | None,
     namespace: str | None,
     detach: bool,
+    baseline: str | None,
     poll: float,
 ) -> None:
     """Start WORKLOAD as a new Job and follow its progress (Ctrl-C detaches; the Job runs on)."""
+    from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services import runs
     from kimideploy.services.connection import open_session
 
+    if baseline is not None and (workload != "bench" or detach):
+        raise UsageError(
+            "--baseline compares a bench run that this command follows to its end",
+            hint="use it as `kimideploy run bench --baseline [RUN_ID]`, without --detach",
+        )
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    started = runs.start_run(
-        session, loaded, PlanRequest(workload, cluster, drafter, overrides), reporter
-    )
+    request = PlanRequest(workload, cluster, drafter, overrides)
+    chosen = None
+    if baseline is not None:
+        from kimideploy.services.gate import choose_bench_baseline
+
+        chosen, why = choose_bench_baseline(session, loaded, request, baseline)
+        reporter.info(f"comparing with {why}")
+    started = runs.start_run(session, loaded, request, reporter)
     follow_hint = f"kimideploy logs {started.run_id} --follow"
     if detach:
         click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
@@ -46,9 +67,15 @@ def run(
     try:
         snapshot = runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll)
         if workload == "bench":
-            from kimideploy.services.gate import record_bench_run
+            from kimideploy.cli.table import format_table
+            from kimideploy.services.gate import bench_comparison, record_bench_run
 
             record_bench_run(session, started, snapshot, reporter)
+            rows = bench_comparison(snapshot, chosen)
+            if chosen is None:
+                rows = [{k: v for k, v in r.items() if "baseline" not in k and k != "speedup"}
+                        for r in rows]  # fmt: skip
+            click.echo(format_table(rows))
     except KeyboardInterrupt:
         reporter.info(f"detached; Job {started.job} keeps running. Re-attach: {follow_hint}")
         raise

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
+from typing import Any
 
 from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.jobs import JobSnapshot
@@ -33,11 +35,12 @@ from kimideploy.services.gate_verdict import (
     GateMeasurementError,
     Verdict,
     bench_fingerprint,
+    compare_with_baseline,
     judge,
     pick_baseline,
     serve_fingerprint,
 )
-from kimideploy.services.rendering import render_workload
+from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 
 
@@ -249,15 +252,88 @@ def _bench(
     return stored
 
 
+def _bench_spec(rendered: Rendered) -> BenchSpec:
+    spec_map = next(o for o in rendered.objects if o["kind"] == "ConfigMap")
+    return BenchSpec.model_validate_json(spec_map["data"]["spec.json"])
+
+
+def _serve_release(rendered: Rendered) -> str:
+    return rendered.plan.release.rsplit("-", 1)[0] + "-serve"
+
+
+LATEST_BASELINE = "latest"
+
+
+def choose_bench_baseline(
+    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, wanted: str
+) -> tuple[StoredBench, str]:
+    """The stored non-speculative run `run bench --baseline` compares with: `latest` picks the
+    newest comparable one as the gate would; a run id must be comparable too. Chosen before the
+    bench Job exists, so a wrong choice costs nothing."""
+    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    spec, release = _bench_spec(rendered), _serve_release(rendered)
+    serving = _serving(session, release)
+    if serving is None:
+        raise UsageError(
+            f"nothing is deployed in release {release}, so there is nothing to bench",
+            hint="`kimideploy up serve --drafter D` first",
+        )
+    stored = session.bench_results(release)
+    comparable = partial(
+        pick_baseline,
+        cluster=serving.cluster,
+        serve_print=_fingerprint_of(serving),
+        bench_print=bench_fingerprint(spec.prompt_sets, spec.num_prompts, spec.max_tokens),
+        needed=[(p, c) for p in spec.prompt_sets for c in spec.concurrency],
+        now=_now(),
+    )
+    listing = "`kimideploy bench list` shows the stored runs"
+    if wanted == LATEST_BASELINE:
+        max_age_h = loaded.project.clusters[serving.cluster].gate.baseline_max_age_h
+        chosen, why = comparable(stored, max_age_h=max_age_h)
+        if chosen is None:
+            raise UsageError(
+                f"no comparable non-speculative bench run to compare with: {why}",
+                hint="measure one with `kimideploy up serve --drafter none` then `kimideploy run "
+                f"bench`, or name a run with --baseline RUN_ID; {listing}",
+            )
+        return chosen, why
+    named = next((b for b in stored if b.run_id == wanted), None)
+    if named is None:
+        raise UsageError(f"no stored bench run {wanted} of release {release}", hint=listing)
+    if named.drafter != NO_DRAFTER:
+        raise UsageError(
+            f"bench run {wanted} measured drafter {named.drafter}; a baseline must be "
+            "non-speculative (drafter none)",
+            hint=listing,
+        )
+    chosen, why = comparable([named], max_age_h=float("inf"))
+    if chosen is None:
+        raise UsageError(
+            f"bench run {wanted} does not compare with this one: {why}",
+            hint=f"bench a baseline with the current settings; {listing}",
+        )
+    return chosen, f"baseline run {wanted} measured {named.measured_at}"
+
+
+def bench_comparison(snapshot: JobSnapshot, baseline: StoredBench | None) -> list[dict[str, Any]]:
+    """The finished bench run's table, over the chosen baseline when there is one."""
+    result = progress.results(snapshot.logs).get(0)
+    if not result or not isinstance(result.get("levels"), list):
+        raise RolloutError(
+            "the bench run finished without a result line in its log",
+            hint="`kimideploy logs RUN_ID` shows the bench pod's log",
+        )
+    return compare_with_baseline(result, baseline.result if baseline else None)
+
+
 def record_bench_run(
     session: ClusterSession, started: runs.RunStarted, snapshot: JobSnapshot, reporter: Reporter
 ) -> StoredBench | None:
     """Keep a `run bench` result like the gate's own, labelled with what was actually serving,
     so a manual non-speculative run can serve as the gate's baseline."""
     result = progress.results(snapshot.logs).get(0)
-    spec_map = next(o for o in started.rendered.objects if o["kind"] == "ConfigMap")
-    spec = BenchSpec.model_validate_json(spec_map["data"]["spec.json"])
-    release = started.rendered.plan.release.rsplit("-", 1)[0] + "-serve"
+    spec, release = _bench_spec(started.rendered), _serve_release(started.rendered)
     serving = _serving(session, release)
     if not result or serving is None:
         return None

@@ -182,3 +182,31 @@ def judge(
         f"{row['prompt_set']} c={row['concurrency']} {row['speedup']:.2f}x" for row in compared
     )
     return True, f"at least {min_speedup:.2f}x everywhere: {levels}", compared
+
+
+def compare_with_baseline(
+    measured: dict[str, Any], baseline: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """One row per measured level: throughput, latency, acceptance and, when the baseline measured
+    the same prompt set at the same concurrency, its throughput and the speedup over it."""
+    theirs = _levels(baseline) if baseline else {}
+    rows = []
+    for key, level in sorted(_levels(measured).items()):
+        base = theirs.get(key, {}).get("output_tokens_per_s")
+        ours = level.get("output_tokens_per_s")
+        rows.append(
+            {
+                "prompt_set": key[0],
+                "concurrency": key[1],
+                "tokens_per_s": ours,
+                "baseline_tokens_per_s": base,
+                "speedup": round(ours / base, 4) if base and ours is not None else None,
+                "acceptance_rate": level.get("acceptance_rate"),
+                "mean_acceptance_length": level.get("mean_acceptance_length"),
+                "ttft_p50_s": level.get("ttft_p50_s"),
+                "ttft_p99_s": level.get("ttft_p99_s"),
+                "tpot_p50_s": level.get("tpot_p50_s"),
+                "tpot_p99_s": level.get("tpot_p99_s"),
+            }
+        )
+    return rows

@@ -19,7 +19,14 @@ from typing import Any
 
 from kimideploy.config.specs import BenchSpec
 from kimideploy.vllm_metrics import acceptance
-from kimideploy.workloads.runtime import EXIT_FAILED, EXIT_OK, atomic_write, emit, log
+from kimideploy.workloads.runtime import (
+    EXIT_FAILED,
+    EXIT_OK,
+    BadInputError,
+    atomic_write,
+    emit,
+    log,
+)
 
 TOPICS = [
     "tensor parallelism",
@@ -141,20 +148,36 @@ def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any
     }
 
 
-def with_baseline(levels: list[dict[str, Any]], baseline_path: str | None) -> list[dict[str, Any]]:
+def load_baseline(baseline_path: str | None) -> dict[tuple[str, int], float] | None:
+    """Output tokens/s per (prompt set, concurrency) of the baseline run, read before measuring:
+    a baseline that is gone should cost seconds, not a whole bench."""
     if not baseline_path:
+        return None
+    try:
+        levels = json.loads(Path(baseline_path).read_text())["levels"]
+        return {(b["prompt_set"], int(b["concurrency"])): b["output_tokens_per_s"] for b in levels}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadInputError(
+            f"bench.baseline_run: cannot read the baseline result {baseline_path} ({exc}); "
+            "`kimideploy run bench --baseline` picks a stored run instead"
+        ) from exc
+
+
+def with_baseline(
+    levels: list[dict[str, Any]], base: dict[tuple[str, int], float] | None
+) -> list[dict[str, Any]]:
+    if not base:
         return levels
-    base = json.loads(Path(baseline_path).read_text())
-    index = {(b["prompt_set"], b["concurrency"]): b for b in base["levels"]}
     for level in levels:
-        match = index.get((level["prompt_set"], level["concurrency"]))
-        if match and match["output_tokens_per_s"]:
-            level["baseline_tokens_per_s"] = match["output_tokens_per_s"]
-            level["speedup"] = round(level["output_tokens_per_s"] / match["output_tokens_per_s"], 4)
+        tokens_per_s = base.get((level["prompt_set"], level["concurrency"]))
+        if tokens_per_s:
+            level["baseline_tokens_per_s"] = tokens_per_s
+            level["speedup"] = round(level["output_tokens_per_s"] / tokens_per_s, 4)
     return levels
 
 
 def run(spec: BenchSpec) -> int:
+    baseline = load_baseline(spec.baseline_path)
     levels = []
     total = len(spec.prompt_sets) * len(spec.concurrency)
     for prompt_set in spec.prompt_sets:
@@ -171,7 +194,7 @@ def run(spec: BenchSpec) -> int:
                     "eta_s": None,
                 }
             )
-    levels = with_baseline(levels, spec.baseline_path)
+    levels = with_baseline(levels, baseline)
     result = {
         "run_id": spec.run_id,
         "drafter": spec.drafter,
