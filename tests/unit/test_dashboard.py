@@ -14,16 +14,18 @@ DASHBOARD = REPO / "k8s" / "base" / "dashboards" / "kimideploy-vllm.json"
 SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 
 
-@pytest.fixture(scope="module")
-def exposed() -> set[str]:
-    """Every metric name vLLM 0.16.0 registers, as Prometheus exposes it."""
-    source = vllm_sources("0.16.0") / "vllm"
+@pytest.fixture(scope="module", params=["0.16.0", "0.32.0"])
+def exposed(request: pytest.FixtureRequest) -> set[str]:
+    """Every metric name the pinned vLLM registers, as Prometheus exposes it: the dashboard serves
+    the 0.16 host and the 0.32 clusters alike."""
+    source = vllm_sources(request.param) / "vllm"
     names = set()
     for path in [
         *(source / "v1" / "metrics").rglob("*.py"),
         source / "v1" / "spec_decode" / "metrics.py",
     ]:
-        names.update(re.findall(r'name="(vllm:[a-z_:]+)"', path.read_text()))
+        # `name="vllm:..."` (0.16) or `("vllm:...", "doc")` tuples (0.32's spec-decode counters)
+        names.update(re.findall(r'(?:name=|\()"(vllm:[a-z_:]+)"', path.read_text()))
     return {name + suffix for name in names for suffix in SUFFIXES}
 
 

@@ -21,7 +21,7 @@ from kimideploy.images.selfcheck import run as selfcheck
 from kimideploy.remote.runner import CommandResult
 from tests.conftest import EXAMPLE, REPO
 
-IMAGES = ("vllm-0.16-kimi", "vllm-0.18-kimi", "train-speculators-0.9", "tools")
+IMAGES = ("vllm-0.16-kimi", "vllm-0.32-kimi", "train-speculators-0.9", "tools")
 
 
 def test_root_dockerfile_is_the_rendered_default_image(example: LoadedProject) -> None:
@@ -59,7 +59,7 @@ def test_context_holds_only_what_the_dockerfile_needs(example: LoadedProject) ->
     assert "docker/patches/vllm-0.16.0/0003-kimi-k25-supports-eagle3.patch" in context.files
     assert "docker/patches/vllm-0.16.0/SERIES" in context.files
     assert not [f for f in context.files if f.startswith(("tests/", "k8s/", "ansible/", ".venv"))]
-    assert not [f for f in context.files if "vllm-0.18" in f or "tools.txt" in f]
+    assert not [f for f in context.files if "vllm-0.32" in f or "tools.txt" in f]
     with tarfile.open(fileobj=io.BytesIO(context.tar)) as archive:
         members = archive.getmembers()
     assert all(m.mtime == 0 and m.uid == 0 for m in members)
@@ -148,9 +148,9 @@ def test_lock_writes_the_digest_and_keeps_comments(tmp_path: Path) -> None:
     config = tmp_path / "kimideploy.yaml"
     config.write_text(EXAMPLE.read_text())
     digest = "sha256:" + "b" * 64
-    lock_digest(config, "vllm-0.18-kimi", digest)
+    lock_digest(config, "vllm-0.32-kimi", digest)
     loaded = load_project(config)
-    assert loaded.project.images["vllm-0.18-kimi"].digest == digest
+    assert loaded.project.images["vllm-0.32-kimi"].digest == digest
     assert loaded.project.images["vllm-0.16-kimi"].digest != digest
     assert (
         config.read_text().count("# EXAMPLE PIN") == EXAMPLE.read_text().count("# EXAMPLE PIN") - 1

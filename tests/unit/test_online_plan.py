@@ -110,7 +110,7 @@ def test_an_online_run_that_cannot_work_is_refused_from_the_config(
     [
         (('    kubernetes_version: "1.34"\n    nodes: 8', '    kubernetes_version: "1.28"\n    nodes: 8'),
          "has no native sidecar containers"),
-        (("      extract: vllm-0.18-kimi\n      vocab: tools\n      train: train-speculators-0.9\n"
+        (("      extract: vllm-0.32-kimi\n      vocab: tools\n      train: train-speculators-0.9\n"
           "      bench: tools\n    workloads:\n      serve:\n        replicas: 2\n        resources: "
           '{cpu: "96", memory: 1Ti}\n        startup_budget_s: 2400\n      datagen:\n        prompts: '
           "prompts/mixed-v1.jsonl\n        samples: 500000",
@@ -118,9 +118,10 @@ def test_an_online_run_that_cannot_work_is_refused_from_the_config(
           "      bench: tools\n    workloads:\n      serve:\n        replicas: 2\n        resources: "
           '{cpu: "96", memory: 1Ti}\n        startup_budget_s: 2400\n      datagen:\n        prompts: '
           "prompts/mixed-v1.jsonl\n        samples: 500000"),
-         "has vLLM 0.16.0; the target server of online training needs vLLM >= 0.18"),
-        (("    patches:\n      - 0001-deepseek-final-hidden-state-as-aux-layer.patch\n", ""),
-         "cannot hand out the final layer of a kimi_k2 target without"),
+         "has vLLM 0.16.0; hidden-state extraction needs vLLM >= 0.18"),
+        (("    torch: 2.13.0\n    vllm: 0.32.0\n", "    torch: 2.13.0\n    vllm: 0.18.0\n"),
+         "has vLLM 0.18.0, which cannot hand out the final pre-norm layer of a kimi_k2 target; "
+         "that needs vLLM >= 0.32"),
     ],
 )  # fmt: skip
 def test_a_cluster_or_image_that_cannot_serve_the_target_server_is_refused(

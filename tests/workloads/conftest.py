@@ -1,4 +1,4 @@
-"""A CPU environment with torch and transformers (the pinned vLLM 0.16 stack plus `accelerate`),
+"""A CPU environment with torch, transformers and speculators (the pipeline tier's vLLM 0.32 venv),
 a tiny model made in the test, and a real OpenAI-compatible server (`transformers serve`)."""
 
 from __future__ import annotations
@@ -15,56 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from kimideploy.images.verify import cache_root, vllm_venv
+from kimideploy.images.cpu_vllm import cpu_vllm_python
 from tests.conftest import REPO
 
 HERE = Path(__file__).resolve().parent
 
 
 def workloads_python() -> Path:
-    """A venv that reuses the pinned vLLM 0.16 stack's site-packages (torch, transformers) through
-    a .pth file and adds only what `transformers serve` needs; the pinned venv stays untouched."""
-    base = vllm_venv("0.16.0")
-    venv = cache_root() / "venvs" / "workloads-torch-2.9.1"
-    python = venv / "bin" / "python"
-    if not (venv / ".complete").is_file():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        site = next(venv.glob("lib/python3*/site-packages"))
-        (site / "pinned-vllm-stack.pth").write_text(
-            str(next(base.glob("lib/python3*/site-packages"))) + "\n"
-        )
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "accelerate"], check=True)
-        (venv / ".complete").write_text("ok")
-    return python
-
-
-SPECULATORS = "0.9.0"
-TORCH_FAMILY = ("torch==2.9.1", "torchvision==0.24.1", "torchaudio==2.9.1")
+    """The one CPU stack of the workload tests: the pipeline tier's vLLM 0.32 venv (torch 2.13,
+    transformers 5, speculators 0.9, accelerate for `transformers serve`). The images pin their
+    own versions (docker/constraints/); on CPU the code under test is the same."""
+    return cpu_vllm_python()
 
 
 def train_python() -> Path:
-    """speculators (it needs transformers 5) over the same .pth-shared torch 2.9.1: the venv's
-    own site-packages come before the .pth path, so its transformers 5 wins over the pinned 4.x.
-    The train image itself pins torch 2.10.0 (docker/constraints/train-speculators-0.9.txt);
-    on CPU the model code under test is the same."""
-    base = vllm_venv("0.16.0")
-    venv = cache_root() / "venvs" / f"train-speculators-{SPECULATORS}-torch-2.9.1"
-    python = venv / "bin" / "python"
-    if not (venv / ".complete").is_file():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        site = next(venv.glob("lib/python3*/site-packages"))
-        (site / "pinned-vllm-stack.pth").write_text(
-            str(next(base.glob("lib/python3*/site-packages"))) + "\n"
-        )
-        constraints = venv / "constraints.txt"
-        constraints.write_text("\n".join(TORCH_FAMILY) + "\n")
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", f"speculators=={SPECULATORS}",
-             "-c", str(constraints)],
-            check=True,
-        )  # fmt: skip
-        (venv / ".complete").write_text("ok")
-    return python
+    """speculators 0.9.0 lives in the same venv (vLLM 0.32 and speculators 0.9 both want
+    transformers 5)."""
+    return cpu_vllm_python()
 
 
 @pytest.fixture(scope="session")
@@ -98,8 +65,9 @@ def openai_server(
     log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     process = subprocess.Popen(
-        [str(torch_python), "-m", "transformers.commands.transformers_cli", "serve", "--host", "127.0.0.1",
-         "--port", str(port), "--device", "cpu", "--force_model", str(tiny_model)],
+        # transformers 5.19's CLI: the forced model is positional.
+        [str(torch_python), "-m", "transformers.cli.transformers", "serve", str(tiny_model),
+         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -1,13 +1,15 @@
-"""A CPU stand-in for the online-training target server: `vllm serve` with the extract_hidden_states
-method and the ExampleHiddenStatesConnector, which vLLM 0.18 cannot run on CPU ("spec decode is
-not supported" in its CPU model runner).
+"""A CPU stand-in for the online-training target server (`vllm serve` with the extract_hidden_states
+method and the ExampleHiddenStatesConnector), kept for what real vLLM cannot be made to do: serve
+another model or other layers on purpose, vanish, or compute exactly the reference extraction's
+numbers for step-for-step comparisons. The real server runs in tests/pipeline.
 
 It takes the very flags plan/online.py renders for the real server (the model path,
 --served-model-name, --port, --speculative-config, --kv-transfer-config; the rest is accepted and
 ignored), computes the requested layers with the tiny model's own forward pass (vLLM id k < n: the
 residual entering layer k; id n: the residual entering the final norm), writes them where the
-connector writes them, in its layout, and answers /v1/completions in the shape of vLLM 0.18's
-CompletionResponse (the tests check that shape with vLLM 0.18's own protocol models).
+connector writes them, in its layout and with vLLM 0.32's protocol (the `.lock` file beside each
+file, held exclusively while writing, left for the client to remove), and answers /v1/completions
+in the shape of vLLM's CompletionResponse.
 
 Test-only flag: --record FILE appends each request body as a JSON line.
 """
@@ -15,6 +17,7 @@ Test-only flag: --record FILE appends each request body as a JSON line.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import sys
 import threading
@@ -75,8 +78,10 @@ class Extractor:
             next_token = int(out.logits[0, -1].argmax())
         request_id = f"cmpl-{uuid.uuid4().hex}"
         path = self.storage / f"{request_id}.safetensors"
-        save_file({"hidden_states": torch.stack(states, dim=1).contiguous(),
-                   "token_ids": torch.tensor(ids)}, str(path))  # fmt: skip
+        with (self.storage / f"{request_id}.safetensors.lock").open("wb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            save_file({"hidden_states": torch.stack(states, dim=1).contiguous(),
+                       "token_ids": torch.tensor(ids)}, str(path))  # fmt: skip
         echo = bool(body.get("return_token_ids"))
         choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
                   "stop_reason": None, "prompt_logprobs": None,

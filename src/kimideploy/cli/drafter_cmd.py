@@ -38,9 +38,16 @@ def list_drafters(state: CliState, output: str) -> None:
     type=click.Path(path_type=Path, file_okay=False, exists=True),
     help="A local copy of the drafter (config.json + safetensors) to check too.",
 )
+@click.option(
+    "--cluster",
+    default=None,
+    help="Judge for serving there: its serve image's vLLM and its step cost (default cluster).",
+)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
 @click.pass_obj
-def check(state: CliState, name: str, folder: Path | None, output: str) -> None:
+def check(
+    state: CliState, name: str, folder: Path | None, cluster: str | None, output: str
+) -> None:
     """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens."""
     from kimideploy.errors import KimiDeployError, UsageError
     from kimideploy.services.drafter_check import check as run
@@ -48,7 +55,10 @@ def check(state: CliState, name: str, folder: Path | None, output: str) -> None:
     project = state.project().project
     if name not in project.drafters:
         raise UsageError(f"unknown drafter '{name}' (valid: {', '.join(sorted(project.drafters))})")
-    findings = run(project, name, folder)
+    if cluster is not None and cluster not in project.clusters:
+        valid = ", ".join(sorted(project.clusters))
+        raise UsageError(f"--cluster {cluster}: no such cluster profile (valid: {valid})")
+    findings = run(project, name, folder, cluster)
     rows = [
         {"check": f.check, "status": f.status, "detail": f.detail, "fix": "" if f.ok else f.fix}
         for f in findings

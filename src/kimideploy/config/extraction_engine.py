@@ -1,16 +1,19 @@
-"""vLLM 0.18's hidden-state extraction setup, in one place for its two users.
+"""vLLM's hidden-state extraction setup (vLLM >= 0.18, pinned 0.32), in one place for its two users.
 
 The extract workload passes these to `vllm.LLM(...)`; online training renders them as `vllm serve`
 flags for the target server beside each trainer (plan/online.py). Both must ask vLLM for the same
 layers the same way, or a drafter trained online would read other features than one trained
-offline; the tests check both forms against the pinned vLLM 0.18's own parsers.
+offline; the pipeline tests run both against the pinned vLLM 0.32 (its CPU build).
 
 `extract_hidden_states` is a speculative method whose "drafter" only caches the target's aux hidden
 states; `ExampleHiddenStatesConnector` writes each request's states to
 `<shared_storage_path>/<request id>.safetensors` as `hidden_states [tokens, layers, hidden]` and
 `token_ids [tokens]` and returns the path in `kv_transfer_params["hidden_states_path"]`. The final
-layer is asked for as id `num_hidden_layers` (the residual stream before the final norm). Prefix
-caching is off: a cached prefix is not recomputed, so its states would never reach the connector.
+layer is asked for as id `num_hidden_layers` (the residual stream before the final norm), which
+Llama always offered and DeepSeek-V2/V3 (Kimi-K2's backbone) offer natively from vLLM 0.32 (vLLM
+PR #46973; 0.18 needed a patch kimideploy no longer carries). Prefix caching is off: a cached
+prefix is not recomputed, so its states would never reach the connector. From 0.32 the connector
+writes after the reply, under a `.lock` file (workloads/connector_files.py reads it safely).
 """
 
 from __future__ import annotations
@@ -20,6 +23,29 @@ from typing import Any
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 METHOD = "extract_hidden_states"
+MIN_VLLM = (0, 18)
+"""The extract_hidden_states method and ExampleHiddenStatesConnector arrived in vLLM 0.18."""
+NATIVE_FINAL_LAYER = (0, 32)
+DEEPSEEK_SHAPED = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
+"""Text models whose final pre-norm state vLLM hands out only from NATIVE_FINAL_LAYER on."""
+
+
+def image_problem(vllm: str | None, text_model_type: str) -> str | None:
+    """Why an image cannot extract this target's hidden states (None when it can)."""
+    found = version_tuple(vllm) if vllm else None
+    if found is None or found < MIN_VLLM:
+        return f"has vLLM {vllm or 'none'}; hidden-state extraction needs vLLM >= 0.18"
+    if text_model_type in DEEPSEEK_SHAPED and found < NATIVE_FINAL_LAYER:
+        return (
+            f"has vLLM {vllm}, which cannot hand out the final pre-norm layer of a "
+            f"{text_model_type} target; that needs vLLM >= 0.32"
+        )
+    return None
+
+
+def version_tuple(text: str) -> tuple[int, int]:
+    major, minor, *_ = (text.lstrip("v") + ".0").split(".")
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def aux_layer_ids(vllm_ids: list[int], num_hidden_layers: int) -> list[int]:

@@ -9,6 +9,7 @@ from typing import Any
 from kimideploy.config.images import Image
 from kimideploy.config.project import Project
 from kimideploy.errors import UsageError
+from kimideploy.images import selfcheck
 from kimideploy.paths import repository_root
 
 SOURCE_URL = "https://github.com/kimideploy/kimideploy"
@@ -58,6 +59,7 @@ def dockerfile_values(name: str, image: Image) -> dict[str, Any]:
         "constraints": constraints_path(name),
         "patch_dir": patch_dir(image) + "/",
         "patches": list(image.patches),
+        "selfchecks": selfcheck.checks_for(image.vllm, list(image.patches)),
         "uid": image.run_as_user if image.run_as_user else 1000,
         "source": SOURCE_URL,
         "vllm": image.vllm or "none",

@@ -26,17 +26,29 @@ def use_cpu_platform() -> None:
     platforms._current_platform = CpuPlatform()
 
 
-# Only for building the config on a CPU machine without weights (no tokenizer to load; swap sized
-# for this machine, not 4 GiB per GPU), and only where this vLLM still has the flag.
-VERIFY_ONLY_ARGS = (("--skip-tokenizer-init",), ("--swap-space", "1"))
+# Only for building the config on a CPU machine without weights, and only where this vLLM has the
+# flag: swap sized for this machine (not 4 GiB per GPU); the text model only, since the tiny
+# Kimi-shaped target has no image processor (the real one is remote code in the checkpoint) and
+# EAGLE-3 and extraction run on the text path. The tiny models come with a tiny tokenizer: vLLM
+# 0.32 builds the reasoning and tool parsers from it while building the configuration.
+VERIFY_ONLY_ARGS = (("--swap-space", "1"), ("--language-model-only",))
+
+
+def serve_parser() -> Any:
+    """`vllm serve`'s own argument parser (its module moved in vLLM 0.32)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:  # vLLM <= 0.31
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
 def check(argv: list[str]) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    parser = serve_parser()
     known = {flag for action in parser._actions for flag in action.option_strings}
     argv = [*argv, *(arg for extra in VERIFY_ONLY_ARGS if extra[0] in known for arg in extra)]
     stderr = io.StringIO()

@@ -1,7 +1,9 @@
-"""Proof that each vLLM patch took effect; run at the end of the image build and by `image verify`.
+"""Proof that each vLLM patch took effect, or that the pinned vLLM natively does what a patch did;
+run at the end of the image build and by the tests.
 
-`python -m kimideploy.images.selfcheck PATCH...` imports the patched vLLM and checks the behaviour
-each named patch promises; any failure exits non-zero, which fails the docker build.
+`python -m kimideploy.images.selfcheck CHECK...` imports the image's vLLM and checks the behaviour
+each named patch (or `native-*` capability) promises; any failure exits non-zero, which fails the
+docker build. `checks_for(image)` names the checks an image's Dockerfile runs.
 """
 
 from __future__ import annotations
@@ -39,22 +41,53 @@ def _supports_eagle3() -> str:
     return "SupportsEagle3 on DeepseekV3ForCausalLM and KimiK25ForConditionalGeneration"
 
 
-def _final_aux_layer() -> str:
+def _native_no_allowlist() -> str:
+    from vllm.config.speculative import SpeculativeConfig
+
+    source = inspect.getsource(SpeculativeConfig)
+    assert "is only supported for" not in source, "this vLLM still limits EAGLE-3 to an allowlist"
+    return "no EAGLE-3 target allowlist (patch 0001 of vLLM 0.16 is unnecessary)"
+
+
+def _native_media_placeholder() -> str:
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    source = inspect.getsource(SpecDecodeBaseProposer.load_model)
+    assert "media_placeholder_token_id" in source, "the drafter loader ignores Kimi-K2.5's media id"
+    return "drafter loading reads Kimi-K2.5's media_placeholder_token_id (0002 unnecessary)"
+
+
+def _native_final_aux_layer() -> str:
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
 
     source = inspect.getsource(DeepseekV2Model.forward)
-    assert "len(self.layers) in self.aux_hidden_state_layers" in source, (
+    assert "self.end_layer in self.aux_hidden_state_layers" in source, (
         "DeepseekV2Model cannot return the final pre-norm hidden state as an aux layer"
     )
-    return "DeepseekV2Model returns aux id len(layers) (pre-norm final hidden state)"
+    return "DeepseekV2Model returns aux id num_hidden_layers (the final pre-norm state)"
 
 
 CHECKS: dict[str, Callable[[], str]] = {
     "0001-eagle3-allow-kimi-k25-target.patch": _allowlist,
     "0002-kimi-k25-media-placeholder-in-drafter.patch": _media_placeholder,
     "0003-kimi-k25-supports-eagle3.patch": _supports_eagle3,
-    "0001-deepseek-final-hidden-state-as-aux-layer.patch": _final_aux_layer,
+    "native-no-eagle3-allowlist": _native_no_allowlist,
+    "native-kimi-k25-media-placeholder": _native_media_placeholder,
+    "native-kimi-k25-supports-eagle3": _supports_eagle3,
+    "native-deepseek-final-aux-layer": _native_final_aux_layer,
 }
+
+NATIVE_FROM = (0, 32)
+"""From vLLM 0.32 every patch kimideploy carried is upstream; these checks prove it per image."""
+NATIVE_CHECKS = tuple(name for name in CHECKS if name.startswith("native-"))
+
+
+def checks_for(vllm: str | None, patches: list[str]) -> list[str]:
+    """The self-checks an image runs: its patches', and the native ones from vLLM 0.32 on."""
+    if vllm is None:
+        return list(patches)
+    major, minor = (int(part) for part in vllm.split(".")[:2])
+    return [*patches, *(NATIVE_CHECKS if (major, minor) >= NATIVE_FROM else ())]
 
 
 def run(patches: list[str]) -> list[tuple[str, bool, str]]:

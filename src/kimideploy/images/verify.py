@@ -99,16 +99,26 @@ def resolve_pins(name: str, image: Image) -> Step:
 # --- patches ----------------------------------------------------------------------------------
 
 
-def vllm_wheel(version: str) -> Path:
+def cached_wheel(distribution: str, version: str) -> Path:
+    """A wheel from PyPI without its dependencies, downloaded once into the cache."""
     wheels = cache_root() / "wheels"
-    found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    pattern = f"{distribution.replace('-', '_')}-{version}-*.whl"
+    found = sorted(wheels.glob(pattern))
     if found:
         return found[0]
     wheels.mkdir(parents=True, exist_ok=True)
-    done = _pip(sys.executable, "download", "--no-deps", f"vllm=={version}", "-d", str(wheels))
+    done = _pip(
+        sys.executable, "download", "--no-deps", f"{distribution}=={version}", "-d", str(wheels)
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"cannot download vllm=={version}: {done.stderr.strip()[-400:]}")
-    return sorted(wheels.glob(f"vllm-{version}-*.whl"))[0]
+        raise RuntimeError(
+            f"cannot download {distribution}=={version}: {done.stderr.strip()[-400:]}"
+        )
+    return sorted(wheels.glob(pattern))[0]
+
+
+def vllm_wheel(version: str) -> Path:
+    return cached_wheel("vllm", version)
 
 
 def vllm_sources(version: str) -> Path:
@@ -229,6 +239,49 @@ def tiny_target_config(project_model: Any) -> dict[str, Any]:
         "text_config": text,
         "torch_dtype": "bfloat16",
     }
+
+
+KIMI_TOKENS = (
+    "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>",
+    "<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|media_pad|>",
+)  # fmt: skip
+"""What vLLM 0.32's kimi_k2 parsers and Kimi-K2.5's processor look up in the vocabulary."""
+# Kimi-K2.5's vision preprocessing settings (the shape vLLM 0.32's fused processor reads); vLLM
+# builds the processor while it decides what the model accepts, even for text-only serving.
+TINY_PREPROCESSOR = {
+    "media_proc_cfg": {
+        "patch_size": 14, "merge_kernel_size": [2, 2], "temporal_merge_kernel_size": 4,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "in_patch_limit": 16384,
+        "patch_limit_on_one_side": 512, "fixed_output_tokens": None,
+    }
+}  # fmt: skip
+
+
+def tiny_tokenizer_files(vocab_size: int) -> dict[str, str]:
+    """A word-level tokenizer (tokenizer.json written as JSON, no library needed) with Kimi's
+    special tokens: vLLM 0.32 builds the --reasoning-parser and --tool-call-parser while building
+    its engine configuration, and they need a real vocabulary (--skip-tokenizer-init no longer
+    passes with them)."""
+    vocab = {"<unk>": 0, **{token: i + 1 for i, token in enumerate(KIMI_TOKENS)}}
+    vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
+    tokenizer = {
+        "version": "1.0",
+        "added_tokens": [
+            {"id": vocab[t], "content": t, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True}
+            for t in KIMI_TOKENS
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+    }  # fmt: skip
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
+              "eos_token": "<|im_end|>", "model_max_length": 262144}  # fmt: skip
+    return {"tokenizer.json": json.dumps(tokenizer), "tokenizer_config.json": json.dumps(config),
+            "preprocessor_config.json": json.dumps(TINY_PREPROCESSOR)}  # fmt: skip
 
 
 def tiny_drafter_config(vllm_layer_ids: list[int], draft_vocab_size: int) -> dict[str, Any]:

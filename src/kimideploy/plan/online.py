@@ -1,6 +1,6 @@
 """train.mode online: the target server beside each trainer, and how a node's GPUs are split.
 
-Each trainer pod runs the target in vLLM 0.18 as a native sidecar (an init container with
+Each trainer pod runs the target in vLLM (pinned: 0.32) as a native sidecar (an init container with
 restartPolicy Always, Kubernetes >= 1.29): the trainer starts beside it and waits for it to answer
 (at most the startup budget, then the pod fails and the Job's retry limit applies), it restarts on
 its own if it dies, and it stops when the trainer finishes, so nothing outlives the Job. It serves
@@ -32,11 +32,6 @@ SCRATCH_MOUNT = "/scratch/hidden-states"
 TENSOR_PARALLEL_CHOICES = (1, 2, 4, 8, 16)
 MIN_KUBERNETES = (1, 29)
 """Native sidecars (initContainers with restartPolicy Always) are on by default from 1.29."""
-MIN_VLLM = (0, 18)
-"""vLLM's extract_hidden_states method and ExampleHiddenStatesConnector arrived in 0.18."""
-FINAL_LAYER_PATCH = "0001-deepseek-final-hidden-state-as-aux-layer.patch"
-DEEPSEEK_SHAPED = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
-"""Text models whose vLLM 0.18 implementation needs the patch to hand out the final layer."""
 
 
 @dataclass(frozen=True)
@@ -113,21 +108,15 @@ def check(ctx: Context) -> OnlineLayout:
             hint="online training needs Kubernetes >= 1.29; train offline on this cluster",
         )
     image_name = ctx.cluster.images.extract
-    image = server_image(ctx)
-    if image.vllm is None or _version(image.vllm) < MIN_VLLM:
-        raise ConfigError(
-            f"clusters.{ctx.cluster_name}.images.extract: {image_name} has vLLM "
-            f"{image.vllm or 'none'}; the target server of online training needs vLLM >= 0.18 "
-            "(extract_hidden_states)",
-            hint="point images.extract at a vLLM 0.18 image such as vllm-0.18-kimi",
-        )
     model = ctx.project.model
-    text_type = model.text_model_type or model.model_type
-    if text_type in DEEPSEEK_SHAPED and FINAL_LAYER_PATCH not in image.patches:
+    problem = extraction_engine.image_problem(
+        server_image(ctx).vllm, model.text_model_type or model.model_type
+    )
+    if problem:
         raise ConfigError(
-            f"images.{image_name}: vLLM 0.18 cannot hand out the final layer of a {text_type} "
-            f"target without {FINAL_LAYER_PATCH}",
-            hint=f"add the patch to images.{image_name}.patches and rebuild it",
+            f"clusters.{ctx.cluster_name}.images.extract: {image_name} {problem} (the target "
+            "server of online training runs extract_hidden_states)",
+            hint="point images.extract at a vLLM 0.32 image such as vllm-0.32-kimi",
         )
     if train.max_seq_len + 2 > model.max_model_len:
         raise ConfigError(
@@ -155,7 +144,7 @@ def server_args(
     num_hidden_layers: int,
     storage: str,
 ) -> list[str]:
-    """`vllm serve MODEL` arguments of the target server; the tests parse them with vLLM 0.18."""
+    """`vllm serve MODEL` arguments of the target server (the pipeline tier runs them)."""
     args = [
         "--served-model-name", served_name,
         "--host", "0.0.0.0",
@@ -249,5 +238,4 @@ def online_spec(ctx: Context, conversations_dir: str) -> OnlineTrainSpec:
 
 
 def _version(text: str) -> tuple[int, int]:
-    major, minor, *_ = (text.lstrip("v") + ".0").split(".")
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    return extraction_engine.version_tuple(text)

@@ -93,7 +93,7 @@ def up(
     rendered = render_workload(
         loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
     )
-    _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force)
+    _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force, rendered.plan.cluster)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     if session.ensure_namespace():
@@ -101,15 +101,19 @@ def up(
     return deploy(session, revision_from_render(loaded, rendered), change, wait, reporter, "up")
 
 
-def _refuse_failing_drafter(loaded: LoadedProject, drafter: str, force: bool) -> None:
-    """The registry-level drafter check (no files needed); --force deploys anyway."""
+def _refuse_failing_drafter(
+    loaded: LoadedProject, drafter: str, force: bool, cluster: str | None = None
+) -> None:
+    """The registry-level drafter check for the cluster deployed to; --force deploys anyway."""
     if drafter == NO_DRAFTER or force:
         return
     from kimideploy.services.drafter_check import record_findings
 
     record = loaded.project.drafters[drafter]
     blocking = [
-        f for f in record_findings(loaded.project, drafter, record) if not f.ok and f.blocking
+        f
+        for f in record_findings(loaded.project, drafter, record, cluster)
+        if not f.ok and f.blocking
     ]
     if blocking:
         reasons = "; ".join(f"{f.check}: {f.detail}" for f in blocking)

@@ -16,7 +16,13 @@ from kimideploy.drafter_files import folder_findings as files_findings
 from kimideploy.plan import speedup
 
 
-def expected_files(project: Project, drafter: Drafter) -> Expected:
+def serving_vllm(project: Project, cluster: str | None) -> str:
+    """The vLLM version of the image that would load the drafter on this cluster."""
+    profile = project.clusters[cluster or project.default_cluster]
+    return project.images[profile.images.serve].vllm or "0.32.0"
+
+
+def expected_files(project: Project, drafter: Drafter, cluster: str | None = None) -> Expected:
     model = project.model
     return Expected(
         target_repo=model.repo,
@@ -29,10 +35,13 @@ def expected_files(project: Project, drafter: Drafter) -> Expected:
         vllm_layer_ids=to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention),
         draft_vocab_size=drafter.draft_vocab_size,
         num_speculative_tokens=drafter.num_speculative_tokens,
+        vllm_version=serving_vllm(project, cluster),
     )
 
 
-def record_findings(project: Project, name: str, drafter: Drafter) -> list[Finding]:
+def record_findings(
+    project: Project, name: str, drafter: Drafter, cluster: str | None = None
+) -> list[Finding]:
     """What the registry alone says (no files needed)."""
     model = project.model
     findings = []
@@ -58,13 +67,13 @@ def record_findings(project: Project, name: str, drafter: Drafter) -> list[Findi
                 blocking=False,
             )
         )
-    findings += _token_findings(project, drafter)
+    findings += _token_findings(project, drafter, cluster)
     return findings
 
 
-def _token_findings(project: Project, drafter: Drafter) -> list[Finding]:
+def _token_findings(project: Project, drafter: Drafter, cluster_name: str | None) -> list[Finding]:
     k = drafter.num_speculative_tokens
-    cluster = project.clusters[project.default_cluster]
+    cluster = project.clusters[cluster_name or project.default_cluster]
     if not drafter.acceptance:
         return [
             Finding(
@@ -97,9 +106,13 @@ def _token_findings(project: Project, drafter: Drafter) -> list[Finding]:
     ]
 
 
-def check(project: Project, name: str, folder: Path | None) -> list[Finding]:
+def check(
+    project: Project, name: str, folder: Path | None, cluster: str | None = None
+) -> list[Finding]:
+    """Registry findings for serving on `cluster` (default: the default cluster), and the files'
+    when a local copy is given, judged by the vLLM of that cluster's serve image."""
     drafter = project.drafters[name]
-    findings = record_findings(project, name, drafter)
+    findings = record_findings(project, name, drafter, cluster)
     if folder is not None:
-        findings = files_findings(expected_files(project, drafter), folder) + findings
+        findings = files_findings(expected_files(project, drafter, cluster), folder) + findings
     return findings

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kimideploy.config import extraction_engine
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
+from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.errors import UsageError
 from kimideploy.images import build as building
 from kimideploy.images import verify as checks
 from kimideploy.images.context import build_context, write_context
+from kimideploy.images.cpu_vllm import engine_python
 from kimideploy.images.dockerfile import get_image, render_dockerfile
 from kimideploy.images.lock import lock_digest
 from kimideploy.paths import repository_root
@@ -57,27 +61,68 @@ def dockerfile(project: Project, name: str) -> str:
 def serve_cases(
     loaded: LoadedProject, name: str, target: Path, drafters: Path
 ) -> list[dict[str, Any]]:
-    """The exact serve arguments rendered for every cluster using this image, per drafter."""
+    """The exact serve arguments rendered for every cluster using this image, per drafter; and
+    for every cluster serving an older vLLM this image could run on, the same as they would be
+    after the one-line move `images.serve: NAME` (so moving a host forward is verified first)."""
     project = loaded.project
     cases = []
     for cluster_name, cluster in sorted(project.clusters.items()):
-        if cluster.images.serve != name:
+        if cluster.images.serve == name:
+            cases += _serve_cases_for(loaded, cluster_name, "", target, drafters)
+        elif _could_move(project, cluster_name, name):
+            images = cluster.images.model_copy(update={"serve": name})
+            moved = cluster.model_copy(update={"images": images})
+            clusters = {**project.clusters, cluster_name: moved}
+            copy = replace(loaded, project=project.model_copy(update={"clusters": clusters}))
+            label = f" (after images.serve: {name})"
+            cases += _serve_cases_for(copy, cluster_name, label, target, drafters)
+    return cases
+
+
+def _could_move(project: Project, cluster_name: str, name: str) -> bool:
+    cluster, image = project.clusters[cluster_name], project.images[name]
+    current = project.images[cluster.images.serve]
+    if image.role != "serve" or image.vllm is None or cluster.gpu.arch not in image.cuda_archs:
+        return False
+    return current.vllm is None or version_tuple(current.vllm) < version_tuple(image.vllm)
+
+
+def _serve_cases_for(
+    loaded: LoadedProject, cluster_name: str, label: str, target: Path, drafters: Path
+) -> list[dict[str, Any]]:
+    project, cases = loaded.project, []
+    for drafter in [NO_DRAFTER, *sorted(project.drafters)]:
+        plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter))
+        deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
+        args = [a.replace(target_model_path(project), str(target)) for a in deployment["args"]]
+        if drafter != NO_DRAFTER:
+            record = project.drafters[drafter]
+            args = [a.replace(drafter_path(drafter, record), str(drafters / drafter)) for a in args]
+        cases.append(
+            {
+                "name": f"{cluster_name} --drafter {drafter}{label}",
+                "argv": ["--model", str(target), *args],
+            }
+        )
+    return cases
+
+
+def extraction_cases(
+    loaded: LoadedProject, name: str, target: Path, storage: Path
+) -> list[dict[str, Any]]:
+    """The hidden-state extraction flags (offline extract and the online sidecar share them) for
+    every cluster extracting with this image: the drafter's layers plus the final pre-norm id."""
+    project = loaded.project
+    cases = []
+    for cluster_name, cluster in sorted(project.clusters.items()):
+        if cluster.images.extract != name or cluster.workloads.extract.backend != "vllm":
             continue
-        for drafter in [NO_DRAFTER, *sorted(project.drafters)]:
-            plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter))
-            deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
-            args = [a.replace(target_model_path(project), str(target)) for a in deployment["args"]]
-            if drafter != NO_DRAFTER:
-                record = project.drafters[drafter]
-                args = [
-                    a.replace(drafter_path(drafter, record), str(drafters / drafter)) for a in args
-                ]
-            cases.append(
-                {
-                    "name": f"{cluster_name} --drafter {drafter}",
-                    "argv": ["--model", str(target), *args],
-                }
-            )
+        record = project.drafters[cluster.workloads.train.drafter]
+        ids = to_vllm_layer_ids(record.aux_layer_ids, record.layer_id_convention)
+        flags = extraction_engine.serve_flags(ids, project.model.num_hidden_layers, str(storage))
+        cases.append({"name": f"{cluster_name} extraction at vLLM layers "
+                      f"{extraction_engine.aux_layer_ids(ids, project.model.num_hidden_layers)}",
+                      "argv": ["--model", str(target), "--trust-remote-code", *flags]})  # fmt: skip
     return cases
 
 
@@ -85,6 +130,8 @@ def write_tiny_models(project: Project, root: Path) -> tuple[Path, Path]:
     target = root / "target"
     target.mkdir(parents=True)
     (target / "config.json").write_text(json.dumps(checks.tiny_target_config(project.model)))
+    for name, text in checks.tiny_tokenizer_files(1024).items():
+        (target / name).write_text(text)
     drafters = root / "drafters"
     for name, record in project.drafters.items():
         folder = drafters / name
@@ -129,17 +176,18 @@ def _engine_steps(
     loaded: LoadedProject, name: str, image: Any, reporter: Reporter
 ) -> list[checks.Step]:
     reporter.status(f"{name}: preparing vLLM {image.vllm} (first run downloads and installs it)")
-    venv = checks.vllm_venv(image.vllm)
+    python = engine_python(image.vllm)
     overlay = checks.patched_overlay(image) if image.patches else None
     with tempfile.TemporaryDirectory() as tmp:
         target, drafters = write_tiny_models(loaded.project, Path(tmp))
         cases = serve_cases(loaded, name, target, drafters)
+        cases += extraction_cases(loaded, name, target, Path(tmp) / "hidden-states")
         if not cases:
             return [checks.Step("serve flags", True, "no cluster serves with this image")]
         reporter.status(
             f"{name}: building vLLM's engine config for {len(cases)} rendered argument sets"
         )
-        results = checks.run_engine_checks(venv / "bin" / "python", overlay, cases)
+        results = checks.run_engine_checks(python, overlay, cases)
     return [
         checks.Step(f"vLLM accepts: {r['name']}", r["ok"], r["error"] or "engine config built")
         for r in results

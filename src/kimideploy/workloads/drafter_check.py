@@ -29,6 +29,7 @@ def run(spec: ServeSpec) -> int:
         vllm_layer_ids=list(spec.layers.vllm_ids),
         draft_vocab_size=spec.draft_vocab_size or 0,
         num_speculative_tokens=spec.num_speculative_tokens or 0,
+        vllm_version=spec.vllm_version or "0.32.0",
     )
     findings = folder_findings(expected, Path(spec.drafter_path))
     for finding in findings:

@@ -1,8 +1,9 @@
 """extract: hidden states of the aux layers (in the declared convention) plus the final layer.
 
-Production path (`backend: vllm`, extract_vllm.py): the states vLLM itself computes, through vLLM
-0.18's extract_hidden_states speculative method. Reference path on transformers (tests, and
-checking the production path on a GPU): one forward pass per sample with output_hidden_states.
+Production path (`backend: vllm`, extract_vllm.py): the states vLLM itself computes, through
+vLLM's extract_hidden_states speculative method (pinned: vLLM 0.32). Reference path on
+transformers (tests, and checking the production path on a GPU): one forward pass per sample with
+output_hidden_states.
 HF's hidden_states[k] is the residual stream entering decoder layer k, so vLLM's id k reads
 hidden_states[k] and SGLang's id k (the output of layer k) reads hidden_states[k + 1]; the final
 layer is the residual entering the final norm. One safetensors file per sample, written
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import ExtractSpec
+from kimideploy.workloads import target_config
 from kimideploy.workloads.conversations import my_samples, tokenize_segments
 from kimideploy.workloads.runtime import (
     EXIT_INTERRUPTED,
@@ -46,6 +48,7 @@ def sample_file(out: Path, sample_id: str) -> Path:
 
 
 def run(spec: ExtractSpec) -> int:
+    target_config.check(spec.target)
     index = shard_index()
     samples = my_samples(Path(spec.conversations_dir), spec.shards, index)
     if not samples:

@@ -26,6 +26,7 @@ from typing import Any
 
 from kimideploy.config import extraction_engine
 from kimideploy.config.specs import ExtractSpec
+from kimideploy.workloads import connector_files
 from kimideploy.workloads.conversations import tokenize_segments
 from kimideploy.workloads.runtime import EXIT_INTERRUPTED
 
@@ -91,7 +92,6 @@ def extract(
     todo: list[dict[str, Any]],
 ) -> int:
     import torch
-    from safetensors.torch import load_file
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -115,11 +115,11 @@ def extract(
         outputs = llm.generate(prompts, once, use_tqdm=False)
         for sample, (ids, mask), output in zip(batch, encoded, outputs, strict=True):
             path = Path((output.kv_transfer_params or {}).get("hidden_states_path") or "")
-            if not path.is_file():
+            if not path.name or not connector_files.exists(path):
                 raise ExtractionMismatchError(
                     f"vLLM reported no hidden-states file for sample {sample['id']}"
                 )
-            shard.add(sample["id"], convert(load_file(str(path)), ids, mask, aux_count, dtype),
-                      len(ids))  # fmt: skip
-            path.unlink()
+            saved = connector_files.read(path)
+            shard.add(sample["id"], convert(saved, ids, mask, aux_count, dtype), len(ids))
+            connector_files.remove(path)
     return shard.finish()

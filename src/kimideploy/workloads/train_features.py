@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kimideploy.config.specs import OnlineTrainSpec, TrainSpec
-from kimideploy.workloads import train_data
+from kimideploy.workloads import connector_files, train_data
 from kimideploy.workloads.conversations import iter_samples, tokenize_segments
 from kimideploy.workloads.runtime import BadInputError, log
 
@@ -165,7 +165,6 @@ class OnlineFeatures:
     def fetch(self, index: int) -> dict[str, Any]:
         """One prefill on the server; its file read, checked and deleted."""
         import torch
-        from safetensors.torch import load_file
 
         from kimideploy.workloads.extract_vllm import ExtractionMismatchError, convert
 
@@ -179,7 +178,7 @@ class OnlineFeatures:
             if echoed is not None and list(echoed) != ids:
                 raise ExtractionMismatchError("the server tokenized the prompt differently")
             aux_count = len(self.online.aux_layer_ids) - 1
-            return convert(load_file(str(path)), ids, mask, aux_count, torch.float32)
+            return convert(connector_files.read(path), ids, mask, aux_count, torch.float32)
         except ExtractionMismatchError as exc:
             raise BadInputError(
                 f"the server at {self.online.endpoint} returned hidden states that do not belong "
@@ -187,7 +186,7 @@ class OnlineFeatures:
                 f"layers {self.online.aux_layer_ids}?"
             ) from exc
         finally:
-            path.unlink(missing_ok=True)
+            connector_files.remove(path)
 
     def _states_path(self, reply: dict[str, Any], sample_id: str) -> Path:
         params = reply.get("kv_transfer_params") or {}
@@ -200,7 +199,7 @@ class OnlineFeatures:
             )
         path = Path(raw)
         # Only ever read and delete inside the scratch directory the pod shares with the server.
-        if path.parent.resolve() != self.storage.resolve() or not path.is_file():
+        if path.parent.resolve() != self.storage.resolve() or not connector_files.exists(path):
             raise BadInputError(
                 f"the server wrote sample {sample_id}'s hidden states to {raw}, which is not a "
                 f"file in the shared scratch directory {self.storage}"

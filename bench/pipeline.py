@@ -1,0 +1,46 @@
+"""The pipeline tier's figures: the EAGLE-3 lifecycle with real vLLM 0.32 (CPU build) on a tiny target.
+
+Run: .venv/bin/python bench/pipeline.py [-- PYTEST ARGS]. Runs tests/pipeline/test_lifecycle.py
+(target training, datagen against `vllm serve`, vLLM extraction, vocab, offline and online
+training, three drafters served and benchmarked) and prints what each stage measured: samples/s,
+extraction tokens/s and bytes per token, training steps/s, vLLM start-up, and the mean
+acceptance length and rate of the trained, untrained and off-by-one drafters at k=3 on held-out
+prompts (greedy), with the tier's wall time. CPU figures: for comparing runs of this tier on one
+machine, not for predicting a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(extra: list[str]) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = Path(tmp) / "figures.json"
+        env = {**os.environ, "KIMIDEPLOY_PIPELINE_FIGURES": str(figures)}
+        start = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             "tests/pipeline/test_lifecycle.py", *extra],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        measured = json.loads(figures.read_text()) if figures.is_file() else {}
+    for key, value in measured.items():
+        print(f"{key:52} {value}")
+    print(f"{'tier wall time (s)':52} {wall:.0f}")
+    if done.returncode != 0:
+        print(f"(the tier failed with exit {done.returncode}; figures are partial)", file=sys.stderr)
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[2:] if sys.argv[1:2] == ["--"] else sys.argv[1:]))

@@ -1,0 +1,332 @@
+"""The pipeline tier: the EAGLE-3 lifecycle with real vLLM 0.32 (the CPU build) on this machine.
+
+One session-scoped run of every stage, in order, each through kimideploy's own rendering and the
+workloads' own entry points (tests/pipeline/pods.py): a tiny target trained in the test, datagen
+against `vllm serve` of it, extraction with vLLM's `extract_hidden_states` (and the reference
+backend to compare), vocab, offline training of a drafter and of an untrained twin, online
+training of a third against a real vLLM sidecar started with the rendered flags, then the three
+drafters served with the rendered `--speculative-config` and benchmarked by the bench workload
+against vLLM's own counters. Tests assert on what each stage left behind; the figures (rates,
+sizes, acceptance) are collected in FIGURES and printed at the end (bench/pipeline.py prints them
+too). Skipped with the reason when the CPU vLLM cannot be installed, unless
+KIMIDEPLOY_REQUIRE_PIPELINE=1 (set by .ci/run), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.pipeline import pods
+from tests.pipeline.corpus import prompts
+
+from kimideploy.config.loading import LoadedProject, load_project
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "kimideploy.yaml"
+FIGURES: dict[str, Any] = {}
+
+
+def _require() -> bool:
+    return os.environ.get("KIMIDEPLOY_REQUIRE_PIPELINE") == "1"
+
+
+@pytest.fixture(scope="session")
+def cpu_python() -> Path:
+    from kimideploy.images.cpu_vllm import cpu_vllm_python
+
+    try:
+        return cpu_vllm_python()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        if _require():
+            pytest.fail(f"the CPU vLLM venv could not be built: {exc}")
+        pytest.skip(f"the CPU vLLM venv could not be built: {exc}")
+
+
+@pytest.fixture(scope="session")
+def project() -> LoadedProject:
+    return load_project(CONFIG)
+
+
+@dataclass
+class Volumes:
+    """The cluster's claims and the pod-local scratch, as local folders."""
+
+    root: Path
+    roots: dict[str, Path | str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for mount in ("models", "data", "hidden-states", "checkpoints", "scratch"):
+            (self.root / mount).mkdir(parents=True, exist_ok=True)
+            self.roots[f"/{mount}"] = self.root / mount
+
+    def local(self, pod_path: str) -> Path:
+        return Path(pods.localize(pod_path, self.roots))
+
+    def spec(self, rendered: pods.Rendered, **urls: str) -> dict[str, Any]:
+        roots = {**self.roots, **urls}
+        spec: dict[str, Any] = pods.localize(rendered.spec, roots)
+        return spec
+
+
+@pytest.fixture(scope="session")
+def volumes(tmp_path_factory: pytest.TempPathFactory) -> Volumes:
+    return Volumes(tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="session")
+def target(cpu_python: Path, project: LoadedProject, volumes: Volumes) -> Path:
+    """The tiny target, trained, where `host sync-model` would put it (with its marker)."""
+    rendered = pods.rendered(project, "datagen")
+    path = volumes.local(rendered.spec["target"]["path"])
+    started = time.monotonic()
+    done = subprocess.run([str(cpu_python), str(HERE / "make_target.py"), str(path)],
+                          capture_output=True, text=True, timeout=600,
+                          env=pods.cpu_env(cpu_python))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    FIGURES["target: training (s)"] = round(time.monotonic() - started, 1)
+    FIGURES["target: final loss"] = round(json.loads(done.stdout.splitlines()[-1])["loss"], 3)
+    (path / ".kimideploy-complete").write_text("synced")
+    return path
+
+
+@pytest.fixture(scope="session")
+def target_server(
+    cpu_python: Path, project: LoadedProject, target: Path, volumes: Volumes
+) -> pods.Server:
+    """The non-speculative serve release (`render serve --drafter none`), kept for datagen and the
+    gate's baseline bench."""
+    rendered = pods.rendered(project, "serve", "none")
+    args = pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port())
+    assert rendered.vllm_model is not None
+    started = time.monotonic()
+    server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
+                             volumes.root / "serve-none.log")  # fmt: skip
+    try:
+        pods.wait_ready([server])
+    except RuntimeError:
+        server.stop()
+        raise
+    FIGURES["vLLM start-up, target (s)"] = round(time.monotonic() - started, 1)
+    yield server  # type: ignore[misc]
+    server.stop()
+
+
+def service_urls(project: LoadedProject, server: pods.Server) -> dict[str, str]:
+    """The serve Service's in-cluster URL, as the specs name it, mapped to a local server."""
+    serve = project.project.clusters["cpu"].workloads.serve
+    return {f"http://{project.project.name}-serve.pipeline.svc:{serve.port}": server.url}
+
+
+@pytest.fixture(scope="session")
+def conversations(
+    cpu_python: Path, project: LoadedProject, target_server: pods.Server, volumes: Volumes
+) -> dict[str, Any]:
+    """datagen, as its Job runs it, against the real server; prompts held out from the bench's."""
+    rendered = pods.rendered(project, "datagen")
+    spec = volumes.spec(rendered, **service_urls(project, target_server))
+    prompt_file = Path(spec["prompts"])
+    prompt_file.parent.mkdir(parents=True, exist_ok=True)
+    prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts(7, 96)))
+    started = time.monotonic()
+    code, out, err = pods.run_workload(cpu_python, "datagen", spec, volumes.root)
+    seconds = time.monotonic() - started
+    assert code == 0, err[-3000:]
+    result = pods.events(out, "result")[-1]
+    FIGURES["datagen: samples/s"] = round(result.get("samples", 96) / seconds, 2)
+    return {"spec": spec, "result": result, "stderr": err}
+
+
+@pytest.fixture(scope="session")
+def features(
+    cpu_python: Path, project: LoadedProject, conversations: dict[str, Any], volumes: Volumes
+) -> dict[str, Any]:
+    """extract with backend vllm (the rendered spec unchanged), then the reference backend into
+    another folder, for the comparison."""
+    rendered = pods.rendered(project, "extract")
+    spec = volumes.spec(rendered)
+    assert spec["backend"] == "vllm"
+    started = time.monotonic()
+    code, out, err = pods.run_workload(cpu_python, "extract", spec, volumes.root)
+    seconds = time.monotonic() - started
+    assert code == 0, err[-4000:]
+    manifest = json.loads((Path(spec["output_dir"]) / "shard-00000" / "manifest.json").read_text())
+    result = pods.events(out, "result")[-1]
+    FIGURES["extract (vLLM): tokens/s"] = result["tokens_per_s"]
+    FIGURES["extract (vLLM): tokens/s incl. engine start"] = round(result["tokens"] / seconds, 1)
+    FIGURES["extract: bytes per token (minimum)"] = (
+        f"{result['bytes_per_token']} ({result['bytes_per_token_minimum']})"
+    )
+    reference = dict(spec, backend="transformers", output_dir=spec["output_dir"] + "-reference")
+    code, _, err = pods.run_workload(cpu_python, "extract", reference, volumes.root)
+    assert code == 0, err[-3000:]
+    return {"vllm": Path(spec["output_dir"]), "reference": Path(reference["output_dir"]),
+            "manifest": manifest, "stdout": out}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def vocab(
+    cpu_python: Path, project: LoadedProject, features: dict[str, Any], volumes: Volumes
+) -> Path:
+    spec = volumes.spec(pods.rendered(project, "vocab"))
+    code, _, err = pods.run_workload(cpu_python, "vocab", spec, volumes.root)
+    assert code == 0, err[-3000:]
+    return Path(spec["output_dir"])
+
+
+def share_data(volumes: Volumes, project: LoadedProject, drafter: str, *workloads: str) -> None:
+    """Data folders are keyed by the drafter a run builds; `untrained` and `shifted` reuse what
+    was made for `good` (same target, same vocabulary size; `untrained` the same layers)."""
+    for workload in workloads:
+        good = pods.rendered(project, workload).spec
+        other = pods.rendered(project, workload, overrides=(f"train.drafter={drafter}",)).spec
+        for key in ("conversations_dir", "output_dir"):
+            source, link = volumes.local(good[key]), volumes.local(other[key])
+            if not link.exists():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(source, target_is_directory=True)
+
+
+def train(cpu_python: Path, project: LoadedProject, volumes: Volumes, *overrides: str,
+          **urls: str) -> dict[str, Any]:  # fmt: skip
+    rendered = pods.rendered(project, "train", overrides=overrides)
+    spec = volumes.spec(rendered, **urls)
+    started = time.monotonic()
+    code, out, err = pods.run_workload(cpu_python, "train", spec, volumes.root, timeout=1200)
+    seconds = time.monotonic() - started
+    assert code == 0, err[-4000:]
+    progress = pods.events(out, "progress")
+    return {"spec": spec, "out": Path(spec["output_dir"]), "progress": progress,
+            "seconds": seconds, "rendered": rendered, "stderr": err}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def good_drafter(
+    cpu_python: Path, project: LoadedProject, vocab: Path, volumes: Volumes
+) -> dict[str, Any]:
+    run = train(cpu_python, project, volumes)
+    steps = run["progress"][-1]["step"] if run["progress"] else 0
+    FIGURES["train (offline): steps/s"] = round(steps / run["seconds"], 2)
+    return run
+
+
+@pytest.fixture(scope="session")
+def untrained_drafter(
+    cpu_python: Path, project: LoadedProject, vocab: Path, volumes: Volumes
+) -> dict[str, Any]:
+    share_data(volumes, project, "untrained", "vocab", "extract")
+    return train(cpu_python, project, volumes, "train.drafter=untrained", "train.lr=1e-9",
+                 "train.epochs=1")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def shifted_drafter(
+    cpu_python: Path, project: LoadedProject, vocab: Path, volumes: Volumes
+) -> dict[str, Any]:
+    """Trained online (train.mode=online) against a real vLLM started with the rendered sidecar
+    flags, at the SGLang ids [2, 3, 4] = vLLM [3, 4, 5]; then its config.json gets the ids as
+    SpecForge writes them ([2, 3, 4]), the mistake CONTEXT §4 describes."""
+    share_data(volumes, project, "shifted", "vocab")
+    overrides = ("train.drafter=shifted", "train.mode=online")
+    rendered = pods.rendered(project, "train", overrides=overrides)
+    assert rendered.vllm_model is not None
+    port = pods.free_port()
+    args = pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", port)
+    args = pods.localize(args, volumes.roots)
+    started = time.monotonic()
+    server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
+                             volumes.root / "online-sidecar.log")  # fmt: skip
+    try:
+        pods.wait_ready([server])
+        FIGURES["vLLM start-up, online sidecar (s)"] = round(time.monotonic() - started, 1)
+        online_port = project.project.clusters["cpu"].workloads.train.online.port
+        run = train(cpu_python, project, volumes, *overrides,
+                    **{f"http://127.0.0.1:{online_port}": server.url})  # fmt: skip
+    finally:
+        server.stop()
+    steps = run["progress"][-1]["step"] if run["progress"] else 0
+    FIGURES["train (online): steps/s"] = round(steps / run["seconds"], 2)
+    scratch = volumes.local(rendered.spec["online"]["storage_dir"])
+    run["scratch_left"] = sorted(p.name for p in scratch.iterdir()) if scratch.is_dir() else []
+    config_file = run["out"] / "config.json"
+    config = json.loads(config_file.read_text())
+    run["ids_as_trained"] = config["eagle_aux_hidden_state_layer_ids"]
+    config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]
+    config_file.write_text(json.dumps(config, indent=2))
+    return run
+
+
+@dataclass
+class Served:
+    drafter: str
+    server: pods.Server
+    bench: dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def served(
+    cpu_python: Path,
+    project: LoadedProject,
+    volumes: Volumes,
+    target_server: pods.Server,
+    good_drafter: dict[str, Any],
+    untrained_drafter: dict[str, Any],
+    shifted_drafter: dict[str, Any],
+) -> dict[str, Served]:
+    """The baseline bench on the non-speculative server, then each drafter served with the
+    rendered `--speculative-config` (three servers at once) and benchmarked."""
+    results = {"none": Served("none", target_server, bench(cpu_python, project, volumes,
+                                                           "none", target_server))}  # fmt: skip
+    servers = {}
+    for name in ("good", "untrained", "shifted"):
+        rendered = pods.rendered(project, "serve", name)
+        assert rendered.vllm_model is not None
+        args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port()),
+                             volumes.roots)  # fmt: skip
+        servers[name] = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)),
+                                        args, volumes.root / f"serve-{name}.log")  # fmt: skip
+    try:
+        pods.wait_ready(list(servers.values()), timeout=600)
+        for name, server in servers.items():
+            results[name] = Served(name, server, bench(cpu_python, project, volumes, name, server))
+    finally:
+        for server in servers.values():
+            server.stop()
+    for name, result in results.items():
+        level = result.bench["levels"][0]
+        FIGURES[f"acceptance length, {name} (k=3, greedy)"] = level.get("mean_acceptance_length")
+        FIGURES[f"acceptance rate, {name}"] = level.get("acceptance_rate")
+    return results
+
+
+def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: str,
+          server: pods.Server) -> dict[str, Any]:  # fmt: skip
+    spec = volumes.spec(pods.rendered(project, "bench", drafter), **service_urls(project, server))
+    code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root)
+    assert code == 0, err[-3000:]
+    result: dict[str, Any] = pods.events(out, "result")[-1]
+    return result
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FIGURES:
+        return
+    terminalreporter.section("pipeline figures (real vLLM 0.32 on CPU)")
+    for key, value in FIGURES.items():
+        terminalreporter.write_line(f"{key:48} {value}")
+    out = os.environ.get("KIMIDEPLOY_PIPELINE_FIGURES")
+    if out:
+        Path(out).write_text(json.dumps(FIGURES, indent=2))
+
+
+def copy_drafter(run: dict[str, Any], where: Path) -> Path:
+    target = where / run["out"].name
+    shutil.copytree(run["out"], target)
+    return target

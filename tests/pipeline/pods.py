@@ -1,0 +1,199 @@
+"""Run what the rendered Jobs and the Deployment would run, on this CPU, with real vLLM.
+
+Everything here starts from kimideploy's own rendering (`render_workload`): the workload spec is the
+ConfigMap's `spec.json`, the vLLM arguments are the Deployment's or the online sidecar's `args`.
+Two adaptations make a pod's command run on a machine with no GPU and no cluster, each in one
+function so no test edits arguments by hand:
+
+- `cpu_vllm_args`: the GPU-only `vllm serve` flags dropped or changed (below, with reasons);
+- `localize`: the pod's mount points (/models, /data, ...) and Service URLs mapped to local ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO
+
+from kimideploy.config.loading import LoadedProject
+from kimideploy.config.specs import SPEC_FILE_NAME
+from kimideploy.images.cpu_vllm import cpu_runtime_env
+from kimideploy.plan.model import PlanRequest
+from kimideploy.services.rendering import render_workload
+
+SHIM = Path(__file__).resolve().parent / "cpu_shim"
+
+# Flags (each with one value) dropped from the pod's arguments, and why.
+GPU_ONLY_FLAGS: dict[str, str] = {
+    "--tensor-parallel-size": "one CPU device; the pods' size is the node's GPU count",
+    "--gpu-memory-utilization": "the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE",
+    "--dtype": "this CPU has AVX2 only: vLLM's CPU kernels need float32 (pods use bfloat16)",
+    "--host": "listen on the test's own address, not 0.0.0.0",
+    "--port": "a free port of the test's choosing",
+}
+# Added on CPU: float32 (above), and no CUDA graphs or torch.compile (start-up in seconds on 2
+# cores; the code paths under test are the same eager ones).
+CPU_ONLY_FLAGS = ["--enforce-eager", "--dtype", "float32"]
+
+
+def cpu_vllm_args(args: list[str], host: str, port: int) -> list[str]:
+    """The pod's `vllm serve` arguments as they must be on this CPU (GPU_ONLY_FLAGS), listening on
+    `host:port` instead of 0.0.0.0 and the pod's port. Everything else is passed unchanged, so vLLM
+    parses and validates exactly the speculative and extraction flags the cluster would get."""
+    out: list[str] = []
+    values = iter(args)
+    for arg in values:
+        if arg in GPU_ONLY_FLAGS:
+            next(values)
+            continue
+        out.append(arg)
+    return [*out, *CPU_ONLY_FLAGS, "--host", host, "--port", str(port)]
+
+
+def localize(value: Any, roots: dict[str, Path | str]) -> Any:
+    """Every string in a spec or argument list with a pod path or URL prefix replaced by its local
+    counterpart, inside JSON-valued arguments too (`--speculative-config` names the drafter's
+    path, `--kv-transfer-config` the scratch directory)."""
+    if isinstance(value, dict):
+        return {k: localize(v, roots) for k, v in value.items()}
+    if isinstance(value, list):
+        return [localize(v, roots) for v in value]
+    if isinstance(value, str):
+        if value.startswith(("{", "[")):
+            try:
+                return json.dumps(localize(json.loads(value), roots))
+            except ValueError:
+                return value
+        for prefix, local in sorted(roots.items(), key=lambda kv: -len(kv[0])):
+            if value == prefix or value.startswith(prefix + "/"):
+                return str(local) + value[len(prefix) :]
+    return value
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One workload as kimideploy renders it: the pod's spec and its vLLM command, if any."""
+
+    spec: dict[str, Any]
+    vllm_model: str | None
+    vllm_args: list[str]
+    manifests: list[dict[str, Any]]
+
+
+def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
+             overrides: tuple[str, ...] = ()) -> Rendered:  # fmt: skip
+    """Render `workload` for the pipeline's cluster: spec.json and the vLLM container's args."""
+    request = PlanRequest(workload, "cpu", drafter, overrides=overrides, run_id="p1")
+    manifests = [dict(m) for m in render_workload(loaded, request).objects]
+    config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
+    spec = json.loads(config_map["data"][SPEC_FILE_NAME])
+    model, args = None, []
+    for manifest in manifests:
+        pod = (manifest.get("spec") or {}).get("template", {}).get("spec", {})
+        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            if container.get("command", [])[:2] == ["vllm", "serve"]:
+                model, args = container["command"][2], list(container["args"])
+    return Rendered(spec, model, args, manifests)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_env(python: Path, **extra: str) -> dict[str, str]:
+    """The environment of a CPU vLLM process: the venv's runtime settings, kimideploy's sources
+    and the test-only connector shim (tests/pipeline/cpu_shim) on the path."""
+    venv = python.parent.parent
+    return {**os.environ, **cpu_runtime_env(venv),
+            "PYTHONPATH": f"{REPO / 'src'}:{SHIM}:{REPO}", "VLLM_LOGGING_LEVEL": "WARNING",
+            **extra}  # fmt: skip
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+
+
+def start_vllm(python: Path, model: str, args: list[str], log: Path,
+               netns: str | None = None) -> Server:  # fmt: skip
+    """`vllm serve MODEL ARGS` with the CPU venv (in network namespace `netns` when given)."""
+    host = args[args.index("--host") + 1]
+    port = args[args.index("--port") + 1]
+    command = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", model, *args]
+    if netns:
+        command = ["ip", "netns", "exec", netns, *command]
+    handle = log.open("wb")
+    process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
+                               env=cpu_env(python), start_new_session=True)  # fmt: skip
+    return Server(f"http://{host}:{port}", process, log)
+
+
+def wait_ready(servers: list[Server], timeout: float = 420) -> None:
+    """Until every server's /v1/models answers (the readiness probe kimideploy renders)."""
+    deadline = time.monotonic() + timeout
+    pending = list(servers)
+    while pending and time.monotonic() < deadline:
+        for server in list(pending):
+            if server.process.poll() is not None:
+                tail = server.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"vLLM exited with {server.process.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(server.url + "/v1/models", timeout=5) as response:
+                    if response.status == 200:
+                        pending.remove(server)
+            except OSError:
+                pass
+        time.sleep(2)
+    if pending:
+        tail = pending[0].log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"vLLM not ready after {timeout:.0f} s:\n{tail}")
+
+
+@contextmanager
+def serving(python: Path, model: str, args: list[str], log: Path) -> Iterator[Server]:
+    server = start_vllm(python, model, args, log)
+    try:
+        wait_ready([server])
+        yield server
+    finally:
+        server.stop()
+
+
+def run_workload(python: Path, name: str, spec: dict[str, Any], where: Path,
+                 timeout: float = 900, **env: str) -> tuple[int, str, str]:  # fmt: skip
+    """`python -m kimideploy.workloads NAME --spec spec.json`, as the pod's container runs it."""
+    path = where / f"{name}-spec.json"
+    path.write_text(json.dumps(spec))
+    done = subprocess.run([str(python), "-m", "kimideploy.workloads", name, "--spec", str(path)],
+                          capture_output=True, text=True, env=cpu_env(python, **env),
+                          timeout=timeout)  # fmt: skip
+    return done.returncode, done.stdout, done.stderr
+
+
+def events(stdout: str, kind: str) -> list[dict[str, Any]]:
+    found = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return [e for e in found if e.get("event") == kind]

@@ -1,0 +1,174 @@
+"""`status` and `watch serve --act` reading a real vLLM's /metrics through the real API server's pod
+proxy, and a real rollback when acceptance is below break-even.
+
+The API server proxies a pod by dialing its `status.podIP`. KWOK's simulated pods get addresses no
+process listens on, so the proxy answered "resolve_deny: denied destination" for every scrape. Here
+vLLM (serving the untrained drafter with the rendered `--speculative-config`) runs inside a network
+namespace the test creates, on a veth address of its own (10.213.N.2, nothing outside this
+machine), and the simulated serve pod's status is given that address once KWOK has made it Running
+(KWOK's pod-ready stage only acts on Pending pods, so it stays). Loopback and link-local addresses
+cannot stand in: the API server refuses to proxy to them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.conftest import _bin_dir, harness, wait_for
+from tests.pipeline import pods
+from tests.pipeline.conftest import CONFIG, Volumes
+
+from kimideploy.cli.main import main
+
+CONTEXT = "kimideploy-test"
+
+
+@pytest.fixture(scope="module")
+def netns() -> Iterator[tuple[str, str]]:
+    """(namespace name, its address): a veth pair, 10.213.N.1 here and 10.213.N.2 inside."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        if os.environ.get("KIMIDEPLOY_REQUIRE_PIPELINE") == "1":
+            pytest.fail("a network namespace needs root and iproute2 (`ip`)")
+        pytest.skip("a network namespace needs root and iproute2 (`ip`)")
+    tag = secrets.token_hex(3)
+    name, host, peer = f"kd-{tag}", f"kdh{tag}", f"kdn{tag}"
+    subnet = 1 + int(tag, 16) % 250
+    here, there = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host, "type", "veth", "peer", "name", peer],
+        ["ip", "link", "set", peer, "netns", name],
+        ["ip", "addr", "add", f"{here}/30", "dev", host],
+        ["ip", "link", "set", host, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", f"{there}/30", "dev", peer],
+        ["ip", "netns", "exec", name, "ip", "link", "set", peer, "up"],
+        ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, text=True)
+        yield name, there
+    finally:
+        subprocess.run(["ip", "link", "del", host], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pipeline_cluster() -> Iterator[harness.TestCluster]:
+    """A control plane whose simulated node is the pipeline profile's (cluster `cpu`)."""
+    cluster = harness.up(config_path=CONFIG, bin_dir=_bin_dir())
+    try:
+        yield cluster
+    finally:
+        harness.down(cluster.root)
+
+
+def kd(cluster: harness.TestCluster, namespace: str, *args: str) -> int:
+    """The CLI in-process, on the pipeline project, against this control plane and namespace."""
+    before = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    try:
+        command, rest = args[0], list(args[1:])
+        return main(["--config", str(CONFIG), command, *rest, "--context", CONTEXT,
+                     "--namespace", namespace])  # fmt: skip
+    finally:
+        if before is None:
+            os.environ.pop("KUBECONFIG")
+        else:
+            os.environ["KUBECONFIG"] = before
+
+
+def greedy_traffic(url: str, stop: threading.Event) -> None:
+    """Requests in the target's prompt shape until stopped (bounded: at most 400)."""
+    body = json.dumps(
+        {
+            "model": "tiny-kimi",
+            "max_tokens": 48,
+            "temperature": 0.0,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "In a few sentences, explain batching to an engineer (#3).",
+                }
+            ],
+        }
+    )
+    for _ in range(400):
+        if stop.is_set():
+            return
+        request = urllib.request.Request(url + "/v1/chat/completions", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                response.read()
+        except OSError:
+            time.sleep(0.5)
+
+
+def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
+    netns: tuple[str, str],
+    pipeline_cluster: harness.TestCluster,
+    cpu_python: Path,
+    project: Any,
+    volumes: Volumes,
+    untrained_drafter: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    namespace = f"live-{secrets.token_hex(3)}"
+    pipeline_cluster.kubectl("create", "namespace", namespace)
+    wait_for(lambda: pipeline_cluster.kubectl("-n", namespace, "get", "sa", "default",
+                                              check=False), "default SA")  # fmt: skip
+    name, address = netns
+    rendered = pods.rendered(project, "serve", "untrained")
+    assert rendered.vllm_model is not None
+    port = project.project.clusters["cpu"].workloads.serve.port
+    args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, address, port), volumes.roots)
+    server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
+                             volumes.root / "serve-live.log", netns=name)  # fmt: skip
+    stop = threading.Event()
+    traffic = threading.Thread(target=greedy_traffic, args=(server.url, stop), daemon=True)
+    try:
+        assert kd(pipeline_cluster, namespace, "up", "serve", "--drafter", "untrained", "--yes",
+                  "--poll", "0.3", "--scheduling-grace", "5") == 0  # fmt: skip
+        pod = pipeline_cluster.kubectl("-n", namespace, "get", "pods", "-o",
+                                       "jsonpath={.items[0].metadata.name}")  # fmt: skip
+        pipeline_cluster.kubectl("-n", namespace, "patch", "pod", pod, "--subresource=status",
+                                 "--type=merge", "-p", json.dumps({"status": {
+                                     "podIP": address, "podIPs": [{"ip": address}]}}))  # fmt: skip
+        pods.wait_ready([server])
+        traffic.start()
+        time.sleep(15)  # counters to judge in the first window
+        capsys.readouterr()
+        assert kd(pipeline_cluster, namespace, "status") == 0
+        shown = capsys.readouterr().out
+        assert "since pod start BELOW break-even" in shown, shown
+        code = kd(pipeline_cluster, namespace, "watch", "serve", "--act", "--interval", "8",
+                  "--windows", "6")  # fmt: skip
+        out, err = capsys.readouterr()
+        print(out, err)
+        assert code == 0, err
+        assert "rolled back to non-speculative serving: acceptance below the break-even rate" in out
+        assert "draft tokens" in out  # judged on the real counters, not on a missing scrape
+        assert kd(pipeline_cluster, namespace, "history", "serve", "-o", "json") == 0
+        history = json.loads(capsys.readouterr().out)
+        latest = max(history, key=lambda r: r["revision"])
+        assert latest["drafter"] == "none" and latest["revision"] == 2, history
+        deployment = json.loads(pipeline_cluster.kubectl("-n", namespace, "get", "deployment",
+                                                         "tiny-serve", "-o", "json"))  # fmt: skip
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert "--speculative-config" not in container["args"]
+    finally:
+        stop.set()
+        server.stop()
+        pipeline_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
