@@ -38,7 +38,9 @@ def main(extra: list[str]) -> int:
         print(f"{key:52} {value}")
     print(f"{'tier wall time (s)':52} {wall:.0f}")
     if done.returncode != 0:
-        print(f"(the tier failed with exit {done.returncode}; figures are partial)", file=sys.stderr)
+        print(
+            f"(the tier failed with exit {done.returncode}; figures are partial)", file=sys.stderr
+        )
     return done.returncode
 
 
