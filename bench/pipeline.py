@@ -1,4 +1,4 @@
-"""The pipeline tier's figures: the EAGLE-3 lifecycle with real vLLM 0.32 (CPU build) on a tiny target.
+"""The pipeline tier's figures: the EAGLE-3 lifecycle with real vLLM 0.32 (CPU build), tiny target.
 
 Run: .venv/bin/python bench/pipeline.py [-- PYTEST ARGS]. Runs tests/pipeline/test_lifecycle.py
 (target training, datagen against `vllm serve`, vLLM extraction, vocab, offline and online
