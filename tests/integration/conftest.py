@@ -100,7 +100,8 @@ def kd(
     monkeypatch.setenv("KUBECONFIG", str(testcluster.kubeconfig))
 
     def run(*args: str, config: Path | None = None) -> tuple[int, str, str]:
-        head = ["--config", str(config)] if config else []
+        # Named explicitly: commands that change a cluster refuse the implicit built-in example.
+        head = ["--config", str(config or REPO / "kimideploy.yaml")]
         command, rest = args[0], list(args[1:])
         code = main(
             [*head, command, *rest, "--context", "kimideploy-test", "--namespace", namespace]

@@ -309,3 +309,15 @@ def test_job_runs_are_labelled_with_run_id_and_config_hash(
         )
     )["items"]
     assert len(job["metadata"]["labels"]["kimideploy.io/config-hash"]) == 12
+
+
+def test_without_a_terminal_and_without_yes_nothing_is_applied(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    """A script that forgot --yes is refused (exit 2, as Terraform does), before any change."""
+    code, _, err = kd("up", "serve", "--drafter", "v3", "--poll", "0.2")
+    assert code == 2 and "apply revision 1? needs a yes, and there is no terminal to ask" in err
+    assert "hint: pass --yes" in err and "Traceback" not in err
+    assert not testcluster.kubectl("-n", namespace, "get", "deployments", "-o", "name").strip()
+    code, _, err = kd("history", "serve", "-o", "json")
+    assert code == 0

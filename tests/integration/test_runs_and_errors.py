@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kimideploy.cli.main import main
+from tests.conftest import REPO
 from tests.integration.conftest import harness
 
 pytestmark = pytest.mark.integration
@@ -128,7 +129,8 @@ def test_run_in_a_missing_namespace_says_how_to_fix_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(testcluster.kubeconfig))
-    code = main(["run", "vocab", "--context", "kimideploy-test", "--namespace", "does-not-exist"])
+    code = main(["--config", str(REPO / "kimideploy.yaml"), "run", "vocab", "--context",
+                 "kimideploy-test", "--namespace", "does-not-exist"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "namespace does-not-exist does not exist" in err
 

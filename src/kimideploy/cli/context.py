@@ -19,13 +19,35 @@ class CliState:
     config_path: Path | None
     debug: bool
     _loaded: LoadedProject | None = field(default=None, repr=False)
+    _noted: bool = field(default=False, repr=False)
 
-    def project(self) -> LoadedProject:
-        """Load (once) the --config file, ./kimideploy.yaml, or the built-in example."""
+    def project(self, changes: str | None = None) -> LoadedProject:
+        """Load (once) the --config / KIMIDEPLOY_CONFIG file, ./kimideploy.yaml, or the built-in
+        example. A command that changes a cluster or a host names the change in `changes`: it
+        refuses to run on the example picked implicitly (its hosts, contexts and pins are
+        placeholders); read-only commands say on stderr that they use it."""
+        from kimideploy.config.loading import default_config_path, load_project
+        from kimideploy.errors import UsageError
+        from kimideploy.paths import example_config_path
+
+        path = self.config_path or default_config_path()
+        implicit_example = (
+            self.config_path is None and path.resolve() == example_config_path().resolve()
+        )
+        if implicit_example and changes:
+            raise UsageError(
+                f"{changes}, and no project file was given: this would use the built-in example "
+                f"({path}), whose contexts, hosts and pins are placeholders",
+                hint="create ./kimideploy.yaml (copy the example and edit it) or pass --config "
+                "PATH (or set KIMIDEPLOY_CONFIG)",
+            )
         if self._loaded is None:
-            from kimideploy.config.loading import default_config_path, load_project
-
-            self._loaded = load_project(self.config_path or default_config_path())
+            if implicit_example and not self._noted:
+                click.echo(
+                    f"(using the built-in example {path}; pass --config for yours)", err=True
+                )
+                self._noted = True
+            self._loaded = load_project(path)
         return self._loaded
 
 

@@ -36,6 +36,16 @@ def check(state: CliState, cluster: str, only: str | None, output: str) -> None:
         )
 
 
+@host.command("inventory")
+@click.argument("cluster")
+@click.pass_obj
+def inventory(state: CliState, cluster: str) -> None:
+    """The Ansible inventory `host provision` generates, as `ansible-inventory --list` sees it."""
+    from kimideploy.services.hosts import ansible_inventory
+
+    click.echo(json.dumps(ansible_inventory(state.project().project, cluster), indent=2))
+
+
 @host.command()
 @click.argument("cluster")
 @click.option("--check", "dry", is_flag=True, help="Ansible check mode: report, change nothing.")
@@ -49,7 +59,11 @@ def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
     from kimideploy.services.hosts import provision as run
 
     result = run(
-        state.project().project, cluster, dry, [t for t in tags.split(",") if t], TerminalReporter()
+        state.project(None if dry else "host provision changes hosts").project,
+        cluster,
+        dry,
+        [t for t in tags.split(",") if t],
+        TerminalReporter(),
     )
     rows = [{"host": h, **counts} for h, counts in result.recap.items()]
     click.echo(format_table(rows))
@@ -72,4 +86,5 @@ def sync_model(state: CliState, cluster: str, only: str | None, no_drafters: boo
     """
     from kimideploy.services.hosts import sync_model as run
 
-    run(state.project().project, cluster, TerminalReporter(), drafters=not no_drafters, only=only)
+    loaded = state.project("host sync-model writes to hosts")
+    run(loaded.project, cluster, TerminalReporter(), drafters=not no_drafters, only=only)

@@ -94,5 +94,5 @@ def lock(state: CliState, name: str, digest: str | None) -> None:
     """Write the pushed digest into kimideploy.yaml so manifests pin it."""
     from kimideploy.services.images import lock_image
 
-    loaded = state.project()
+    loaded = state.project("image lock edits the project file")
     click.echo(lock_image(loaded.path, loaded.project, name, digest))

@@ -29,7 +29,9 @@ from kimideploy.errors import ExitCode, KimiDeployError
     "--config",
     "config_path",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Project file (default: ./kimideploy.yaml, else the built-in example).",
+    envvar="KIMIDEPLOY_CONFIG",
+    help="Project file (also $KIMIDEPLOY_CONFIG; default: ./kimideploy.yaml, else the built-in "
+    "example, which commands that change a cluster or host refuse).",
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="kimideploy")

@@ -14,10 +14,16 @@ RELEASE = click.Choice(["serve"])
 cluster_option = click.option("--cluster", help="Cluster profile (default: default_cluster).")
 
 
-def _session(state: CliState, cluster: str | None, context: str | None, namespace: str | None):  # type: ignore[no-untyped-def]
+def _session(  # type: ignore[no-untyped-def]
+    state: CliState,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    changes: str | None = None,
+):
     from kimideploy.services.connection import open_session
 
-    return open_session(state.project(), cluster, context, namespace)
+    return open_session(state.project(changes), cluster, context, namespace)
 
 
 def _release(state: CliState, workload: str) -> str:
@@ -32,7 +38,7 @@ def _release(state: CliState, workload: str) -> str:
 @click.option("--no-spec", is_flag=True, help="The current revision without speculative decoding.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--no-wait", is_flag=True, help="Apply and return without following the rollout.")
-@click.option("--timeout", default=3600, show_default=True)
+@click.option("--timeout", default=3600, show_default=True, type=click.IntRange(min=1))
 @click.option("--scheduling-grace", default=120, hidden=True)
 @click.option("--poll", default=2.0, hidden=True)
 @click.pass_obj
@@ -59,7 +65,7 @@ def rollback(
 
     if no_spec and to is not None:
         raise UsageError("--no-spec and --to exclude each other")
-    session = _session(state, cluster, context, namespace)
+    session = _session(state, cluster, context, namespace, "rollback changes a cluster")
     change = deploy.ChangeOptions(yes=yes, auto_rollback=False)
     wait = deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace)
     outcome = deploy.rollback(
@@ -132,7 +138,7 @@ def down(
     """Remove the release. PersistentVolumeClaims (models, data) and history are kept."""
     from kimideploy.services import deploy
 
-    session = _session(state, cluster, context, namespace)
+    session = _session(state, cluster, context, namespace, "down changes a cluster")
     removed = deploy.down(
         session, _release(state, workload), deploy.ChangeOptions(yes=yes), TerminalReporter()
     )
@@ -166,7 +172,8 @@ def watch(
     """Watch the serving drafter's live acceptance against the cluster's break-even rate."""
     from kimideploy.services.live_metrics import watch_release
 
-    session = _session(state, cluster, context, namespace)
+    acting = "watch --act may roll a cluster back" if act else None
+    session = _session(state, cluster, context, namespace, acting)
     click.echo(
         watch_release(
             session, state.project(), TerminalReporter(), windows, interval_s=interval, act=act

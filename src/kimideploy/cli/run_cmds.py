@@ -49,7 +49,7 @@ def run(
             "--baseline compares a bench run that this command follows to its end",
             hint="use it as `kimideploy run bench --baseline [RUN_ID]`, without --detach",
         )
-    loaded = state.project()
+    loaded = state.project(f"run {workload} creates a Job on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
     request = PlanRequest(workload, cluster, drafter, overrides)

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from kimideploy.errors import UsageError
+
 
 class TerminalReporter:
     def __init__(self, interactive: bool | None = None) -> None:
@@ -35,9 +37,14 @@ class TerminalReporter:
         self._last = message
 
     def confirm(self, question: str) -> bool:
+        """Ask on a terminal; without one, refuse (as Terraform does): a script or CI job that
+        means to apply says so with --yes, and one that forgot does not change a cluster."""
         self._end_live()
         if not sys.stdin.isatty():
-            return True  # not a TTY: nobody to ask (kubectl and helm do the same)
+            raise UsageError(
+                f"{question} needs a yes, and there is no terminal to ask",
+                hint="pass --yes to go ahead without asking (scripts and CI)",
+            )
         return click.confirm(question, default=False, err=True)
 
 

@@ -28,7 +28,13 @@ from kimideploy.cli.terminal import TerminalReporter, cluster_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--force", is_flag=True, help="Take over fields owned by other field managers.")
 @click.option("--no-wait", is_flag=True, help="Apply and return without following the rollout.")
-@click.option("--timeout", default=3600, show_default=True, help="Seconds to wait for readiness.")
+@click.option(
+    "--timeout",
+    default=3600,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Seconds to wait for readiness (at least 1; 0 would fail every healthy rollout).",
+)
 @click.option("--no-auto-rollback", is_flag=True, help="Leave a failed revision in place.")
 @click.option(
     "--gate",
@@ -90,7 +96,7 @@ def up(
     from kimideploy.services.connection import open_session
     from kimideploy.services.rendering import describe_plan, render_workload
 
-    loaded = state.project()
+    loaded = state.project(None if dry_run == "client" else "up changes a cluster")
     request = PlanRequest(workload, cluster, drafter, overrides, namespace=namespace)
     gate_only = [
         name

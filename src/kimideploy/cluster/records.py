@@ -11,11 +11,12 @@ import base64
 import contextlib
 import gzip
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.resources import path
+from kimideploy.errors import UsageError
 
 RECORD_TYPE = "kimideploy.io/release.v1"
 RECORD_LABEL = "kimideploy.io/release-record"
@@ -28,6 +29,9 @@ GATE_SPEEDUP_LABEL = "kimideploy.io/gate-speedup"
 DEFAULT_KEEP = 10
 
 STATUSES = ("pending", "deployed", "failed", "superseded", "rolled-back", "removed")
+SCHEMA = "1.1"
+"""Record layout, major.minor. A newer minor only adds fields (this reader ignores what it does
+not know); a newer major changed the meaning of one, and this reader refuses it."""
 
 
 @dataclass
@@ -48,6 +52,7 @@ class ReleaseRecord:
     note: str = ""
     source_revision: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    schema: str = SCHEMA
 
     @property
     def good(self) -> bool:
@@ -67,7 +72,17 @@ def _encode(record: ReleaseRecord) -> str:
 
 def _decode(secret: dict[str, Any]) -> ReleaseRecord:
     raw = gzip.decompress(base64.b64decode(secret["data"]["release"]))
-    return ReleaseRecord(**json.loads(raw))
+    data = json.loads(raw)
+    found = str(data.get("schema", "1.0"))  # records before the field existed are 1.0
+    if int(found.split(".")[0]) > int(SCHEMA.split(".")[0]):
+        name = (secret.get("metadata") or {}).get("name", "a release record")
+        raise UsageError(
+            f"{name} was written by a newer kimideploy (record schema {found}; this one reads "
+            f"{SCHEMA.split('.')[0]}.x), so its history cannot be read safely here",
+            hint="upgrade kimideploy to the version that wrote it (pip install -U kimideploy)",
+        )
+    known = {f.name for f in fields(ReleaseRecord)}
+    return ReleaseRecord(**{key: value for key, value in data.items() if key in known})
 
 
 def _labels(record: ReleaseRecord) -> dict[str, str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from kimideploy.config import safe_yaml
 from kimideploy.config.project import Project, reference_issues
 from kimideploy.errors import ConfigError
 from kimideploy.paths import example_config_path
@@ -38,12 +38,17 @@ def default_config_path(cwd: Path | None = None) -> Path:
 def load_project(path: Path) -> LoadedProject:
     """Parse and validate a project file; every problem is reported at once, with its location."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(
             f"{path}: cannot read the project file ({exc.strerror})",
             hint="pass --config PATH, or run from a folder that has kimideploy.yaml",
         ) from exc
+    try:
+        text = safe_yaml.decode(raw)
+    except safe_yaml.YamlError as exc:
+        where = f"{path}:{exc.line}" if exc.line else str(path)
+        raise ConfigError(f"{where}: {exc.message}", hint="fix the file and retry") from exc
     return load_project_text(text, path)
 
 
@@ -59,36 +64,16 @@ def load_project_text(text: str, path: Path) -> LoadedProject:
 
 
 def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str | int, ...], int]]:
+    """Values and the line of each dotted path; duplicate keys, alias bombs, deep nesting and
+    unsafe tags are config errors with their line (config/safe_yaml.py)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(
-            f"{where}: invalid YAML: {problem}", hint="fix the syntax and retry"
-        ) from exc
-    if not isinstance(data, dict):
+        parsed = safe_yaml.load(text)
+    except safe_yaml.YamlError as exc:
+        where = f"{path}:{exc.line}" if exc.line else str(path)
+        raise ConfigError(f"{where}: {exc.message}", hint="fix the file and retry") from exc
+    if not isinstance(parsed.data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
-    lines: dict[tuple[str | int, ...], int] = {}
-    _index_lines(node, (), lines)
-    return data, lines
-
-
-def _index_lines(node: yaml.Node | None, path: tuple[str | int, ...], out: dict[Any, int]) -> None:
-    """Map each dotted path to the 1-based line where its value starts, for error messages."""
-    if node is None:
-        return
-    out[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            out[(*path, key.value)] = key.start_mark.line + 1
-            _index_lines(value, (*path, key.value), out)
-            out[(*path, key.value)] = key.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _index_lines(item, (*path, index), out)
+    return parsed.data, parsed.lines
 
 
 def _validate(path: Path, data: Any, lines: dict[Any, int]) -> Project:

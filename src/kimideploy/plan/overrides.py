@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from kimideploy.config import safe_yaml
 from kimideploy.config.loading import dotted
 from kimideploy.config.project import Project
 from kimideploy.config.workloads import WORKLOAD_NAMES
@@ -46,7 +46,15 @@ def _parse(item: str) -> tuple[list[str], Any]:
             f"--set {item}: expected WORKLOAD.KEY=VALUE, e.g. train.epochs=3",
             hint=f"WORKLOAD is one of {', '.join(WORKLOAD_NAMES)}",
         )
-    return path, yaml.safe_load(raw) if raw.strip() else ""
+    if not raw.strip():
+        return path, ""
+    try:
+        return path, safe_yaml.load(raw).data
+    except safe_yaml.YamlError as exc:
+        raise UsageError(
+            f"--set {item}: the value is not a plain YAML value ({exc.message})",
+            hint="quote strings that contain ':', '#', '{' or start with '!'",
+        ) from exc
 
 
 def _hint(path: list[str]) -> str:

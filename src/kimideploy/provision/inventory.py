@@ -1,9 +1,19 @@
-"""An Ansible inventory for one cluster profile: hosts from `hosts`, variables from `host_setup`."""
+"""An Ansible inventory for one cluster profile: hosts from `hosts`, variables from `host_setup`.
+
+Every string that comes from kimideploy.yaml is written as `!unsafe`: Ansible templates variables
+when a task uses them, so a path like `{{ lookup('pipe', 'id') }}` would otherwise run a command
+on the operator's machine. SSH options are quoted item by item (Ansible splits
+`ansible_ssh_common_args` like a shell), so a known_hosts path with spaces stays one path and
+cannot add `-o ProxyCommand=...` or turn host-key checking off.
+"""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from kimideploy.config.clusters import Cluster, SshHost
 from kimideploy.config.images import MIN_DRIVER_FOR_CUDA
@@ -28,10 +38,45 @@ def require_hosts(project: Project, cluster_name: str) -> Cluster:
     return cluster
 
 
+class Unsafe(str):
+    """A value Ansible must take literally (dumped with YAML's `!unsafe` tag)."""
+
+    __slots__ = ()
+
+
+def _unsafe_representer(dumper: yaml.SafeDumper, value: Unsafe) -> yaml.ScalarNode:
+    return dumper.represent_scalar("!unsafe", str(value), style="'")
+
+
+class InventoryDumper(yaml.SafeDumper):
+    """safe_dump plus `!unsafe` strings."""
+
+
+InventoryDumper.add_representer(Unsafe, _unsafe_representer)
+
+
+def mark_unsafe(value: Any) -> Any:
+    """Every string inside `value` as Unsafe (keys stay plain: they are ours)."""
+    if isinstance(value, str):
+        return Unsafe(value)
+    if isinstance(value, dict):
+        return {key: mark_unsafe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [mark_unsafe(item) for item in value]
+    return value
+
+
+def inventory_yaml(inventory: dict[str, Any]) -> str:
+    return yaml.dump(inventory, Dumper=InventoryDumper, sort_keys=False)
+
+
 def ssh_args(host: SshHost) -> str:
-    """Host keys must already be known: no silent trust on first use."""
+    """Host keys must already be known: no silent trust on first use. One quoted item per argv
+    word, so nothing in the known_hosts path can add options."""
     known = Path(host.known_hosts or "~/.ssh/known_hosts").expanduser()
-    return f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known} -o ConnectTimeout=10"
+    items = ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}",
+             "-o", "ConnectTimeout=10"]  # fmt: skip
+    return shlex.join(items)
 
 
 def host_vars(host: SshHost) -> dict[str, Any]:
@@ -81,14 +126,15 @@ def role_vars(project: Project, cluster: Cluster) -> dict[str, Any]:
 
 
 def inventory(project: Project, cluster_name: str) -> dict[str, Any]:
-    """The YAML inventory `ansible-playbook -i` reads."""
+    """The inventory `ansible-playbook -i` reads (write it with inventory_yaml): every value that
+    came from the config is Unsafe."""
     cluster = require_hosts(project, cluster_name)
     return {
         "all": {
-            "hosts": {h.name: host_vars(h) for h in cluster.hosts},
+            "hosts": {h.name: mark_unsafe(host_vars(h)) for h in cluster.hosts},
             "vars": {
                 "ansible_python_interpreter": "/usr/bin/python3",
-                **role_vars(project, cluster),
+                **mark_unsafe(role_vars(project, cluster)),
             },
         }
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kimideploy.errors import KimiDeployError
 from kimideploy.paths import repository_root
+from kimideploy.provision.inventory import inventory_yaml
 
 TASK = re.compile(r"^TASK \[(?P<name>.+?)\] \*+$")
 HOST_LINE = re.compile(
@@ -47,6 +47,26 @@ def ansible_playbook() -> str:
     return found
 
 
+def inventory_listing(inventory: dict[str, Any]) -> dict[str, Any]:
+    """The inventory as Ansible itself reads it (`ansible-inventory --list`): what a playbook
+    would get, values Ansible must not template shown as {"__ansible_unsafe": ...}."""
+    with tempfile.TemporaryDirectory(prefix="kimideploy-ansible-") as tmp:
+        inventory_file = Path(tmp) / "inventory.yml"
+        inventory_file.write_text(inventory_yaml(inventory))
+        inventory_file.chmod(0o600)
+        command = [str(Path(ansible_playbook()).with_name("ansible-inventory")), "-i",
+                   str(inventory_file), "--list", "--export"]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "ANSIBLE_NOCOLOR": "1"})  # fmt: skip
+    if done.returncode != 0:
+        raise KimiDeployError(
+            "ansible-inventory could not read the generated inventory: "
+            + done.stderr.strip()[-400:]
+        )
+    listing: dict[str, Any] = json.loads(done.stdout)
+    return listing
+
+
 def run_playbook(
     playbook: Path,
     inventory: dict[str, Any],
@@ -57,7 +77,7 @@ def run_playbook(
     """Run it, calling on_line(kind, text) for each task start and host result; parse the recap."""
     with tempfile.TemporaryDirectory(prefix="kimideploy-ansible-") as tmp:
         inventory_file = Path(tmp) / "inventory.yml"
-        inventory_file.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        inventory_file.write_text(inventory_yaml(inventory))
         inventory_file.chmod(0o600)
         command = [ansible_playbook(), "-i", str(inventory_file), str(playbook)]
         if check:

@@ -15,7 +15,7 @@ from kimideploy.config.clusters import SshHost
 from kimideploy.config.project import Project
 from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.provision.inventory import inventory, playbook_for, require_hosts
-from kimideploy.provision.runner import PlaybookResult, run_playbook
+from kimideploy.provision.runner import PlaybookResult, inventory_listing, run_playbook
 from kimideploy.remote.runner import Runner
 from kimideploy.services import hostcheck
 from kimideploy.services.progress import parse_events
@@ -85,6 +85,11 @@ def provision(
     for line in result.failures:
         reporter.info(line)
     return result
+
+
+def ansible_inventory(project: Project, cluster_name: str) -> dict[str, Any]:
+    """The generated inventory as `ansible-inventory --list` reads it (for `host inventory`)."""
+    return inventory_listing(inventory(project, cluster_name))
 
 
 @dataclass(frozen=True)
