@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,16 +124,27 @@ def test_unknown_run_id(kd: Callable[..., tuple[int, str, str]]) -> None:
     assert code == 2 and "no run abc123 in namespace" in err
 
 
-def test_run_in_a_missing_namespace_says_how_to_fix_it(
+def test_run_and_down_in_a_missing_namespace_follow_ups_policy(
     testcluster: harness.TestCluster,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """`run` creates a missing namespace as `up` does (the headline `run train --cluster b300` on
+    a fresh cluster); `down` in one that does not exist removes nothing, exit 0, no traceback."""
     monkeypatch.setenv("KUBECONFIG", str(testcluster.kubeconfig))
-    code = main(["--config", str(REPO / "kimideploy.yaml"), "run", "vocab", "--context",
-                 "kimideploy-test", "--namespace", "does-not-exist"])  # fmt: skip
+    fresh = f"fresh-{secrets.token_hex(3)}"
+    head = ["--config", str(REPO / "kimideploy.yaml")]
+    code = main([*head, "run", "vocab", "--detach", "--context", "kimideploy-test",
+                 "--namespace", fresh])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2 and "namespace does-not-exist does not exist" in err
+    assert code == 0 and f"created namespace {fresh}" in err, err
+    assert testcluster.kubectl("-n", fresh, "get", "jobs", "-o", "name").strip()
+    testcluster.kubectl("delete", "namespace", fresh, "--wait=false")
+    code = main([*head, "down", "serve", "--yes", "--context", "kimideploy-test", "--namespace",
+                 "never-was"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and "namespace never-was does not exist; nothing to remove" in err
+    assert "Traceback" not in out + err
 
 
 def test_unreachable_cluster_exits_3(

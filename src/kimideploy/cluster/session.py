@@ -57,10 +57,11 @@ class ClusterSession:
         return True
 
     def require_namespace(self) -> None:
+        """For a server dry run, which must create nothing, not even the namespace."""
         if not self.namespace_exists():
             raise UsageError(
                 f"namespace {self.namespace} does not exist",
-                hint="`kimideploy up` creates it, or pass --namespace NAME",
+                hint="`kimideploy up` and `kimideploy run` create it, or pass --namespace NAME",
             )
 
     # objects --------------------------------------------------------------------------------

@@ -156,7 +156,8 @@ def server_args(
     ]  # fmt: skip
     if trust_remote_code:
         args.append("--trust-remote-code")
-    return args + extraction_engine.serve_flags(vllm_ids, num_hidden_layers, storage)
+    flags = [*args, *extraction_engine.serve_flags(vllm_ids, num_hidden_layers, storage)]
+    return [pods.literal(a) for a in flags]
 
 
 def server_container(ctx: Context, split: OnlineLayout) -> dict[str, Any]:

@@ -91,13 +91,21 @@ def pod_security(ctx: Context) -> dict[str, Any]:
     }
 
 
+def literal(value: str) -> str:
+    """A user string Kubernetes must not expand: it replaces `$(NAME)` in args, commands and env
+    values with that variable's value (HF_TOKEN included), and `$$(` is its escape."""
+    return value.replace("$(", "$$(")
+
+
 def env(ctx: Context, gpus: int, extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """GPU pods get the cluster's NCCL settings; the HF token is only ever a secret reference."""
     plain = {"KIMIDEPLOY_CLUSTER": ctx.cluster_name, "PYTHONUNBUFFERED": "1"}
     if gpus:
         plain.update(ctx.cluster.env)
     plain.update(extra or {})
-    entries: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(plain.items())]
+    entries: list[dict[str, Any]] = [
+        {"name": k, "value": literal(v)} for k, v in sorted(plain.items())
+    ]
     token = ctx.project.model.hf_token
     if token is not None:
         ref = {"name": token.name, "key": token.key, "optional": True}

@@ -53,7 +53,8 @@ def vllm_args(ctx: Context) -> list[str]:
     spec = speculative_config(ctx)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec)]
-    return args + list(serve.extra_args)
+    # Every value here is the user's or derived from it; none refers to a pod variable.
+    return [pods.literal(a) for a in [*args, *serve.extra_args]]
 
 
 def rollout_strategy(ctx: Context) -> tuple[dict[str, Any], str]:

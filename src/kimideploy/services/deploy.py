@@ -390,6 +390,9 @@ def down(
     session: ClusterSession, release: str, change: ChangeOptions, reporter: Reporter
 ) -> list[ObjectRef]:
     """Remove the release's objects; PersistentVolumeClaims and history stay."""
+    if not session.namespace_exists():  # nothing can be there (and the lock could not be taken)
+        reporter.info(f"{release}: namespace {session.namespace} does not exist; nothing to remove")
+        return []
     with session.lock(release, "down"):
         live = session.live_release_objects(release)
         targets = [ObjectRef(o["kind"], session.namespace, o["metadata"]["name"]) for o in live]

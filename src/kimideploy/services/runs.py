@@ -35,11 +35,14 @@ def start_run(
     """Render with a fresh run id and create the run's objects."""
     if request.workload == "serve":
         raise UsageError("serve is a release, not a run", hint="use `kimideploy up serve`")
-    session.require_namespace()
     run_id = request.run_id or new_run_id()
     rendered = render_workload(loaded, replace(request, run_id=run_id, namespace=session.namespace))
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
+    # The same policy as `up`: a missing namespace is created when the user may (after the render
+    # validated, so a bad config creates nothing), otherwise the refusal says who can.
+    if session.ensure_namespace():
+        reporter.info(f"created namespace {session.namespace}")
     session.apply(rendered.objects)
     job = next(o for o in rendered.objects if o["kind"] == "Job")["metadata"]["name"]
     reporter.info(f"run {run_id}: created Job {job} in namespace {session.namespace}")
