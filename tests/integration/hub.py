@@ -28,6 +28,7 @@ class Hub:
         self.drop_once: set[str] = set()
         self.corrupt: set[str] = set()
         self.requests: list[tuple[str, str | None, str | None]] = []
+        self.listing: list[dict[str, Any]] | None = None  # a hostile listing, served as is
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -42,6 +43,8 @@ class Hub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def siblings(self) -> list[dict[str, Any]]:
+        if self.listing is not None:
+            return self.listing
         found = []
         for name, data in self.files.items():
             entry: dict[str, Any] = {

@@ -321,3 +321,26 @@ def test_without_a_terminal_and_without_yes_nothing_is_applied(
     assert not testcluster.kubectl("-n", namespace, "get", "deployments", "-o", "name").strip()
     code, _, err = kd("history", "serve", "-o", "json")
     assert code == 0
+
+
+def test_a_foreign_object_with_the_release_label_survives_up_and_down(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    """Helm (and others) set app.kubernetes.io/instance too: prune and down take only objects with
+    kimideploy's managed-by label AND fields kimideploy applied, so neither a Helm-labelled
+    ConfigMap nor one that copied every label of ours is deleted."""
+    helm = {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/managed-by": "Helm"}
+    copied = {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/managed-by": "kimideploy"}
+    for name, labels in (("helm-values", helm), ("look-alike", copied)):
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "data": {"owner": "someone else"}}  # fmt: skip
+        testcluster.kubectl("create", "-f", "-", stdin=json.dumps(body))
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0  # a revision that prunes
+    code, out, err = kd("down", "serve", "--yes")
+    assert code == 0, err
+    assert "helm-values" not in err + out and "look-alike" not in err + out
+    for name in ("helm-values", "look-alike"):
+        assert live(testcluster, namespace, "configmap", name)["data"] == {"owner": "someone else"}
+    assert not testcluster.kubectl("-n", namespace, "get", "deployment", RELEASE, check=False)

@@ -19,6 +19,7 @@ from kimideploy.cluster.resources import PRUNABLE_KINDS, path
 from kimideploy.errors import ClusterError, ManifestError
 
 RELEASE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 KEEP_ANNOTATION = "kimideploy.io/keep"
 SERVER_FIELDS = ("status",)
 SERVER_METADATA = (
@@ -100,19 +101,32 @@ def apply_all(api: KubeApi, objects: list[dict[str, Any]], force: bool = False) 
     return applied
 
 
+def release_selector(release: str) -> str:
+    """The instance label alone is not ours: Helm, Kustomize and others set it too."""
+    return f"{RELEASE_LABEL}={release},{MANAGED_BY_LABEL}=kimideploy"
+
+
+def applied_by_kimideploy(obj: dict[str, Any]) -> bool:
+    """The object carries fields kimideploy applied (server-side apply records the manager), so a
+    foreign object that copied our labels is still not ours to delete."""
+    fields = obj.get("metadata", {}).get("managedFields") or []
+    return any(f.get("manager") == FIELD_MANAGER and f.get("operation") == "Apply" for f in fields)
+
+
 def live_release_objects(api: KubeApi, namespace: str, release: str) -> list[dict[str, Any]]:
-    """Objects of the release (by its instance label) of the kinds a release owns."""
+    """Objects of the release of the kinds a release owns: our labels and our applied fields."""
     found = []
     for kind in PRUNABLE_KINDS:
         try:
             listed = api.request(
-                "GET", path(kind, namespace), {"labelSelector": f"{RELEASE_LABEL}={release}"}
+                "GET", path(kind, namespace), {"labelSelector": release_selector(release)}
             )
         except NotFoundError:  # a custom resource (PodMonitor) the cluster does not serve
             continue
         for item in listed.get("items", []):
-            item["kind"] = kind
-            found.append(item)
+            if applied_by_kimideploy(item):
+                item["kind"] = kind
+                found.append(item)
     return found
 
 

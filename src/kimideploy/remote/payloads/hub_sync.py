@@ -5,7 +5,9 @@ Runs ON the GPU host (uploaded by `kimideploy host sync-model`), so it uses the 
 only. The token is read from the first line of stdin, never from the command line. Progress is
 printed as JSON lines on stdout; human messages go to stderr.
 
-Exit codes: 0 done, 2 refused (token, unknown revision), 3 verification failed, 4 network error.
+Exit codes: 0 done, 2 refused (token, unknown revision), 3 verification failed (a file's hash, or
+a listing that names a path outside the destination or a file without a hash: refused before
+anything is written), 4 network error.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 MARKER = ".kimideploy-complete"
@@ -35,11 +37,10 @@ class SameHostAuthRedirect(urllib.request.HTTPRedirectHandler):
         self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
     ) -> Any:
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if (
-            new is not None
-            and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc
-        ):
-            new.remove_header("Authorization")
+        old, moved = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        downgraded = old.scheme == "https" and moved.scheme != "https"
+        if new is not None and (moved.netloc != old.netloc or downgraded):
+            new.remove_header("Authorization")  # another host, or the token in clear text
         return new
 
 
@@ -71,6 +72,32 @@ def expected_hash(entry: dict[str, Any]) -> tuple[str, str]:
     return "git-sha1", entry.get("blobId", "")
 
 
+OWN_FILES = (MARKER, VERIFIED)
+
+
+def listing_problems(dest: Path, files: list[dict[str, Any]]) -> list[str]:
+    """Why this listing (from the hub, or a mirror set by HF_ENDPOINT) must not be followed: file
+    names become paths under `dest`, so each must stay inside it, and each file must have a hash
+    to be checked against."""
+    root = dest.resolve()
+    problems = []
+    for entry in files:
+        name = entry.get("rfilename")
+        parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+        if (
+            not isinstance(name, str) or not name or "\0" in name or "\\" in name
+            or PurePosixPath(name).is_absolute() or ".." in parts or "." in parts
+            or not (root / name).resolve().is_relative_to(root)
+        ):  # fmt: skip
+            problems.append(f"{name!r}: not a relative path inside {dest}")
+            continue
+        if name in OWN_FILES or name.endswith(".part"):
+            problems.append(f"{name!r}: collides with the downloader's own files")
+        if not expected_hash(entry)[1]:
+            problems.append(f"{name!r}: the listing gives no hash (lfs.sha256 or blobId)")
+    return problems
+
+
 def file_hash(path: Path, kind: str, size: int) -> str:
     digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1()
     if kind == "git-sha1":
@@ -87,6 +114,9 @@ def emit(event: dict[str, Any]) -> None:
 
 def download(url: str, token: str, part: Path, size: int, progress: Any) -> None:
     """Append to the .part file from where it stopped (HTTP Range)."""
+    if size == 0:  # nothing to fetch (a Range request for it would be unsatisfiable)
+        part.touch()
+        return
     have = part.stat().st_size if part.exists() else 0
     if have > size:
         part.unlink()
@@ -104,12 +134,19 @@ def download(url: str, token: str, part: Path, size: int, progress: Any) -> None
 
 def sync(args: argparse.Namespace, token: str) -> int:
     dest = Path(args.dest)
+    files = listing(args.endpoint, args.repo, args.revision, token)
+    problems = listing_problems(dest, files)
+    if problems:
+        for problem in problems:
+            print(f"refused: {problem}", file=sys.stderr)
+        print(f"the listing from {args.endpoint} was not followed; nothing was written",
+              file=sys.stderr)  # fmt: skip
+        return 3
     dest.mkdir(parents=True, exist_ok=True)
     verified_file = dest / VERIFIED
     verified: dict[str, str] = (
         json.loads(verified_file.read_text()) if verified_file.exists() else {}
     )
-    files = listing(args.endpoint, args.repo, args.revision, token)
     total = sum(int((f.get("lfs") or {}).get("size") or f.get("size") or 0) for f in files)
     done, start = 0, time.monotonic()
 
@@ -151,7 +188,7 @@ def sync(args: argparse.Namespace, token: str) -> int:
             )
             return 4
         got = file_hash(part, kind, size)
-        if part.stat().st_size != size or (want and got != want):
+        if part.stat().st_size != size or got != want:
             part.unlink()
             print(f"{name}: {kind} {got} != expected {want}; removed the download", file=sys.stderr)
             return 3
