@@ -168,3 +168,26 @@ def test_missing_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     code, _, err = run_cli(capsys, "--config", str(tmp_path / "nope.yaml"), "render", "serve")
     assert code == 2
     assert "cannot read the project file" in err
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("../outside", "'../outside' must be a plain relative folder (no '.', '..' or //)"),
+        ("drafters/./v3", "must be a plain relative folder"),
+        ("hub/moonshotai/Kimi-K2.5", "is inside the model tree (hub/), which training would move"),
+        ("drafters/v2", "overlaps the folder of drafter v2 (drafters/v2)"),
+        (
+            "drafters/AQ-MedAI/Kimi-K2-Instruct-eagle3",
+            "overlaps the folder of hub drafter v1 (drafters/AQ-MedAI/Kimi-K2-Instruct-eagle3/",
+        ),
+    ],
+)
+def test_a_drafter_path_that_escapes_or_collides_is_refused(
+    edited_config: Callable[..., Path], path: str, message: str
+) -> None:
+    """Training moves an existing drafter folder aside: it must never be the model, another
+    drafter, or outside the models volume."""
+    config = edited_config(("    source: {path: drafters/v3}", f"    source: {{path: {path}}}"))
+    issues = issues_of(config)
+    assert any("drafters.v3.source.path" in i and message in i for i in issues), issues

@@ -93,3 +93,15 @@ def test_set_values_go_through_the_same_reader_and_execute_nothing(
         _, err = capsys.readouterr()
         assert code == 2 and message in err and "Traceback" not in err, err
     assert not marker.exists()
+
+
+def test_set_overrides_get_the_cross_reference_checks_of_the_file(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--set train.drafter=v1` would make training move a pinned hub drafter aside."""
+    assert main(["render", "train", "--set", "train.drafter=v1"]) == 2
+    _, err = capsys.readouterr()
+    assert "--set: clusters.rtx6000.workloads.train.drafter: drafter 'v1' comes from the hub" in err
+    assert main(["render", "train", "--set", "train.base_drafter=v9"]) == 2
+    _, err = capsys.readouterr()
+    assert "unknown drafter 'v9'" in err and "Traceback" not in err

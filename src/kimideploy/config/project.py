@@ -51,6 +51,43 @@ def reference_issues(project: Project) -> list[Issue]:
         issues += _cluster_issues(project, cluster_name, cluster)
     for drafter_name, drafter in project.drafters.items():
         issues += _drafter_issues(project, drafter_name, drafter)
+    issues += _drafter_path_issues(project)
+    return issues
+
+
+MODEL_TREE = "hub"
+"""Top folder of the models volume that `host sync-model` fills (plan/context.target_model_path)."""
+HUB_DRAFTERS = "drafters"
+
+
+def _drafter_path_issues(project: Project) -> list[Issue]:
+    """A drafter's folder on the models volume is written by training (an existing one is moved
+    aside): it must stay inside the volume and must not be the model tree, a hub drafter's pinned
+    folder, or another drafter's folder (or contain or sit inside one)."""
+    issues: list[Issue] = []
+    taken: dict[str, str] = {}
+    for name, drafter in project.drafters.items():
+        if drafter.source.hub is not None:
+            hub = drafter.source.hub
+            taken[f"{HUB_DRAFTERS}/{hub.repo}/{hub.revision}"] = f"hub drafter {name}"
+    for name, drafter in sorted(project.drafters.items()):
+        raw = drafter.source.path
+        if raw is None:
+            continue
+        where: Path = ("drafters", name, "source", "path")
+        parts = raw.split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            issues.append((where, f"'{raw}' must be a plain relative folder (no '.', '..' or //)"))
+            continue
+        if parts[0] == MODEL_TREE:
+            issues.append((where, f"'{raw}' is inside the model tree ({MODEL_TREE}/), which "
+                           "training would move aside"))  # fmt: skip
+            continue
+        for other, owner in taken.items():
+            if raw == other or raw.startswith(other + "/") or other.startswith(raw + "/"):
+                issues.append((where, f"'{raw}' overlaps the folder of {owner} ({other})"))
+                break
+        taken[raw] = f"drafter {name}"
     return issues
 
 

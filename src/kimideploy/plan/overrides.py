@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from kimideploy.config import safe_yaml
 from kimideploy.config.loading import dotted
-from kimideploy.config.project import Project
+from kimideploy.config.project import Project, reference_issues
 from kimideploy.config.workloads import WORKLOAD_NAMES
 from kimideploy.errors import UsageError
 
@@ -29,13 +29,20 @@ def apply_overrides(project: Project, cluster: str, overrides: tuple[str, ...]) 
             raise UsageError(f"--set {item}: no setting '{'.'.join(path)}'", hint=_hint(path))
         target[path[-1]] = value
     try:
-        return Project.model_validate(data)
+        changed = Project.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = dotted(err["loc"])
         raise UsageError(
             f"--set: {where}: {err['msg']}", hint="check the value's type and range"
         ) from exc
+    # The checks the file gets (names that point nowhere, a hub drafter as training output, ...)
+    # hold for overrides too: one validation path.
+    issues = reference_issues(changed)
+    if issues:
+        location, message = issues[0]
+        raise UsageError(f"--set: {dotted(location)}: {message}", hint="check the overridden value")
+    return changed
 
 
 def _parse(item: str) -> tuple[list[str], Any]:
