@@ -156,7 +156,6 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
         code = kd(pipeline_cluster, namespace, "watch", "serve", "--act", "--interval", "8",
                   "--windows", "6")  # fmt: skip
         out, err = capsys.readouterr()
-        print(out, err)
         assert code == 0, err
         assert "rolled back to non-speculative serving: acceptance below the break-even rate" in out
         assert "draft tokens" in out  # judged on the real counters, not on a missing scrape
