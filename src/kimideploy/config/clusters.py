@@ -106,8 +106,14 @@ class HostSetup(StrictModel):
         description="Open kernel module driver to install (gpu_host).",
     )
     container_toolkit_version: str = Field(description="NVIDIA container toolkit package version.")
-    k3s_version: str | None = Field(default=None, description="Single-node k3s (gpu_host only).")
-    device_plugin_version: str | None = Field(default=None, description="NVIDIA k8s device plugin.")
+    # Both land in files on the host (a systemd unit, an image reference): versions only.
+    k3s_version: str | None = Field(
+        default=None, pattern=r"^v\d+\.\d+\.\d+\+k3s\d+$",
+        description="Single-node k3s, e.g. v1.33.5+k3s1 (gpu_host only).",
+    )  # fmt: skip
+    device_plugin_version: str | None = Field(
+        default=None, pattern=r"^v\d+\.\d+\.\d+$", description="NVIDIA device plugin, e.g. v0.17.4."
+    )  # fmt: skip
     storage_path: str | None = Field(
         default=None, pattern=r"^/", description="local-path provisioner directory (gpu_host only)."
     )
