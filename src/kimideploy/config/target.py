@@ -39,7 +39,10 @@ class TargetModel(StrictModel):
     tool_call_parser: str | None = Field(default=None, description="vLLM --tool-call-parser.")
     trust_remote_code: bool = True
     hf_token: SecretRef | None = Field(
-        default=None, description="Secret holding a Hugging Face token, for gated downloads."
+        default=None,
+        description="Secret holding a Hugging Face token, for a workload that downloads from the "
+        "hub. None does today (`host sync-model` fetches with $HF_TOKEN from your shell), so no "
+        "pod is given it.",
     )
 
     @property

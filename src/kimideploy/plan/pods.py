@@ -98,19 +98,14 @@ def literal(value: str) -> str:
 
 
 def env(ctx: Context, gpus: int, extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """GPU pods get the cluster's NCCL settings; the HF token is only ever a secret reference."""
+    """GPU pods get the cluster's NCCL settings; every value is literal (no `$(` expansion)."""
     plain = {"KIMIDEPLOY_CLUSTER": ctx.cluster_name, "PYTHONUNBUFFERED": "1"}
     if gpus:
         plain.update(ctx.cluster.env)
     plain.update(extra or {})
-    entries: list[dict[str, Any]] = [
-        {"name": k, "value": literal(v)} for k, v in sorted(plain.items())
-    ]
-    token = ctx.project.model.hf_token
-    if token is not None:
-        ref = {"name": token.name, "key": token.key, "optional": True}
-        entries.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-    return entries
+    # No HF_TOKEN: no pod downloads (weights and drafters come from `host sync-model`, and serve
+    # runs with HF_HUB_OFFLINE=1), so none gets a credential it does not use.
+    return [{"name": k, "value": literal(v)} for k, v in sorted(plain.items())]
 
 
 def claim_volumes(ctx: Context, claims: dict[str, bool]) -> tuple[list[Any], list[Any]]:
