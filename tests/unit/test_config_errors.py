@@ -191,3 +191,25 @@ def test_a_drafter_path_that_escapes_or_collides_is_refused(
     config = edited_config(("    source: {path: drafters/v3}", f"    source: {{path: {path}}}"))
     issues = issues_of(config)
     assert any("drafters.v3.source.path" in i and message in i for i in issues), issues
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("    namespace: kimi\n    kubernetes_version: \"1.33\"", "    namespace: kimi.prod\n    kubernetes_version: \"1.33\""),
+         "clusters.rtx6000.namespace: 'kimi.prod' is not a valid Kubernetes namespace name"),
+        (("        startup_budget_s: 2700 ", '        pod_annotations: {"bad key!": "x"}\n        startup_budget_s: 2700 '),
+         "pod_annotations.bad key!: 'bad key!' is not a valid Kubernetes label or annotation key"),
+        (("hf_token: {name: hf-token, key: token}", "hf_token: {name: Hf_Token, key: token}"),
+         "model.hf_token.name: 'Hf_Token' is not a valid Kubernetes object name"),
+        (("    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    env:\n      NCCL_NVLS_ENABLE: \"1\"\n      NCCL_IB_HCA: mlx5\n    storage:\n      models:        {storage_class: shared-fs, size: 4Ti, access_mode: ReadWriteMany}\n      datasets:      {storage_class: shared-fs, size: 2Ti",
+          "    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    node_selector: {pool: \"gpu nodes\"}\n    env:\n      NCCL_NVLS_ENABLE: \"1\"\n      NCCL_IB_HCA: mlx5\n    storage:\n      models:        {storage_class: shared-fs, size: 4Ti, access_mode: ReadWriteMany}\n      datasets:      {storage_class: shared-fs, size: 2Ti"),
+         "clusters.b200.node_selector.pool: 'gpu nodes' is not a valid Kubernetes label value"),
+    ],
+)  # fmt: skip
+def test_names_the_api_server_would_reject_are_config_errors(
+    edited_config: Callable[..., Path], edit: tuple[str, str], message: str
+) -> None:
+    """Found at load time with the file's path, not by the API server half-way through an apply."""
+    issues = issues_of(edited_config(edit))
+    assert any(message in issue for issue in issues), issues

@@ -54,6 +54,36 @@ Quantity = Annotated[str, AfterValidator(_check_quantity)]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?$")]
 """A DNS-label-like name usable in Kubernetes object names and labels."""
 
+# Kubernetes' own syntax (apimachinery validation), checked when the file is loaded so the error
+# names the config path instead of the API server refusing one object in the middle of an apply.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
+_NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+
+DnsLabel = Annotated[str, StringConstraints(pattern=rf"^{_DNS_LABEL}$")]
+"""A namespace name: lower-case alphanumerics and '-', at most 63, no dots."""
+DnsSubdomain = Annotated[str, StringConstraints(max_length=253, pattern=rf"^{_DNS_SUBDOMAIN}$")]
+"""A Secret (or most objects') name."""
+QualifiedName = Annotated[
+    str, StringConstraints(max_length=317, pattern=rf"^({_DNS_SUBDOMAIN}/)?{_NAME_PART}$")
+]
+"""A label, annotation or toleration key: an optional DNS prefix and '/', then a name part."""
+LabelValue = Annotated[str, StringConstraints(pattern=rf"^({_NAME_PART})?$")]
+SecretKey = Annotated[str, StringConstraints(pattern=r"^[-._a-zA-Z0-9]{1,253}$")]
+
+PATTERN_HELP = {
+    f"^{_DNS_LABEL}$": "is not a valid Kubernetes namespace name (lower-case letters, digits and "
+    "'-', at most 63 characters, no dots)",
+    f"^{_DNS_SUBDOMAIN}$": "is not a valid Kubernetes object name (lower-case letters, digits, "
+    "'-' and '.')",
+    rf"^({_DNS_SUBDOMAIN}/)?{_NAME_PART}$": "is not a valid Kubernetes label or annotation key "
+    "(an optional DNS prefix and '/', then letters, digits, '-', '_' or '.', at most 63)",
+    rf"^({_NAME_PART})?$": "is not a valid Kubernetes label value (letters, digits, '-', '_' or "
+    "'.', at most 63, starting and ending alphanumeric)",
+    r"^[-._a-zA-Z0-9]{1,253}$": "is not a valid Secret key (letters, digits, '-', '_' or '.')",
+}
+"""What a user reads instead of the regular expression when a value breaks Kubernetes' syntax."""
+
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 """An OCI content digest; images are only ever referenced by digest."""
 

@@ -6,7 +6,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kimideploy.config.base import Name, Port, Quantity, StrictModel
+from kimideploy.config.base import (
+    DnsLabel,
+    LabelValue,
+    Name,
+    Port,
+    QualifiedName,
+    Quantity,
+    StrictModel,
+)
 from kimideploy.config.gate import GateSettings
 from kimideploy.config.images import CudaArch
 from kimideploy.config.workloads import Workloads
@@ -22,7 +30,7 @@ class GpuProfile(StrictModel):
 
 
 class Toleration(StrictModel):
-    key: str
+    key: QualifiedName
     operator: Literal["Exists", "Equal"] = "Exists"
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
@@ -129,7 +137,7 @@ class Cluster(StrictModel):
 
     description: str = ""
     kube_context: str = Field(description="kubeconfig context to use (overridable by --context).")
-    namespace: Name = Field(description="Namespace for every object kimideploy creates.")
+    namespace: DnsLabel = Field(description="Namespace for every object kimideploy creates.")
     kubernetes_version: Annotated[str, Field(pattern=r"^1\.\d+$")] = Field(
         description="Server minor version; manifests are validated against its OpenAPI schema."
     )
@@ -138,7 +146,7 @@ class Cluster(StrictModel):
     interconnect: Literal["pcie", "nvlink"] = Field(
         description="pcie: no NVLink (NCCL all-reduce); nvlink: NVL8 within a node."
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[QualifiedName, LabelValue] = Field(
         default_factory=dict, description="Extra node labels every pod must match."
     )
     tolerations: list[Toleration] = Field(default_factory=list)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from kimideploy.config import safe_yaml
+from kimideploy.config.base import PATTERN_HELP
 from kimideploy.config.project import Project, reference_issues
 from kimideploy.errors import ConfigError
 from kimideploy.paths import example_config_path
@@ -135,7 +136,10 @@ def _message(err: Any, data: Any) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}"
     if kind == "string_pattern_mismatch":
-        return f"{err['input']!r} does not match the pattern {ctx.get('pattern')}"
+        pattern = str(ctx.get("pattern"))
+        if pattern in PATTERN_HELP:
+            return f"{err['input']!r} {PATTERN_HELP[pattern]}"
+        return f"{err['input']!r} does not match the pattern {pattern}"
     message: str = err["msg"]
     return message.removeprefix("Value error, ")
 

@@ -6,14 +6,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kimideploy.config.base import GitRevision, StrictModel
+from kimideploy.config.base import DnsSubdomain, GitRevision, SecretKey, StrictModel
 
 
 class SecretRef(StrictModel):
     """A reference to a key of a Kubernetes Secret; secrets are never inlined."""
 
-    name: str = Field(description="Secret name in the cluster profile's namespace.")
-    key: str = Field(description="Key inside the Secret.")
+    name: DnsSubdomain = Field(description="Secret name in the cluster profile's namespace.")
+    key: SecretKey = Field(description="Key inside the Secret.")
 
 
 class TargetModel(StrictModel):

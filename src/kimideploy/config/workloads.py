@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kimideploy.config.base import Name, Port, Quantity, StrictModel
+from kimideploy.config.base import Name, Port, QualifiedName, Quantity, StrictModel
 
 
 class PodResources(StrictModel):
@@ -18,7 +18,7 @@ class WorkloadSettings(StrictModel):
     """Settings every workload has."""
 
     resources: PodResources
-    pod_annotations: dict[str, str] = Field(
+    pod_annotations: dict[QualifiedName, str] = Field(
         default_factory=dict, description="Extra pod annotations (scrape configs, meshes, tests)."
     )
 
