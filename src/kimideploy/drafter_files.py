@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.safetensors_files import read_headers
 
 EAGLE3_ARCHITECTURES = {
@@ -103,20 +104,20 @@ def _eagle_config(config: dict[str, Any]) -> dict[str, Any]:
     return nested if isinstance(nested, dict) else {}
 
 
-def ids_vllm_reads(config: dict[str, Any], vllm_version: str) -> tuple[list[int] | None, str]:
-    """The aux layer ids the given vLLM takes from a drafter's config.json (None: the target model's
-    default), and where from. Read in each version's own code: vLLM 0.16-0.31
+def ids_vllm_reads(config: dict[str, Any], vllm_version: str) -> list[int] | None:
+    """The aux layer ids the given vLLM's GPU model runner takes from a drafter's config.json (None:
+    the target model's default). Read in each version's own code: vLLM 0.16-0.31
     (v1/worker/gpu_model_runner.py) read only the top-level key; 0.32's V1 runner also falls back
     to `eagle_config.eagle_aux_hidden_state_layer_ids`, but its Model Runner V2, the default on
     GPUs (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py), falls back to `eagle_config.layer_ids`
     instead. Only the top-level key means the same thing to every runner."""
     top = config.get("eagle_aux_hidden_state_layer_ids")
     if top:
-        return list(top), "the top-level eagle_aux_hidden_state_layer_ids"
+        return list(top)
     eagle = _eagle_config(config)
-    if _version(vllm_version) >= (0, 32) and eagle.get("layer_ids"):
-        return list(eagle["layer_ids"]), "eagle_config.layer_ids (Model Runner V2, GPU default)"
-    return None, "no key it reads"
+    if version_tuple(vllm_version) >= (0, 32) and eagle.get("layer_ids"):
+        return list(eagle["layer_ids"])  # Model Runner V2, the GPU default
+    return None
 
 
 def _layer_finding(expected: Expected, config: dict[str, Any]) -> Finding:
@@ -131,7 +132,7 @@ def _layer_finding(expected: Expected, config: dict[str, Any]) -> Finding:
     if written:
         ok = list(written) == wanted
         detail = f"config.json says {list(written)}; trained at {wanted} in vLLM's convention"
-    elif nested and _version(version) >= (0, 32):
+    elif nested and version_tuple(version) >= (0, 32):
         # V1 reads eagle_config.eagle_aux_hidden_state_layer_ids, Model Runner V2 (the GPU default)
         # eagle_config.layer_ids: which ids are used would depend on the runner vLLM picks.
         ok = False
@@ -152,11 +153,6 @@ def _layer_finding(expected: Expected, config: dict[str, Any]) -> Finding:
     fix = f'set "eagle_aux_hidden_state_layer_ids": {wanted} at the top level of config.json'
     in_range = all(1 <= k <= layers - 1 for k in wanted)
     return Finding("layer ids", ok and in_range, detail, fix)
-
-
-def _version(text: str) -> tuple[int, int]:
-    major, minor, *_ = (text.split("+")[0] + ".0").split(".")
-    return int(major), int(minor)
 
 
 def _vocab_findings(

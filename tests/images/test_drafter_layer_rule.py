@@ -72,7 +72,7 @@ def test_the_rule_matches_what_the_pinned_vllms_model_runners_read(version: str)
     )
     reads = runner_reads(python)
     for name, config in VARIANTS.items():
-        ours, _ = ids_vllm_reads(config, version)
+        ours = ids_vllm_reads(config, version)
         # The GPU default runner: Model Runner V2 from 0.32 (tests/pipeline's CPU build runs V1).
         gpu = reads[name]["v2"] if reads[name]["v2"] != "absent" else reads[name]["v1"]
         assert ours == gpu, (version, name, reads[name])

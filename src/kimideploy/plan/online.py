@@ -100,7 +100,7 @@ def layout(ctx: Context) -> OnlineLayout:
 def check(ctx: Context) -> OnlineLayout:
     """Everything that must hold before an online run is rendered, checked from the config."""
     train = ctx.cluster.workloads.train
-    found = _version(ctx.cluster.kubernetes_version)
+    found = extraction_engine.version_tuple(ctx.cluster.kubernetes_version)
     if found < MIN_KUBERNETES:
         raise ConfigError(
             f"clusters.{ctx.cluster_name}.kubernetes_version: {ctx.cluster.kubernetes_version} "
@@ -236,7 +236,3 @@ def online_spec(ctx: Context, conversations_dir: str) -> OnlineTrainSpec:
         server_wait_s=online.startup_budget_s,
         concurrency=online.concurrency,
     )
-
-
-def _version(text: str) -> tuple[int, int]:
-    return extraction_engine.version_tuple(text)

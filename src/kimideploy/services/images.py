@@ -13,7 +13,7 @@ from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
 from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
-from kimideploy.errors import UsageError
+from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.images import build as building
 from kimideploy.images import verify as checks
 from kimideploy.images.context import build_context, write_context
@@ -176,8 +176,15 @@ def _engine_steps(
     loaded: LoadedProject, name: str, image: Any, reporter: Reporter
 ) -> list[checks.Step]:
     reporter.status(f"{name}: preparing vLLM {image.vllm} (first run downloads and installs it)")
-    python = engine_python(image.vllm)
-    overlay = checks.patched_overlay(image) if image.patches else None
+    try:
+        python = engine_python(image.vllm)
+        overlay = checks.patched_overlay(image) if image.patches else None
+    except RuntimeError as exc:  # pip or patch output, already trimmed to its last lines
+        raise KimiDeployError(
+            f"{name}: cannot prepare vLLM {image.vllm} on this machine: {exc}",
+            hint="the first run downloads from PyPI (later runs reuse ~/.cache/kimideploy/venvs/); "
+            "check the network and run again",
+        ) from exc
     with tempfile.TemporaryDirectory() as tmp:
         target, drafters = write_tiny_models(loaded.project, Path(tmp))
         cases = serve_cases(loaded, name, target, drafters)
@@ -187,7 +194,14 @@ def _engine_steps(
         reporter.status(
             f"{name}: building vLLM's engine config for {len(cases)} rendered argument sets"
         )
-        results = checks.run_engine_checks(python, overlay, cases)
+        try:
+            results = checks.run_engine_checks(python, overlay, cases)
+        except RuntimeError as exc:
+            raise KimiDeployError(
+                f"{name}: vLLM {image.vllm}'s engine check did not finish: {exc}",
+                hint=f"run `{python} {Path(checks.__file__).with_name('engine_check.py')}` "
+                "by hand to see vLLM's own output",
+            ) from exc
     return [
         checks.Step(f"vLLM accepts: {r['name']}", r["ok"], r["error"] or "engine config built")
         for r in results
