@@ -473,6 +473,8 @@ def up(
         )
         start_apiserver(cluster, start_etcd(cluster))
         cluster.kubectl("apply", "--server-side", "-f", str(bin_dir / "kwok-crds"))
+        for shipped in ("priorityclasses.yaml", "rbac.yaml"):  # what users apply from k8s/base
+            cluster.kubectl("apply", "--server-side", "-f", str(REPO / "k8s" / "base" / shipped))
         start_controllers(cluster)
         start_kwok(cluster)
         create_simulated_cluster(cluster, config_path or REPO / "kimideploy.yaml")

@@ -108,7 +108,8 @@ def target_server(
     assert rendered.vllm_model is not None
     started = time.monotonic()
     server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
-                             volumes.root / "serve-none.log")  # fmt: skip
+                             volumes.root / "serve-none.log", env=rendered.secret_env,
+                             ready_path=rendered.ready_path)  # fmt: skip
     try:
         pods.wait_ready([server])
     except RuntimeError:
@@ -131,12 +132,14 @@ def conversations(
 ) -> dict[str, Any]:
     """datagen, as its Job runs it, against the real server; prompts held out from the bench's."""
     rendered = pods.rendered(project, "datagen")
+    assert set(rendered.secret_env) == {"KIMIDEPLOY_API_KEY"}  # it calls the serve release
     spec = volumes.spec(rendered, **service_urls(project, target_server))
     prompt_file = Path(spec["prompts"])
     prompt_file.parent.mkdir(parents=True, exist_ok=True)
     prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts(7, 96)))
     started = time.monotonic()
-    code, out, err = pods.run_workload(cpu_python, "datagen", spec, volumes.root)
+    code, out, err = pods.run_workload(cpu_python, "datagen", spec, volumes.root,
+                                       **rendered.secret_env)  # fmt: skip
     seconds = time.monotonic() - started
     assert code == 0, err[-3000:]
     result = pods.events(out, "result")[-1]
@@ -291,7 +294,9 @@ def served(
         args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port()),
                              volumes.roots)  # fmt: skip
         servers[name] = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)),
-                                        args, volumes.root / f"serve-{name}.log")  # fmt: skip
+                                        args, volumes.root / f"serve-{name}.log",
+                                        env=rendered.secret_env,
+                                        ready_path=rendered.ready_path)  # fmt: skip
     try:
         pods.wait_ready(list(servers.values()), timeout=600)
         for name, server in servers.items():
@@ -308,8 +313,10 @@ def served(
 
 def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: str,
           server: pods.Server) -> dict[str, Any]:  # fmt: skip
-    spec = volumes.spec(pods.rendered(project, "bench", drafter), **service_urls(project, server))
-    code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root)
+    rendered = pods.rendered(project, "bench", drafter)
+    spec = volumes.spec(rendered, **service_urls(project, server))
+    code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
+                                       **rendered.secret_env)  # fmt: skip
     assert code == 0, err[-3000:]
     result: dict[str, Any] = pods.events(out, "result")[-1]
     return result

@@ -89,6 +89,24 @@ class Rendered:
     vllm_model: str | None
     vllm_args: list[str]
     manifests: list[dict[str, Any]]
+    secret_env: dict[str, str]
+    """The main container's variables taken from Secrets, with the test's values (SECRETS)."""
+    ready_path: str
+    """The rendered readiness probe's path (serve only)."""
+
+
+SECRETS = {("pipeline-api-key", "token"): "kd-pipeline-key-7c1e"}
+"""What the test's Secrets would hold (the pipeline project's serve.api_key names the first)."""
+
+
+def _secret_env(pod: dict[str, Any]) -> dict[str, str]:
+    resolved = {}
+    for container in pod.get("containers", []):
+        for entry in container.get("env", []):
+            ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                resolved[entry["name"]] = SECRETS[(ref["name"], ref["key"])]
+    return resolved
 
 
 def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
@@ -98,13 +116,17 @@ def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
     manifests = [dict(m) for m in render_workload(loaded, request).objects]
     config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
     spec = json.loads(config_map["data"][SPEC_FILE_NAME])
-    model, args = None, []
+    model, args, secret_env, ready = None, [], {}, "/v1/models"
     for manifest in manifests:
         pod = (manifest.get("spec") or {}).get("template", {}).get("spec", {})
+        secret_env.update(_secret_env(pod))
         for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
             if container.get("command", [])[:2] == ["vllm", "serve"]:
                 model, args = container["command"][2], list(container["args"])
-    return Rendered(spec, model, args, manifests)
+            probe = container.get("readinessProbe")
+            if probe:
+                ready = probe["httpGet"]["path"]
+    return Rendered(spec, model, args, manifests, secret_env, ready)
 
 
 def free_port() -> int:
@@ -127,6 +149,7 @@ class Server:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
+    ready_path: str = "/v1/models"
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -138,9 +161,11 @@ class Server:
                 self.process.wait(timeout=30)
 
 
-def start_vllm(python: Path, model: str, args: list[str], log: Path,
-               netns: str | None = None) -> Server:  # fmt: skip
-    """`vllm serve MODEL ARGS` with the CPU venv (in network namespace `netns` when given)."""
+def start_vllm(python: Path, model: str, args: list[str], log: Path, netns: str | None = None,
+               env: dict[str, str] | None = None, ready_path: str = "/v1/models",
+               ) -> Server:  # fmt: skip
+    """`vllm serve MODEL ARGS` with the CPU venv (in network namespace `netns` when given),
+    `env` added (a rendered container's Secret-backed variables)."""
     host = args[args.index("--host") + 1]
     port = args[args.index("--port") + 1]
     command = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", model, *args]
@@ -148,12 +173,13 @@ def start_vllm(python: Path, model: str, args: list[str], log: Path,
         command = ["ip", "netns", "exec", netns, *command]
     handle = log.open("wb")
     process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
-                               env=cpu_env(python), start_new_session=True)  # fmt: skip
-    return Server(f"http://{host}:{port}", process, log)
+                               env=cpu_env(python, **(env or {})),
+                               start_new_session=True)  # fmt: skip
+    return Server(f"http://{host}:{port}", process, log, ready_path)
 
 
 def wait_ready(servers: list[Server], timeout: float = 420) -> None:
-    """Until every server's /v1/models answers (the readiness probe kimideploy renders)."""
+    """Until every server's readiness path answers (the probe kimideploy renders)."""
     deadline = time.monotonic() + timeout
     pending = list(servers)
     while pending and time.monotonic() < deadline:
@@ -162,7 +188,7 @@ def wait_ready(servers: list[Server], timeout: float = 420) -> None:
                 tail = server.log.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"vLLM exited with {server.process.returncode}:\n{tail}")
             try:
-                with urllib.request.urlopen(server.url + "/v1/models", timeout=5) as response:
+                with urllib.request.urlopen(server.url + server.ready_path, timeout=5) as response:
                     if response.status == 200:
                         pending.remove(server)
             except OSError:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +153,27 @@ def test_the_gate_judges_the_real_counters_with_the_code_up_gate_uses(
     # A server without a drafter has no spec-decode counters: the gate refuses to guess.
     with pytest.raises(GateMeasurementError, match="counters are missing"):
         judge(baseline, baseline, [("chat", 1)], 1.0)
+
+
+def test_the_serve_release_with_an_api_key_refuses_v1_without_it_and_keeps_probes_open(
+    target_server: pods.Server, project: Any
+) -> None:
+    """serve.api_key as rendered: vLLM got VLLM_API_KEY from the Secret reference, datagen and the
+    bench (which ran above) sent it, and the paths the probes and Prometheus use stay open."""
+    rendered = pods.rendered(project, "serve", "none")
+    key = rendered.secret_env["VLLM_API_KEY"]
+    assert rendered.ready_path == "/health"  # a probe cannot send a key
+
+    def status(path: str, key: str | None = None) -> int:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        request = urllib.request.Request(target_server.url + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    assert status("/v1/models") == 401
+    assert status("/v1/models", "a-wrong-key") == 401
+    assert status("/v1/models", key) == 200
+    assert status("/health") == 200 and status("/metrics") == 200

@@ -89,7 +89,7 @@ def kd(cluster: harness.TestCluster, namespace: str, *args: str) -> int:
             os.environ["KUBECONFIG"] = before
 
 
-def greedy_traffic(url: str, stop: threading.Event) -> None:
+def greedy_traffic(url: str, stop: threading.Event, api_key: str) -> None:
     """Requests in the target's prompt shape until stopped (bounded: at most 400)."""
     body = json.dumps(
         {
@@ -108,7 +108,8 @@ def greedy_traffic(url: str, stop: threading.Event) -> None:
         if stop.is_set():
             return
         request = urllib.request.Request(url + "/v1/chat/completions", data=body.encode(),
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {api_key}"})  # fmt: skip
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 response.read()
@@ -129,15 +130,20 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
     pipeline_cluster.kubectl("create", "namespace", namespace)
     wait_for(lambda: pipeline_cluster.kubectl("-n", namespace, "get", "sa", "default",
                                               check=False), "default SA")  # fmt: skip
+    for (secret, field), value in pods.SECRETS.items():  # the Secret `up` checks for
+        pipeline_cluster.kubectl("-n", namespace, "create", "secret", "generic", secret,
+                                 f"--from-literal={field}={value}")  # fmt: skip
     name, address = netns
     rendered = pods.rendered(project, "serve", "untrained")
     assert rendered.vllm_model is not None
     port = project.project.clusters["cpu"].workloads.serve.port
     args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, address, port), volumes.roots)
     server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
-                             volumes.root / "serve-live.log", netns=name)  # fmt: skip
+                             volumes.root / "serve-live.log", netns=name,
+                             env=rendered.secret_env, ready_path=rendered.ready_path)  # fmt: skip
     stop = threading.Event()
-    traffic = threading.Thread(target=greedy_traffic, args=(server.url, stop), daemon=True)
+    key = rendered.secret_env["VLLM_API_KEY"]
+    traffic = threading.Thread(target=greedy_traffic, args=(server.url, stop, key), daemon=True)
     try:
         assert kd(pipeline_cluster, namespace, "up", "serve", "--drafter", "untrained", "--yes",
                   "--poll", "0.3", "--scheduling-grace", "5") == 0  # fmt: skip

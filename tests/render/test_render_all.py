@@ -41,9 +41,9 @@ def test_renders_and_validates(
 ) -> None:
     rendered = render_workload(example, PlanRequest(workload, cluster, drafter))
     kinds = [o["kind"] for o in rendered.objects]
-    assert kinds == sorted(
-        kinds, key=["ConfigMap", "PersistentVolumeClaim", "Service", "Deployment", "Job"].index
-    )
+    order = ["NetworkPolicy", "ConfigMap", "PersistentVolumeClaim", "Service", "Deployment", "Job"]
+    assert kinds == sorted(kinds, key=order.index)
+    assert kinds[0] == "NetworkPolicy"  # before any pod it selects exists
     for obj in rendered.objects:
         labels = obj["metadata"]["labels"]
         assert all(label in labels for label in STANDARD_LABELS), obj["metadata"]["name"]

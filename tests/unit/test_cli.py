@@ -23,7 +23,7 @@ def test_render_serve_to_stdout_is_pipeable_yaml(capsys: pytest.CaptureFixture[s
     code, out, _ = run(capsys, "render", "serve", "--drafter", "v3")
     assert code == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(out)]
-    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Service", "Deployment"]
+    assert kinds == ["NetworkPolicy", "ConfigMap", "PersistentVolumeClaim", "Service", "Deployment"]
     assert out == (REPO / "k8s/rendered/rtx6000/serve-v3.yaml").read_text()
 
 
@@ -33,8 +33,9 @@ def test_render_to_a_directory_writes_one_file_per_object(
     code, _, err = run(capsys, "render", "train", "--cluster", "b200", "-o", str(tmp_path / "out"))
     assert code == 0
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files[0].startswith("01-configmap-") and files[-1].startswith("07-job-kimi-k25-train-")
-    assert len(files) == 7
+    assert files[0].startswith("01-networkpolicy-") and files[1].startswith("02-configmap-")
+    assert files[-1].startswith("08-job-kimi-k25-train-")
+    assert len(files) == 8
     assert all(
         len(list(yaml.safe_load_all((tmp_path / "out" / f).read_text()))) == 1 for f in files
     )

@@ -16,6 +16,7 @@ from kimideploy.cluster.api import (
     NotFoundError,
 )
 from kimideploy.cluster.resources import PRUNABLE_KINDS, path
+from kimideploy.config.base import quantity_to_float
 from kimideploy.errors import ClusterError, ManifestError
 
 RELEASE_LABEL = "app.kubernetes.io/instance"
@@ -82,7 +83,7 @@ def apply_object(
     except InvalidError as exc:
         raise ManifestError(
             f"{target} was rejected by the API server: {exc}",
-            hint="nothing after this object was applied; fix the value and run again",
+            hint="fix the value and run again",
         ) from exc
 
 
@@ -99,6 +100,44 @@ def apply_all(api: KubeApi, objects: list[dict[str, Any]], force: bool = False) 
         apply_object(api, obj, force=force)
         applied.append(ref(obj))
     return applied
+
+
+def validate_all(api: KubeApi, objects: list[dict[str, Any]], force: bool = False) -> None:
+    """A server-side dry run of every object (schema, admission, quota, conflicts) before the
+    first real write, so a rejection leaves nothing half-applied."""
+    for obj in objects:
+        apply_object(api, obj, force=force, dry_run=True)
+
+
+def never_shrink_claims(
+    api: KubeApi, objects: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A claim cannot shrink: where a live PersistentVolumeClaim is larger than the one asked
+    for (a rollback after the size was raised, an auto-sized claim for a smaller run), keep the
+    live size. Returns the objects to apply and one note per claim kept."""
+    kept, notes = [], []
+    for obj in objects:
+        if obj["kind"] == "PersistentVolumeClaim":
+            live = get_live(api, ref(obj))
+            asked = obj["spec"]["resources"]["requests"]["storage"]
+            now = (live or {}).get("spec", {}).get("resources", {}).get("requests", {})
+            if "storage" in now and quantity_to_float(now["storage"]) > quantity_to_float(asked):
+                obj = _with_storage(obj, now["storage"])
+                notes.append(
+                    f"{ref(obj)} stays {now['storage']} (this revision asks {asked}; a claim "
+                    "cannot shrink; delete it to recreate it smaller, and its data with it)"
+                )
+        kept.append(obj)
+    return kept, notes
+
+
+def _with_storage(obj: dict[str, Any], size: str) -> dict[str, Any]:
+    spec = obj["spec"]
+    resources = {
+        **spec["resources"],
+        "requests": {**spec["resources"]["requests"], "storage": size},
+    }
+    return {**obj, "spec": {**spec, "resources": resources}}
 
 
 def release_selector(release: str) -> str:

@@ -1,4 +1,10 @@
-"""A Lease per release so that two `up`/`rollback` runs never interleave."""
+"""A Lease per release so that two `up`/`rollback`/`down` runs never interleave.
+
+Fenced: `renew()` is called before every change a run makes and checks that the Lease still
+names this run as holder, updating it under the resourceVersion it read. A run whose Lease
+expired (a confirmation left waiting, a suspended laptop) and was taken over learns that before
+its next write, instead of deleting or overwriting what the new holder applied.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +17,17 @@ from typing import Any
 
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.resources import path
-from kimideploy.errors import KimiDeployError
+from kimideploy.errors import ClusterError, KimiDeployError
 
 LEASE_SECONDS = 120
 
 
 class ReleaseLockedError(KimiDeployError):
     """Another kimideploy run holds the release's lock."""
+
+
+class LockLostError(ClusterError):
+    """The lock this run held was taken over or removed; the run stops before its next write."""
 
 
 def holder_identity(action: str) -> str:
@@ -65,13 +75,16 @@ class ReleaseLock:
             },
         }
 
+    def _lease_path(self) -> str:
+        return path("Lease", self.namespace, self.name)
+
     def acquire(self) -> None:
         try:
             self.api.request("POST", path("Lease", self.namespace), body=self._body())
             return
         except ConflictError:
             pass
-        live = self.api.request("GET", path("Lease", self.namespace, self.name))
+        live = self.api.request("GET", self._lease_path())
         spec = live.get("spec", {})
         renewed = _parse(spec.get("renewTime") or spec.get("acquireTime"))
         expires = renewed + timedelta(seconds=spec.get("leaseDurationSeconds", LEASE_SECONDS))
@@ -84,26 +97,45 @@ class ReleaseLock:
             )
         try:  # expired: take it over, guarded by the resourceVersion we read
             body = self._body(live["metadata"]["resourceVersion"])
-            self.api.request("PUT", path("Lease", self.namespace, self.name), body=body)
+            self.api.request("PUT", self._lease_path(), body=body)
         except ConflictError as exc:
             raise ReleaseLockedError(
                 f"release {self.release} was just locked by another run"
             ) from exc
 
+    def _lost(self, why: str) -> LockLostError:
+        return LockLostError(
+            f"the lock on release {self.release} was {why} while this run held it; this run "
+            "stopped before its next change so as not to undo the other run's",
+            hint=f"`kimideploy history` shows what the other run did; run this command again "
+            f"once it has finished (a lock left idle expires after {LEASE_SECONDS}s)",
+        )
+
     def renew(self) -> None:
+        """The fence: confirm this run still holds the Lease, and extend it."""
         try:
-            live = self.api.request("GET", path("Lease", self.namespace, self.name))
+            live = self.api.request("GET", self._lease_path())
         except NotFoundError:
-            return
-        live["spec"]["renewTime"] = _stamp(_now())
-        self.api.request("PUT", path("Lease", self.namespace, self.name), body=live)
+            raise self._lost("removed (it had expired)") from None
+        spec = live.get("spec", {})
+        holder = spec.get("holderIdentity")
+        if holder != self.identity:
+            raise self._lost(f"taken over by {holder} at {spec.get('acquireTime')}")
+        spec["renewTime"] = _stamp(_now())
+        try:  # the PUT carries the resourceVersion read above: a takeover in between conflicts
+            self.api.request("PUT", self._lease_path(), body=live)
+        except (ConflictError, NotFoundError):
+            raise self._lost("taken over") from None
 
     def release_lock(self) -> None:
+        """Delete the Lease only if it is still ours, exactly as read (a precondition)."""
         try:
-            live = self.api.request("GET", path("Lease", self.namespace, self.name))
-            if live.get("spec", {}).get("holderIdentity") == self.identity:
-                self.api.request("DELETE", path("Lease", self.namespace, self.name))
-        except NotFoundError:
+            live = self.api.request("GET", self._lease_path())
+            if live.get("spec", {}).get("holderIdentity") != self.identity:
+                return
+            preconditions = {"resourceVersion": live["metadata"]["resourceVersion"]}
+            self.api.request("DELETE", self._lease_path(), body={"preconditions": preconditions})
+        except (NotFoundError, ConflictError):
             pass
 
     def __enter__(self) -> ReleaseLock:

@@ -16,7 +16,7 @@ from typing import Any
 
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.resources import path
-from kimideploy.errors import UsageError
+from kimideploy.errors import ClusterError, UsageError
 
 RECORD_TYPE = "kimideploy.io/release.v1"
 RECORD_LABEL = "kimideploy.io/release-record"
@@ -53,6 +53,9 @@ class ReleaseRecord:
     source_revision: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
+    resource_version: str | None = field(default=None, compare=False, metadata={"stored": False})
+    """The Secret's resourceVersion when read or written: updates are conditional on it, so a
+    record changed by another writer since is never overwritten."""
 
     @property
     def good(self) -> bool:
@@ -66,7 +69,9 @@ def secret_name(release: str, revision: int) -> str:
 
 def _encode(record: ReleaseRecord) -> str:
     """Secret data is base64 of the value; the value is gzip-compressed JSON."""
-    raw = json.dumps(asdict(record), sort_keys=True).encode()
+    stored = {f.name for f in fields(ReleaseRecord) if f.metadata.get("stored", True)}
+    data = {key: value for key, value in asdict(record).items() if key in stored}
+    raw = json.dumps(data, sort_keys=True).encode()
     return base64.b64encode(gzip.compress(raw, mtime=0)).decode()
 
 
@@ -81,8 +86,10 @@ def _decode(secret: dict[str, Any]) -> ReleaseRecord:
             f"{SCHEMA.split('.')[0]}.x), so its history cannot be read safely here",
             hint="upgrade kimideploy to the version that wrote it (pip install -U kimideploy)",
         )
-    known = {f.name for f in fields(ReleaseRecord)}
-    return ReleaseRecord(**{key: value for key, value in data.items() if key in known})
+    known = {f.name for f in fields(ReleaseRecord) if f.metadata.get("stored", True)}
+    record = ReleaseRecord(**{key: value for key, value in data.items() if key in known})
+    record.resource_version = (secret.get("metadata") or {}).get("resourceVersion")
+    return record
 
 
 def _labels(record: ReleaseRecord) -> dict[str, str]:
@@ -115,19 +122,40 @@ def _secret(record: ReleaseRecord) -> dict[str, Any]:
     }
 
 
+class RecordChangedError(ClusterError):
+    """A release record changed (or appeared) since this run read the history."""
+
+
 def create(api: KubeApi, record: ReleaseRecord) -> None:
     """Store a new revision; a concurrent writer of the same revision makes this fail loudly."""
     try:
-        api.request("POST", path("Secret", record.namespace), body=_secret(record))
+        stored = api.request("POST", path("Secret", record.namespace), body=_secret(record))
     except ConflictError as exc:
-        raise RuntimeError(
-            f"revision {record.revision} of {record.release} already exists"
+        raise RecordChangedError(
+            f"revision {record.revision} of {record.release} was created by another run "
+            "since this one read the history; nothing was applied",
+            hint="`kimideploy history` shows it; run the command again",
         ) from exc
+    record.resource_version = stored["metadata"]["resourceVersion"]
 
 
 def update(api: KubeApi, record: ReleaseRecord) -> None:
+    """Rewrite a record as read: the resourceVersion is a precondition of the update."""
     body = _secret(record)
-    api.request("PUT", path("Secret", record.namespace, body["metadata"]["name"]), body=body)
+    if record.resource_version is None:
+        raise ValueError(f"record {body['metadata']['name']} was never read or written")
+    body["metadata"]["resourceVersion"] = record.resource_version
+    try:
+        stored = api.request(
+            "PUT", path("Secret", record.namespace, body["metadata"]["name"]), body=body
+        )
+    except (ConflictError, NotFoundError) as exc:
+        raise RecordChangedError(
+            f"release record {body['metadata']['name']} (revision {record.revision}) was "
+            "changed or removed by another writer since this run read it; it was not overwritten",
+            hint="`kimideploy history` shows its current state; run the command again",
+        ) from exc
+    record.resource_version = stored["metadata"]["resourceVersion"]
 
 
 def history(api: KubeApi, namespace: str, release: str) -> list[ReleaseRecord]:
@@ -153,7 +181,12 @@ def trim(api: KubeApi, namespace: str, release: str, keep: int = DEFAULT_KEEP) -
     records = history(api, namespace, release)
     removed = []
     for record in records[: max(0, len(records) - keep)]:
-        with contextlib.suppress(NotFoundError):
-            api.request("DELETE", path("Secret", namespace, secret_name(release, record.revision)))
+        preconditions = {"resourceVersion": record.resource_version}
+        with contextlib.suppress(NotFoundError, ConflictError):  # gone, or rewritten meanwhile
+            api.request(
+                "DELETE",
+                path("Secret", namespace, secret_name(release, record.revision)),
+                body={"preconditions": preconditions},
+            )
         removed.append(record.revision)
     return removed

@@ -25,8 +25,10 @@ KINDS: dict[str, Kind] = {
     "Job": Kind("apis/batch/v1", "jobs"),
     "Lease": Kind("apis/coordination.k8s.io/v1", "leases"),
     "PodMonitor": Kind("apis/monitoring.coreos.com/v1", "podmonitors"),
+    "NetworkPolicy": Kind("apis/networking.k8s.io/v1", "networkpolicies"),
+    "PriorityClass": Kind("apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
 }
-PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap", "PodMonitor")
+PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap", "PodMonitor", "NetworkPolicy")
 """Kinds a release owns and may prune; PersistentVolumeClaims are never among them."""
 
 

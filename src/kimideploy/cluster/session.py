@@ -68,6 +68,14 @@ class ClusterSession:
     def apply(self, objects: list[dict[str, Any]], force: bool = False) -> list[applying.ObjectRef]:
         return applying.apply_all(self.api, objects, force=force)
 
+    def validate(self, objects: list[dict[str, Any]], force: bool = False) -> None:
+        applying.validate_all(self.api, objects, force=force)
+
+    def keep_claim_sizes(
+        self, objects: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        return applying.never_shrink_claims(self.api, objects)
+
     def dry_run_diff(self, objects: list[dict[str, Any]], force: bool = False) -> str:
         return applying.diff(self.api, objects, force=force)
 
@@ -89,8 +97,42 @@ class ClusterSession:
                 return left
             time.sleep(0.5)
 
+    def adopt(self, owner_kind: str, owner: str, parts: list[tuple[str, str]]) -> None:
+        """Make `owner` the controller of each part, so Kubernetes' garbage collector deletes
+        them with it."""
+        live = self.get(owner_kind, owner)
+        if live is None:
+            return
+        reference = {
+            "apiVersion": live["apiVersion"],
+            "kind": owner_kind,
+            "name": owner,
+            "uid": live["metadata"]["uid"],
+            "blockOwnerDeletion": False,
+        }
+        for kind, name in parts:
+            self.api.request(
+                "PATCH",
+                path(kind, self.namespace, name),
+                body={"metadata": {"ownerReferences": [reference]}},
+                content_type="application/merge-patch+json",
+            )
+
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         return applying.get_live(self.api, applying.ObjectRef(kind, self.namespace, name))
+
+    def missing_cluster_objects(self, kind: str, names: list[str]) -> list[str]:
+        """Which of the named cluster-scoped objects (PriorityClasses) do not exist."""
+        return [
+            name
+            for name in names
+            if applying.get_live(self.api, applying.ObjectRef(kind, "", name)) is None
+        ]
+
+    def secret_keys(self, name: str) -> list[str] | None:
+        """The keys of a Secret in this namespace (never its values), None if it is missing."""
+        live = self.get("Secret", name)
+        return None if live is None else sorted((live.get("data") or {}).keys())
 
     def list_claims(self) -> list[str]:
         listed = self.api.request("GET", path("PersistentVolumeClaim", self.namespace))

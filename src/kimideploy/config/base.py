@@ -91,3 +91,17 @@ GitRevision = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
 """A full 40-hex commit of a Hugging Face repository; branches are not pins."""
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _check_cidr(value: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a network in CIDR notation ({exc})") from None
+    return value
+
+
+Cidr = Annotated[str, AfterValidator(_check_cidr)]
+"""An IPv4 or IPv6 network such as 10.0.0.0/16 (host bits zero), as NetworkPolicy ipBlock takes."""

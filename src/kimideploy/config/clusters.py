@@ -7,7 +7,9 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from kimideploy.config.base import (
+    Cidr,
     DnsLabel,
+    DnsSubdomain,
     LabelValue,
     Name,
     Port,
@@ -76,6 +78,36 @@ class WorkloadImages(StrictModel):
     vocab: Name
     train: Name
     bench: Name
+
+
+class PriorityClasses(StrictModel):
+    """PriorityClass names for the pods (k8s/base/priorityclasses.yaml creates these two): serving
+    outranks batch work, so a datagen or training pod never preempts the serve release."""
+
+    serve: DnsSubdomain = "kimideploy-serve"
+    batch: DnsSubdomain = "kimideploy-batch"
+
+
+class NetworkPolicySettings(StrictModel):
+    """One NetworkPolicy per workload (ingress only; egress is left open: datagen calls the serve
+    release, pods resolve DNS). Serve pods take traffic on the API port from pods of their own
+    namespace, the monitoring namespaces and `client_namespaces`; batch pods take none, except
+    multi-node training pods from the other ranks of the same Job. The pod-local ports (the
+    training sidecar's vLLM) are not reachable from outside the pod at all."""
+
+    enabled: bool = True
+    monitoring_namespaces: list[DnsLabel] = Field(
+        default_factory=lambda: ["monitoring"],
+        description="Namespaces whose pods may scrape the serve pods (Prometheus).",
+    )
+    client_namespaces: list[DnsLabel] = Field(
+        default_factory=list, description="Other namespaces whose pods may call the serve API."
+    )
+    api_server_cidrs: list[Cidr] = Field(
+        default_factory=list,
+        description="Where the API server's pod proxy connects from (`watch`/`status` read vLLM "
+        "metrics through it); needed where the CNI enforces policies against host traffic.",
+    )
 
 
 class SshHost(StrictModel):
@@ -166,6 +198,12 @@ class Cluster(StrictModel):
         "(C(k) = 1 + k * this). 0.1433 reproduces C(3) = 1.43 measured on 8x RTX PRO 6000 PCIe.",
     )
     gate: GateSettings = Field(default_factory=GateSettings)
+    priority_classes: PriorityClasses | None = Field(
+        default=None,
+        description="priorityClassName for serve and batch pods; `up` and `run` check they exist. "
+        "Unset: pods get the cluster's default priority.",
+    )
+    network_policy: NetworkPolicySettings = Field(default_factory=NetworkPolicySettings)
     hosts: list[SshHost] = Field(
         default_factory=list, description="SSH access to the GPU machines (for `kimideploy host`)."
     )

@@ -15,6 +15,8 @@ from kimideploy.config.drafters import LayerConvention
 SPEC_MOUNT_DIR = "/etc/kimideploy"
 SPEC_FILE_NAME = "spec.json"
 SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_FILE_NAME}"
+API_KEY_ENV = "KIMIDEPLOY_API_KEY"
+"""Where bench and datagen pods find the serve release's API key (from its Secret), if any."""
 
 
 class SpecModel(BaseModel):

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from kimideploy.config.base import Name, Port, QualifiedName, Quantity, StrictModel
+from kimideploy.config.target import SecretRef
 
 
 class PodResources(StrictModel):
@@ -44,6 +45,11 @@ class ServeSettings(WorkloadSettings):
         "when the cluster serves monitoring.coreos.com/v1 podmonitors.",
     )
     scrape_interval_s: Annotated[int, Field(ge=5, le=600)] = 15
+    api_key: SecretRef | None = Field(
+        default=None,
+        description="A Secret key holding the API key vLLM requires on /v1 (VLLM_API_KEY); the "
+        "bench and datagen pods that call this release send it. /health and /metrics stay open.",
+    )
 
 
 class DatagenSettings(WorkloadSettings):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kimideploy.config.specs import (
+    API_KEY_ENV,
     SPEC_FILE_NAME,
     SPEC_PATH,
     BenchSpec,
@@ -176,6 +177,7 @@ def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[Object
         "node_selector": pods.node_selector(ctx, shape.gpus),
         "tolerations": pods.tolerations(ctx),
         "security": pods.pod_security(ctx),
+        "priority_class": pods.priority_class(ctx),
         "image": ctx.image.reference,
         "command": shape.command,
         "args": shape.args,
@@ -189,11 +191,30 @@ def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[Object
     objects = [ObjectPlan("configmap-spec", spec_map), ObjectPlan(f"job-{ctx.workload}", job)]
     if shape.subdomain:
         objects.append(ObjectPlan("service-train", {**common, "port": shape.port}))
+    if ctx.cluster.network_policy.enabled:
+        objects.append(ObjectPlan("networkpolicy", _job_policy(ctx, bool(shape.subdomain))))
     return objects
+
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+"""Set by the Job controller on every pod of a Job."""
+
+
+def _job_policy(ctx: Context, multi_node: bool) -> dict[str, Any]:
+    """No pod reaches a batch pod, except the ranks of one multi-node training Job each other
+    (the rendezvous and NCCL's sockets, whose ports are not fixed)."""
+    own = {JOB_NAME_LABEL: ctx.object_name}
+    ingress = [{"from": [{"podSelector": {"matchLabels": own}}]}] if multi_node else []
+    return pods.network_policy(ctx, own, ingress)
 
 
 def _job_env(ctx: Context, gpus: int) -> list[dict[str, Any]]:
     entries = pods.env(ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH})
+    calls_serve = ctx.workload == "bench" or (
+        ctx.workload == "datagen" and ctx.cluster.workloads.datagen.endpoint == "serve"
+    )
+    if calls_serve:
+        entries += pods.api_key_env(ctx, API_KEY_ENV)
     # Declared explicitly so `$(JOB_COMPLETION_INDEX)` in torchrun's arguments always expands.
     index = {"fieldRef": {"fieldPath": INDEX_ANNOTATION}}
     return [*entries, {"name": "JOB_COMPLETION_INDEX", "valueFrom": index}]

@@ -66,6 +66,49 @@ def node_selector(ctx: Context, gpus: int) -> dict[str, str]:
     return selector
 
 
+def priority_class(ctx: Context) -> str:
+    """The cluster's class for this workload, '' when the cluster profile sets none."""
+    classes = ctx.cluster.priority_classes
+    if classes is None:
+        return ""
+    return classes.serve if ctx.workload == "serve" else classes.batch
+
+
+def api_key_env(ctx: Context, variable: str) -> list[dict[str, Any]]:
+    """The serve release's API key from its Secret, as `variable`; nothing when none is set."""
+    secret = ctx.cluster.workloads.serve.api_key
+    if secret is None:
+        return []
+    ref = {"secretKeyRef": {"name": secret.name, "key": secret.key}}
+    return [{"name": variable, "valueFrom": ref}]
+
+
+def network_policy(
+    ctx: Context, pod_selector: dict[str, str], ingress: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Values of a NetworkPolicy for the workload's pods; `ingress` [] admits nothing."""
+    return {
+        "name": ctx.object_name,
+        "namespace": ctx.namespace,
+        "labels": standard_labels(ctx),
+        "pod_selector": pod_selector,
+        "ingress": ingress,
+    }
+
+
+def serve_ingress(ctx: Context, port: int) -> list[dict[str, Any]]:
+    """Who may reach the serve pods' API port: the namespace's own pods (bench, datagen,
+    clients), the monitoring and client namespaces, and the API server's pod proxy."""
+    settings = ctx.cluster.network_policy
+    peers: list[dict[str, Any]] = [{"podSelector": {}}]
+    for namespace in [*settings.monitoring_namespaces, *settings.client_namespaces]:
+        peers.append(
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+        )
+    peers += [{"ipBlock": {"cidr": cidr}} for cidr in settings.api_server_cidrs]
+    return [{"from": peers, "ports": [{"port": port, "protocol": "TCP"}]}]
+
+
 def tolerations(ctx: Context) -> list[dict[str, Any]]:
     return [t.model_dump(exclude_none=True) for t in ctx.cluster.tolerations]
 

@@ -73,19 +73,23 @@ def rollout_strategy(ctx: Context) -> tuple[dict[str, Any], str]:
 
 
 def probes(ctx: Context) -> dict[str, Any]:
-    """Startup covers the whole weight load; readiness on /v1/models; liveness on /health."""
+    """Startup covers the whole weight load; readiness on /v1/models; liveness on /health.
+
+    With an API key vLLM answers /v1 only with the key, which a probe cannot take from a Secret;
+    /health, which vLLM's HTTP server offers only once the engine is built, stands in."""
     serve = ctx.cluster.workloads.serve
     period = serve.probe_period_s
     port = serve.port
+    ready = HEALTH_PATH if serve.api_key else READY_PATH
     return {
         "startupProbe": {
-            "httpGet": {"path": READY_PATH, "port": port},
+            "httpGet": {"path": ready, "port": port},
             "periodSeconds": period,
             "timeoutSeconds": 5,
             "failureThreshold": math.ceil(serve.startup_budget_s / period),
         },
         "readinessProbe": {
-            "httpGet": {"path": READY_PATH, "port": port},
+            "httpGet": {"path": ready, "port": port},
             "periodSeconds": period,
             "timeoutSeconds": 5,
             "failureThreshold": 3,
@@ -191,10 +195,14 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         "node_selector": pods.node_selector(ctx, gpus),
         "tolerations": pods.tolerations(ctx),
         "security": pods.pod_security(ctx),
+        "priority_class": pods.priority_class(ctx),
         "image": ctx.image.reference,
         "command": ["vllm", "serve", target_model_path(ctx.project)],
         "args": vllm_args(ctx),
-        "env": pods.env(ctx, gpus, {"HF_HUB_OFFLINE": "1"}),
+        "env": [
+            *pods.env(ctx, gpus, {"HF_HUB_OFFLINE": "1"}),
+            *pods.api_key_env(ctx, "VLLM_API_KEY"),
+        ],
         "resources": pods.resources(serve.resources.cpu, serve.resources.memory, gpus),
         "port": serve.port,
         "probes": probes(ctx),
@@ -209,6 +217,10 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         ObjectPlan("service-serve", service),
         ObjectPlan("deployment-serve", deployment),
     ]
+    if ctx.cluster.network_policy.enabled:
+        ingress = pods.serve_ingress(ctx, serve.port)
+        policy = pods.network_policy(ctx, pods.selector_labels(ctx), ingress)
+        objects.append(ObjectPlan("networkpolicy", policy))
     if wants_pod_monitor(ctx):
         monitor = {
             **common,

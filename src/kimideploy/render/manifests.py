@@ -16,8 +16,9 @@ from kimideploy.render.validate import validate_objects
 
 Manifest = dict[str, Any]
 
+# A NetworkPolicy goes before the pods it selects, so none of them ever runs unprotected.
 APPLY_ORDER = (
-    "Namespace", "ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap",
+    "Namespace", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "Secret", "ConfigMap",
     "PersistentVolumeClaim", "Service", "Deployment", "StatefulSet", "Job",
 )  # fmt: skip
 

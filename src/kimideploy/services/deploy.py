@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.cluster.apply import ObjectRef, ref
+from kimideploy.cluster.lock import ReleaseLock
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.rollout import RolloutState
 from kimideploy.cluster.session import ClusterSession
@@ -18,6 +19,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
+from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 
@@ -96,6 +98,7 @@ def up(
     _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force, rendered.plan.cluster)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
+    require_prerequisites(session, rendered.objects, rendered.plan.cluster)  # before any write
     if session.ensure_namespace():
         reporter.info(f"created namespace {session.namespace}")
     return deploy(session, revision_from_render(loaded, rendered), change, wait, reporter, "up")
@@ -130,55 +133,74 @@ def deploy(
     wait: WaitOptions,
     reporter: Reporter,
     action: str,
+    lock: ReleaseLock | None = None,
 ) -> Outcome:
-    """Apply one revision under the release lock; a failed rollout returns to the last good one."""
-    with session.lock(revision.release, action) as lock:
-        history = session.history(revision.release)
-        number = (history[-1].revision + 1) if history else 1
-        if not _confirm(session, revision, number, change, reporter):
-            raise KimiDeployError(
-                "cancelled; nothing was changed", hint="pass --yes to skip the question"
-            )
-        record = _new_record(session, revision, number)
-        session.record(record, new=True)
-        state = _apply_and_wait(session, revision, change, wait, reporter, lock.renew)
-        if state is None or state.phase == "ready":
-            _mark_serving(
-                session, history, record, "rolled-back" if action == "rollback" else "superseded"
-            )
-            session.trim_history(revision.release, change.keep_history)
-            how = "applied (not waited for)" if state is None else "ready"
-            return Outcome(number, "deployed", f"revision {number} of {revision.release} is {how}")
-        record.status, record.details = (
-            "failed",
-            {"failure": state.failure, "reason": state.message},
+    """Apply one revision under the release lock (taken here unless the caller holds it); a
+    failed rollout returns to the last good one. Every write is preceded by a fence
+    (`lock.renew()`), and nothing is written before the server accepted every object in a dry run.
+    """
+    if lock is None:
+        with session.lock(revision.release, action) as held:
+            return deploy(session, revision, change, wait, reporter, action, held)
+    history = session.history(revision.release)
+    number = (history[-1].revision + 1) if history else 1
+    manifests, notes = session.keep_claim_sizes(revision.manifests)
+    revision = replace(revision, manifests=manifests)
+    for note in notes:
+        reporter.info(f"note: {note}")
+    require_prerequisites(session, revision.manifests, revision.cluster)
+    session.validate(revision.manifests, force=change.force)
+    live, existing = _existing(session, revision)
+    if not _confirm(session, revision, number, live, existing, change, reporter):
+        raise KimiDeployError(
+            "cancelled; nothing was changed", hint="pass --yes to skip the question"
         )
-        session.record(record, new=False)
-        failed_init = re.search(r"init container (\S+)", state.message)
-        container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
-        log_tail = session.log(state.pod, tail=20, container=container) if state.pod else ""
-        failure = f"revision {number} failed: {state.message}"
-        if log_tail.strip():
-            failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
-        if not change.auto_rollback or action == "auto-rollback":
-            raise RolloutError(
-                failure, hint="`kimideploy rollback serve` returns to the last good revision"
-            )
-        good = [r for r in history if r.good]
-        if not good:
-            raise RolloutError(
-                failure + "\nno earlier good revision to roll back to; nothing is serving"
-            )
-        target = good[-1]
-        reporter.info(
-            f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
+    lock.renew()  # the confirmation may have outlasted the Lease
+    record = _new_record(session, revision, number)
+    session.record(record, new=True)
+    serving = next((r for r in reversed(history) if r.status == "deployed"), None)
+    _apply_or_restore(session, lock, revision, record, serving, existing, change, reporter)
+    state = _wait(session, revision, wait, reporter, lock.renew)
+    lock.renew()
+    if state is None or state.phase == "ready":
+        _mark_serving(
+            session, history, record, "rolled-back" if action == "rollback" else "superseded"
         )
-        back = _revision_from_record(
-            target,
-            f"automatic rollback to revision {target.revision} after "
-            f"revision {number} failed: {state.failure}",
+        session.trim_history(revision.release, change.keep_history)
+        how = "applied (not waited for)" if state is None else "ready"
+        return Outcome(number, "deployed", f"revision {number} of {revision.release} is {how}")
+    record.status, record.details = (
+        "failed",
+        {"failure": state.failure, "reason": state.message},
+    )
+    session.record(record, new=False)
+    failed_init = re.search(r"init container (\S+)", state.message)
+    container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
+    log_tail = session.log(state.pod, tail=20, container=container) if state.pod else ""
+    failure = f"revision {number} failed: {state.message}"
+    if log_tail.strip():
+        failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
+    if not change.auto_rollback or action == "auto-rollback":
+        raise RolloutError(
+            failure, hint="`kimideploy rollback serve` returns to the last good revision"
         )
-    outcome = deploy(session, back, replace(change, yes=True), wait, reporter, "auto-rollback")
+    good = [r for r in history if r.good]
+    if not good:
+        raise RolloutError(
+            failure + "\nno earlier good revision to roll back to; nothing is serving"
+        )
+    target = good[-1]
+    reporter.info(
+        f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
+    )
+    back = _revision_from_record(
+        target,
+        f"automatic rollback to revision {target.revision} after "
+        f"revision {number} failed: {state.failure}",
+    )
+    outcome = deploy(
+        session, back, replace(change, yes=True), wait, reporter, "auto-rollback", lock
+    )
     raise RolloutError(
         f"{failure}\nrolled back automatically: revision {outcome.revision} (a copy of revision "
         f"{target.revision}, drafter {target.drafter}) is now serving",
@@ -186,32 +208,105 @@ def deploy(
     )
 
 
+def _existing(
+    session: ClusterSession, revision: Revision
+) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(kind, name) of the release's live objects, and of those plus any wanted object that
+    already exists (a claim, an object another revision left)."""
+    live = {
+        (o["kind"], o["metadata"]["name"]) for o in session.live_release_objects(revision.release)
+    }
+    wanted = {(t.kind, t.name) for t in map(ref, revision.manifests)}
+    return live, live | {(kind, name) for kind, name in wanted - live if session.get(kind, name)}
+
+
 def _confirm(
     session: ClusterSession,
     revision: Revision,
     number: int,
+    live: set[tuple[str, str]],
+    existing: set[tuple[str, str]],
     change: ChangeOptions,
     reporter: Reporter,
 ) -> bool:
     wanted = [ref(o) for o in revision.manifests]
-    live = {
-        (o["kind"], o["metadata"]["name"]) for o in session.live_release_objects(revision.release)
-    }
     lines = [
         f"revision {number} of {revision.release} in namespace {session.namespace} "
         f"(drafter {revision.drafter}, {revision.image}):"
     ]
     for target in wanted:
-        verb = (
-            "configure"
-            if (target.kind, target.name) in live or session.get(target.kind, target.name)
-            else "create"
-        )
+        verb = "configure" if (target.kind, target.name) in existing else "create"
         lines.append(f"  {verb} {target}")
     for kind, name in sorted(live - {(t.kind, t.name) for t in wanted}):
         lines.append(f"  prune {kind}/{name}")
     reporter.info("\n".join(lines))
     return change.yes or reporter.confirm(f"apply revision {number}?")
+
+
+def _apply_or_restore(
+    session: ClusterSession,
+    lock: ReleaseLock,
+    revision: Revision,
+    record: ReleaseRecord,
+    serving: ReleaseRecord | None,
+    existing: set[tuple[str, str]],
+    change: ChangeOptions,
+    reporter: Reporter,
+) -> None:
+    """Apply and prune; if the API server rejects an object half-way (the dry run passed, then
+    something changed: a quota filled, a webhook's answer), put back what the objects written so
+    far were, mark the record failed and stop, so no new ConfigMap is left under old pods."""
+    lock.renew()
+    written: list[ObjectRef] = []
+    try:
+        for obj in revision.manifests:
+            session.apply([obj], force=change.force)
+            written.append(ref(obj))
+    except KimiDeployError as exc:
+        restored = _restore(session, written, serving, existing, change)
+        record.status, record.details = (
+            "failed",
+            {"failure": "ApplyRejected", "reason": exc.message},
+        )
+        session.record(record, new=False)
+        raise type(exc)(
+            f"revision {record.revision} was rejected while being applied: {exc.message}\n"
+            f"{restored}",
+            hint=exc.hint,
+        ) from exc
+    for pruned in session.prune(revision.release, keep=written):
+        reporter.info(f"pruned {pruned}")
+
+
+def _restore(
+    session: ClusterSession,
+    written: list[ObjectRef],
+    serving: ReleaseRecord | None,
+    existing: set[tuple[str, str]],
+    change: ChangeOptions,
+) -> str:
+    """Undo the objects a rejected revision wrote: the serving revision's version back, and what
+    it created removed (claims stay: they may already hold data)."""
+    before = {(o["kind"], o["metadata"]["name"]): o for o in (serving.manifests if serving else [])}
+    try:
+        for target in written:
+            key = (target.kind, target.name)
+            if key in before:
+                session.apply([before[key]], force=change.force)
+            elif key not in existing and target.kind != "PersistentVolumeClaim":
+                session.delete(replace(target, namespace=session.namespace))
+    except KimiDeployError as exc:
+        return (
+            f"putting back what it had written failed too ({exc.message}); see `kimideploy status`"
+        )
+    if not written:
+        return "nothing had been written"
+    if serving is None:
+        return "no earlier revision was serving; the objects it had created were removed"
+    return (
+        f"what it had written ({', '.join(map(str, written))}) was put back: revision "
+        f"{serving.revision} (drafter {serving.drafter}) is still serving"
+    )
 
 
 def _new_record(session: ClusterSession, revision: Revision, number: int) -> ReleaseRecord:
@@ -234,17 +329,13 @@ def _new_record(session: ClusterSession, revision: Revision, number: int) -> Rel
     )
 
 
-def _apply_and_wait(
+def _wait(
     session: ClusterSession,
     revision: Revision,
-    change: ChangeOptions,
     wait: WaitOptions,
     reporter: Reporter,
     keep_alive: Any,
 ) -> RolloutState | None:
-    applied = session.apply(revision.manifests, force=change.force)
-    for pruned in session.prune(revision.release, keep=applied):
-        reporter.info(f"pruned {pruned}")
     if not wait.wait:
         return None
     deployment = next(o for o in revision.manifests if o["kind"] == "Deployment")
@@ -322,23 +413,41 @@ def rollback(
     wait: WaitOptions,
     reporter: Reporter,
     note: str | None = None,
+    expect_serving: int | None = None,
 ) -> Outcome:
-    """To the previous good revision, to --to N, or (--no-spec) the current one, drafter none."""
-    history = session.history(release)
-    if not history:
-        raise UsageError(
-            f"{release} has no history in namespace {session.namespace}",
-            hint="`kimideploy up serve` creates the first revision",
-        )
-    current = next((r for r in reversed(history) if r.status == "deployed"), history[-1])
-    if no_spec:
-        revision = non_speculative_revision(current)
-    else:
-        target = _rollback_target(history, current, to)
-        revision = _revision_from_record(target, f"rollback to revision {target.revision}")
-    if note:
-        revision = replace(revision, note=note)
-    return deploy(session, revision, change, wait, reporter, "rollback")
+    """To the previous good revision, to --to N, or (--no-spec) the current one, drafter none.
+
+    The history is read under the lock, so the target is chosen from what is true when the
+    rollback applies; `expect_serving` (the gate) refuses if another revision serves by then."""
+    with session.lock(release, "rollback") as lock:
+        history = session.history(release)
+        if not history:
+            raise UsageError(
+                f"{release} has no history in namespace {session.namespace}",
+                hint="`kimideploy up serve` creates the first revision",
+            )
+        current = next((r for r in reversed(history) if r.status == "deployed"), history[-1])
+        if expect_serving is not None and (
+            current.status != "deployed" or current.revision != expect_serving
+        ):
+            now = f"revision {current.revision}" if current.status == "deployed" else "nothing"
+            raise StaleRollbackError(
+                f"revision {expect_serving} is no longer serving ({now} is), so nothing was "
+                "rolled back",
+                hint="someone else changed the release meanwhile; see `kimideploy history serve`",
+            )
+        if no_spec:
+            revision = non_speculative_revision(current)
+        else:
+            target = _rollback_target(history, current, to)
+            revision = _revision_from_record(target, f"rollback to revision {target.revision}")
+        if note:
+            revision = replace(revision, note=note)
+        return deploy(session, revision, change, wait, reporter, "rollback", lock)
+
+
+class StaleRollbackError(KimiDeployError):
+    """The revision a rollback was meant to replace is no longer the serving one."""
 
 
 def _rollback_target(
@@ -393,7 +502,7 @@ def down(
     if not session.namespace_exists():  # nothing can be there (and the lock could not be taken)
         reporter.info(f"{release}: namespace {session.namespace} does not exist; nothing to remove")
         return []
-    with session.lock(release, "down"):
+    with session.lock(release, "down") as lock:
         live = session.live_release_objects(release)
         targets = [ObjectRef(o["kind"], session.namespace, o["metadata"]["name"]) for o in live]
         if not targets:
@@ -406,6 +515,7 @@ def down(
             raise KimiDeployError(
                 "cancelled; nothing was removed", hint="pass --yes to skip the question"
             )
+        lock.renew()  # a Lease that expired during the question may now be another run's
         for target in reversed(targets):
             session.delete(target)
         # Foreground deletion: the Deployment goes once its pods have; only then are GPUs free.

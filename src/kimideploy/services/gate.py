@@ -409,10 +409,12 @@ def _measure_and_judge(
 
 
 def _record_verdict(session: ClusterSession, release: str, revision: int, verdict: Verdict) -> None:
-    record = next((r for r in session.history(release) if r.revision == revision), None)
-    if record is not None:
-        record.details = {**record.details, "gate": verdict.details()}
-        session.record(record, new=False)
+    """Under the lock, on the record as it is now (the update is conditional on it)."""
+    with session.lock(release, "gate verdict"):
+        record = next((r for r in session.history(release) if r.revision == revision), None)
+        if record is not None:
+            record.details = {**record.details, "gate": verdict.details()}
+            session.record(record, new=False)
 
 
 def _roll_back(
@@ -424,14 +426,6 @@ def _roll_back(
     wait: deploy.WaitOptions,
     reporter: Reporter,
 ) -> None:
-    serving = _serving(session, release)
-    if serving is None or serving.revision != revision:
-        now = f"revision {serving.revision}" if serving else "nothing"
-        raise GateRejectedError(
-            f"gate: {verdict.reason}; but revision {revision} is no longer serving ({now} is), "
-            "so nothing was rolled back",
-            hint="someone else changed the release meanwhile; see `kimideploy history serve`",
-        )
     try:
         deploy.rollback(
             session,
@@ -442,7 +436,10 @@ def _roll_back(
             wait,
             reporter,
             note=f"gate rollback of revision {revision}: {verdict.reason}",
+            expect_serving=revision,
         )
+    except deploy.StaleRollbackError as exc:
+        raise GateRejectedError(f"gate: {verdict.reason}; but {exc.message}", exc.hint) from exc
     except KimiDeployError as exc:
         raise RolloutError(
             f"gate: {verdict.reason}; the rollback to non-speculative serving failed too: "

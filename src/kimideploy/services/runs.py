@@ -12,6 +12,7 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services import progress
+from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 
@@ -23,6 +24,10 @@ class RunStarted:
     run_id: str
     job: str
     rendered: Rendered
+
+
+RUN_PARTS = ("ConfigMap", "NetworkPolicy", "Service")
+"""Objects of a run that live as long as its Job (claims outlive it)."""
 
 
 def new_run_id() -> str:
@@ -39,12 +44,21 @@ def start_run(
     rendered = render_workload(loaded, replace(request, run_id=run_id, namespace=session.namespace))
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
+    require_prerequisites(session, rendered.objects, rendered.plan.cluster)
     # The same policy as `up`: a missing namespace is created when the user may (after the render
     # validated, so a bad config creates nothing), otherwise the refusal says who can.
     if session.ensure_namespace():
         reporter.info(f"created namespace {session.namespace}")
-    session.apply(rendered.objects)
+    objects, notes = session.keep_claim_sizes(rendered.objects)
+    for note in notes:
+        reporter.info(f"note: {note}")
+    session.validate(objects)  # nothing is created unless every object would be accepted
+    session.apply(objects)
     job = next(o for o in rendered.objects if o["kind"] == "Job")["metadata"]["name"]
+    # The run's ConfigMap, NetworkPolicy and Service go when the Job does (its TTL or a delete).
+    session.adopt(
+        "Job", job, [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in RUN_PARTS]
+    )
     reporter.info(f"run {run_id}: created Job {job} in namespace {session.namespace}")
     return RunStarted(run_id, job, rendered)
 

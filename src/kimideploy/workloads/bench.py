@@ -25,6 +25,7 @@ from kimideploy.workloads.runtime import (
     BadInputError,
     atomic_write,
     emit,
+    json_request_headers,
     log,
 )
 
@@ -68,7 +69,7 @@ def request(spec: BenchSpec, messages: list[dict[str, str]]) -> dict[str, Any]:
     req = urllib.request.Request(
         spec.endpoint.rstrip("/") + "/v1/chat/completions",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers=json_request_headers(),
     )
     start = time.perf_counter()
     first: float | None = None

@@ -30,6 +30,7 @@ from kimideploy.workloads.runtime import (
     Stopper,
     atomic_write,
     emit,
+    json_request_headers,
     log,
     shard_index,
 )
@@ -57,7 +58,7 @@ def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
     request = urllib.request.Request(
         spec.endpoint.rstrip("/") + "/v1/chat/completions",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers=json_request_headers(),
     )
     reasoning: list[str] = []
     answer: list[str] = []

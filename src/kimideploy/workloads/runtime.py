@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from kimideploy.config.specs import SpecModel
+from kimideploy.config.specs import API_KEY_ENV, SpecModel
 from kimideploy.errors import KimiDeployError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 75
@@ -29,6 +29,15 @@ def load_spec(path: Path, model: type[Spec]) -> Spec:
         return model.model_validate(json.loads(path.read_text()))
     except (OSError, ValueError, ValidationError) as exc:
         raise BadInputError(f"cannot use the spec {path}: {exc}") from exc
+
+
+def json_request_headers() -> dict[str, str]:
+    """For calls to the serve release: its API key, when the pod was given one."""
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get(API_KEY_ENV, "")
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
 
 
 def shard_index() -> int:
