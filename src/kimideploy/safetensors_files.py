@@ -65,3 +65,29 @@ def read_headers(folder: Path) -> tuple[dict[str, Any], list[str]]:
             header = json.loads(handle.read(length))
         tensors.update({k: v for k, v in header.items() if k != "__metadata__"})
     return tensors, broken
+
+
+INTEGER_FORMATS = {"I64": "q", "I32": "i", "U8": "B", "I8": "b", "BOOL": "?"}
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The header and where the tensor data begins."""
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header: dict[str, Any] = json.loads(handle.read(length))
+    return header, 8 + length
+
+
+def read_integers(path: Path, name: str) -> list[int]:
+    """One integer tensor (token ids, a loss mask), flattened, without torch."""
+    header, base = read_header(path)
+    info = header[name]
+    code = INTEGER_FORMATS.get(info["dtype"])
+    if code is None:
+        raise ValueError(f"{path}: tensor {name} is {info['dtype']}, not an integer type")
+    start, stop = info["data_offsets"]
+    with path.open("rb") as handle:
+        handle.seek(base + start)
+        raw = handle.read(stop - start)
+    count = (stop - start) // DTYPE_SIZES[info["dtype"]]
+    return [int(v) for v in struct.unpack(f"<{count}{code}", raw)]

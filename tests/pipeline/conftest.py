@@ -167,7 +167,9 @@ def features(
     FIGURES["extract: bytes per token (minimum)"] = (
         f"{result['bytes_per_token']} ({result['bytes_per_token_minimum']})"
     )
-    reference = dict(spec, backend="transformers", output_dir=spec["output_dir"] + "-reference")
+    reference = dict(spec, backend="transformers", output_dir=spec["output_dir"] + "-reference",
+                     fingerprint={**spec["fingerprint"], "backend": "transformers",
+                                  "engine": "transformers"})  # fmt: skip
     code, _, err = pods.run_workload(cpu_python, "extract", reference, volumes.root)
     assert code == 0, err[-3000:]
     return {"vllm": Path(spec["output_dir"]), "reference": Path(reference["output_dir"]),

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import jinja2.sandbox
 import torch
 from corpus import answer, prompts  # (this folder is on sys.path: run as a script)
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -27,19 +28,27 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 SPECIAL = ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>",
            "<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
            "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"]  # fmt: skip
-# Kimi-K2.5's turn layout (shared/CONTEXT.md §2), as kimideploy.workloads.chat_format writes it.
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>"
-    "{% if m['role'] == 'assistant' %}<think></think>{% endif %}{{ m['content'] }}<|im_end|>"
-    "{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
-)
+HERE = Path(__file__).resolve().parent
+# Kimi-K2.5's turn layout (default system turn, thinking, tool calls), shared with the workload
+# tests; the target is trained on exactly what this template renders, as a real target is.
+CHAT_TEMPLATE = (HERE.parent / "fixtures" / "chat_templates" / "kimi_shaped.jinja").read_text()
 BATCH = 8
 
 
-def conversation_text(prompt: str) -> str:
+def conversation(prompt: str) -> list[dict[str, str]]:
     reasoning, reply = answer(prompt)
-    return (f"<|im_user|>user<|im_middle|>{prompt}<|im_end|><|im_assistant|>assistant<|im_middle|>"
-            f"<think>{reasoning}</think>{reply}<|im_end|>")  # fmt: skip
+    return [{"role": "user", "content": prompt},
+            {"role": "assistant", "content": reply, "reasoning_content": reasoning}]  # fmt: skip
+
+
+def conversation_text(prompt: str) -> str:
+    """The template's rendering, for training the tokenizer before one exists."""
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.filters["tojson"] = json.dumps
+    rendered: str = environment.from_string(CHAT_TEMPLATE).render(
+        messages=conversation(prompt), tools=None, add_generation_prompt=False
+    )
+    return rendered
 
 
 def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
@@ -58,7 +67,8 @@ def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
 
 def train(out: Path, steps: int, seed: int) -> float:
     torch.manual_seed(seed)
-    corpus = [conversation_text(p) for p in prompts(seed + 1, 2000)]
+    texts = prompts(seed + 1, 2000)
+    corpus = [conversation_text(p) for p in texts]
     tokenizer = build_tokenizer(corpus)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
                          num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4,
@@ -66,7 +76,9 @@ def train(out: Path, steps: int, seed: int) -> float:
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
                          tie_word_embeddings=False)  # fmt: skip
     model = LlamaForCausalLM(config)
-    encoded = [tokenizer.encode(text, add_special_tokens=False) for text in corpus]
+    encoded = [tokenizer.apply_chat_template(conversation(p), tokenize=True, return_dict=False)
+               for p in texts]  # fmt: skip
+    assert tokenizer.decode(encoded[0]) == corpus[0]  # the BPE saw what training sees
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps)
     rng = random.Random(seed)

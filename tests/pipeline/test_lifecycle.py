@@ -19,6 +19,7 @@ from tests.conftest import REPO
 from tests.pipeline import pods
 from tests.pipeline.conftest import CONFIG, FIGURES, HERE, Served, copy_drafter
 
+from kimideploy.chat_template import SAMPLE_FORMAT, generated_turn
 from kimideploy.services.gate_verdict import GateMeasurementError, judge
 
 # Thresholds set from what this tier measured (see the README's pipeline section): a trained
@@ -41,7 +42,7 @@ def test_datagen_against_real_vllm_serve_writes_every_sample_with_its_reasoning(
     # back in the format the target sees.
     with_reasoning = [s for s in samples if s["reasoning"].strip()]
     assert len(with_reasoning) >= 90, samples[0]
-    assert all("<think>" in "".join(seg[0] for seg in s["segments"]) for s in samples)
+    assert all(s["format"] == SAMPLE_FORMAT and s["answer"] for s in samples)
 
 
 def test_vllm_extraction_equals_the_reference_backend_at_the_declared_layers(
@@ -177,3 +178,71 @@ def test_the_serve_release_with_an_api_key_refuses_v1_without_it_and_keeps_probe
     assert status("/v1/models", "a-wrong-key") == 401
     assert status("/v1/models", key) == 200
     assert status("/health") == 200 and status("/metrics") == 200
+
+
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Find a fact.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "topic": {"type": "string"}}}}}  # fmt: skip
+CALL = {"id": "functions.lookup:0", "type": "function",
+        "function": {"name": "lookup", "arguments": '{"topic": "batching"}'}}  # fmt: skip
+RENDERED_BOTH_WAYS = [
+    # A plain chat: the template adds its default system turn.
+    {"messages": [{"role": "user", "content": "In a few sentences, explain batching."}]},
+    # The user's own system turn instead.
+    {"messages": [{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "Think step by step: what is 12 * 13 - 100?"}]},
+    # Tools declared, and the generated turn calls one.
+    {"messages": [{"role": "user", "content": "Look up batching."}], "tools": [LOOKUP],
+     "tool_calls": [CALL]},
+    # Several turns: the earlier turn's thinking is dropped by the template, the last one's kept.
+    {"messages": [{"role": "user", "content": "Explain caching."},
+                  {"role": "assistant", "content": "caching keeps results.",
+                   "reasoning": "the engineer asks about caching."},
+                  {"role": "user", "content": "And batching?"}]},
+    # An agent's step: a tool call and its result, then the answer (interleaved thinking kept).
+    {"messages": [{"role": "user", "content": "Look up batching."},
+                  {"role": "assistant", "content": "", "tool_calls": [CALL],
+                   "reasoning": "I should look it up."},
+                  {"role": "tool", "tool_call_id": "functions.lookup:0",
+                   "content": "batching groups requests."}], "tools": [LOOKUP]},
+]  # fmt: skip
+
+
+def test_the_workloads_render_conversations_token_for_token_as_vllm_does(
+    cpu_python: Path, target: Path, target_server: pods.Server, tmp_path: Path
+) -> None:
+    """workloads/chat_template.py (extraction, vocab, training) against vLLM 0.32's own rendering
+    (/tokenize) of the same OpenAI messages, on a template with a default system turn, tool
+    declarations and calls, and thinking kept only after the last user turn."""
+    samples = [{"format": SAMPLE_FORMAT, "id": f"c{i}", "tools": None, "tool_calls": [],
+                "reasoning": "first, a thought.", "answer": "the answer.", **case}
+               for i, case in enumerate(RENDERED_BOTH_WAYS)]  # fmt: skip
+    path = tmp_path / "samples.json"
+    path.write_text(json.dumps(samples))
+    done = subprocess.run([str(cpu_python), str(REPO / "tests/workloads/render_samples.py"),
+                           str(target), str(path)], capture_output=True, text=True,
+                          env=pods.cpu_env(cpu_python), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    ours = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    key = pods.SECRETS[("pipeline-api-key", "token")]
+
+    def vllm_tokens(messages: list[Any], tools: Any, generation_prompt: bool) -> list[int]:
+        body = {"messages": messages, "add_generation_prompt": generation_prompt,
+                **({"tools": tools} if tools else {})}  # fmt: skip
+        request = urllib.request.Request(
+            target_server.url + "/tokenize", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as response:
+            tokens: list[int] = json.loads(response.read())["tokens"]
+        return tokens
+
+    for sample, mine in zip(samples, ours, strict=True):
+        full = [*sample["messages"], generated_turn(sample)]
+        assert mine["ids"] == vllm_tokens(full, sample["tools"], False), mine["text"]
+        prompt = vllm_tokens(sample["messages"], sample["tools"], True)
+        assert mine["ids"][: mine["prompt_tokens"]] == prompt  # the mask starts where vLLM's
+        assert sum(mine["mask"]) == len(mine["ids"]) - len(prompt)  # generation prompt ends
+    assert "You are Kimi" in ours[0]["text"] and "You are Kimi" not in ours[1]["text"]
+    assert "the engineer asks about caching." not in ours[3]["text"]
+    assert "I should look it up." in ours[4]["text"]

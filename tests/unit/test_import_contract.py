@@ -24,7 +24,17 @@ ALLOWED = {
     "images": {"config", "plan", "render", "remote"},
     "remote": {"config"},
     "provision": {"config", "remote"},
-    "services": {"config", "plan", "render", "cluster", "images", "remote", "provision"},
+    # workloads: `data inspect --sample` renders with the pods' own chat-template renderer.
+    "services": {
+        "config",
+        "plan",
+        "render",
+        "cluster",
+        "images",
+        "remote",
+        "provision",
+        "workloads",
+    },
     "cli": {"services", "config", "plan"},
     "workloads": {"config"},
 }
@@ -70,6 +80,7 @@ def test_layering(path: Path) -> None:
                 "vllm_metrics",
                 "safetensors_files",
                 "drafter_files",
+                "chat_template",
                 "__init__",
             }
             allowed = ALLOWED[package] | {package} | shared

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.cluster.jobs import pod_waiting
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.specs import ExtractSpec, OnlineTrainSpec
@@ -17,6 +18,7 @@ from kimideploy.errors import ConfigError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.online import SCRATCH_MOUNT, server_args
 from kimideploy.plan.resolve import resolve
+from kimideploy.workloads import dataset_record
 from kimideploy.workloads.extract_vllm import engine_kwargs
 from kimideploy.workloads.runtime import BadInputError
 from kimideploy.workloads.train_features import OnlineFeatures
@@ -133,10 +135,11 @@ def test_a_cluster_or_image_that_cannot_serve_the_target_server_is_refused(
 
 
 def online_spec(tmp_path: Path, aux: list[int]) -> Any:
+    dataset_record.claim(tmp_path / "conv", {"stage": "datagen"}, {})
     shard = tmp_path / "conv" / "shard-00000"
     shard.mkdir(parents=True)
     (shard / "chunk-000001.jsonl").write_text(
-        json.dumps({"id": "s0", "segments": [["hi", True]]}) + "\n"
+        json.dumps({"format": SAMPLE_FORMAT, "id": "s0", "messages": [], "answer": "hi"}) + "\n"
     )
     base = spec([2, 30, 58], "vllm", [2, 30, 58])
     online = OnlineTrainSpec(endpoint="http://127.0.0.1:9/v1", storage_dir=str(tmp_path / "scratch"),

@@ -8,6 +8,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+CHAT_TEMPLATE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates" / "kimi_shaped.jinja"
+)
 SPECIAL = [
     "<|im_system|>",
     "<|im_user|>",
@@ -38,11 +41,7 @@ def main(out: Path, layers: int) -> None:
         pad_token="<|im_end|>",
         model_input_names=["input_ids", "attention_mask"],
     )
-    fast.chat_template = (
-        "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}"
-        "<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>"
-        "<think>{% endif %}"
-    )
+    fast.chat_template = CHAT_TEMPLATE.read_text()
     fast.save_pretrained(out)
     config = LlamaConfig(
         vocab_size=len(fast),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.config.specs import DatagenSpec, TargetRef
 from tests.workloads.conftest import run_workload
 
@@ -30,9 +32,12 @@ def write_prompts(path: Path) -> None:
     path.write_text("\n".join(rows) + "\n")
 
 
-def spec(tmp_path: Path, server: str, model: Path, **changes: Any) -> Path:
+def spec(
+    tmp_path: Path, server: str, model: Path, keep_prompts: bool = False, **changes: Any
+) -> Path:
     prompts = tmp_path / "prompts.jsonl"
-    write_prompts(prompts)
+    if not keep_prompts:
+        write_prompts(prompts)
     target = TargetRef(repo="test/tiny", revision="0" * 40, served_name=str(model), path=str(model),
                        num_hidden_layers=4, hidden_size=64, vocab_size=333)  # fmt: skip
     values = {"run_id": "t1", "cluster": "test", "shards": 1, "target": target, "prompts": str(prompts),
@@ -92,18 +97,38 @@ def test_sigterm_flushes_and_exits_75(tmp_path: Path, openai_server: str, tiny_m
     assert "a restart resumes" in err
 
 
-def test_conversations_are_rendered_as_the_model_sees_them(
+def test_samples_are_structure_and_the_dataset_keeps_its_fingerprint(
     tmp_path: Path, openai_server: str, tiny_model: Path
 ) -> None:
-    path = spec(tmp_path, openai_server, tiny_model)
+    """Structure for the target's own template (rendered in extraction and training), and a
+    fingerprint that only a run with the same inputs may extend."""
+    made_from = {"stage": "datagen", "shards": 1, "sampling": {"temperature": 0.7}}
+    path = spec(tmp_path, openai_server, tiny_model, fingerprint=made_from)
     process = run_workload("datagen", path)
     process.communicate(timeout=300)
     sample = next(r for r in records(tmp_path / "out") if r["prompt_index"] == 0)
-    assert sample["text"].startswith("<|im_system|>system<|im_middle|>be brief<|im_end|>"
-                                     "<|im_user|>user<|im_middle|>question 0 hello<|im_end|>"
-                                     "<|im_assistant|>assistant<|im_middle|><think>")  # fmt: skip
-    assert sample["text"].endswith(f"</think>{sample['answer']}<|im_end|>")
-    assert "old answer" not in sample["text"]  # the last answer is regenerated
+    assert sample["format"] == SAMPLE_FORMAT
+    assert sample["messages"] == [{"role": "system", "content": "be brief"},
+                                  {"role": "user", "content": "question 0 hello"}]  # fmt: skip
+    assert "text" not in sample and "segments" not in sample  # no hand-rendered copy
+    assert sample["answer"] and sample["tool_calls"] == []
+    record = json.loads((tmp_path / "out/fingerprint.json").read_text())
+    prompts_sha = hashlib.sha256((tmp_path / "prompts.jsonl").read_bytes()).hexdigest()
+    assert record["fields"] == made_from and record["observed"] == {"prompts_sha256": prompts_sha}
+    chunks = sorted((tmp_path / "out").rglob("chunk-*.jsonl"))
+    # Other inputs into the same folder: refused, each differing field named, nothing written.
+    other = spec(tmp_path, openai_server, tiny_model, fingerprint={**made_from, "shards": 2})
+    process = run_workload("datagen", other)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2, err
+    assert "was made from other inputs" in err and "fields.shards: recorded 1, now 2" in err
+    with (tmp_path / "prompts.jsonl").open("a") as prompts:  # the prompt file changed in place
+        prompts.write(json.dumps({"prompt": "a new one"}) + "\n")
+    process = run_workload("datagen", spec(tmp_path, openai_server, tiny_model,
+                                           fingerprint=made_from, keep_prompts=True))  # fmt: skip
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2 and "observed.prompts_sha256: recorded" in err, err
+    assert sorted((tmp_path / "out").rglob("chunk-*.jsonl")) == chunks
 
 
 def test_an_unreachable_endpoint_counts_failures_and_fails_the_shard(

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.cli.main import main
 from kimideploy.config.drafters import to_vllm_layer_ids
 from kimideploy.config.specs import ExtractSpec, LayerSelection, TargetRef, VocabSpec
-from kimideploy.workloads.chat_format import render, text_of
+from kimideploy.workloads import dataset_record
 from tests.conftest import REPO
 from tests.workloads.conftest import run_workload
 
@@ -24,16 +26,32 @@ ANSWERS = [
 ]
 
 
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+def sample(i: int, answer: str) -> dict[str, Any]:
+    """One of datagen's samples (datagen itself is tested against a live server): plain chats, a
+    multi-turn one with earlier thinking, and one that declares a tool and calls it."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"question {i}"}]
+    extra: dict[str, Any] = {"tools": None, "tool_calls": []}
+    if i == 1:
+        messages = [{"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "hello world", "reasoning": "an old thought"},
+                    *messages]  # fmt: skip
+    if i == 2:
+        call = {"id": "functions.lookup:0", "type": "function",
+                "function": {"name": "lookup", "arguments": '{"q": "fox"}'}}  # fmt: skip
+        extra = {"tools": TOOLS, "tool_calls": [call]}
+    return {"format": SAMPLE_FORMAT, "id": f"s{i}", "prompt_index": i, "messages": messages,
+            "answer": answer, "reasoning": "thinking about it", **extra}  # fmt: skip
+
+
 def conversations(root: Path) -> Path:
-    """Samples in datagen's output format (datagen itself is tested against a live server)."""
+    """Datagen's output: chunks of samples and the dataset's fingerprint."""
+    dataset_record.claim(root, {"stage": "datagen", "test": "tiny"}, {"prompts_sha256": "x"})
     shard = root / "shard-00000"
     shard.mkdir(parents=True)
-    lines = []
-    for i, answer in enumerate(ANSWERS):
-        messages = [{"role": "user", "content": f"question {i}"}]
-        segments = render(messages, "thinking about it", answer)
-        lines.append(json.dumps({"id": f"s{i}", "prompt_index": i, "messages": messages, "segments": segments,
-                                 "text": text_of(segments), "answer": answer, "reasoning": "thinking about it"}))  # fmt: skip
+    lines = [json.dumps(sample(i, answer)) for i, answer in enumerate(ANSWERS)]
     (shard / "chunk-000001.jsonl").write_text("\n".join(lines) + "\n")
     return root
 
@@ -43,16 +61,25 @@ def target(model: Path) -> TargetRef:
                      num_hidden_layers=4, hidden_size=64, vocab_size=333)  # fmt: skip
 
 
+def features_fingerprint(layers: LayerSelection) -> dict[str, Any]:
+    """What the plan would put in the spec (plan.jobs.dataset_fingerprints), for the tiny model."""
+    return {"stage": "extract", "layers": {"ids": layers.ids, "convention": layers.convention,
+                                           "vllm_ids": layers.vllm_ids}, "dtype": "float32"}  # fmt: skip
+
+
 def extract_spec(
     tmp_path: Path, model: Path, ids: list[int], convention: str, **changes: Any
 ) -> Path:
     layers = LayerSelection(
         ids=ids, convention=convention, vllm_ids=to_vllm_layer_ids(ids, convention)
     )  # type: ignore[arg-type]
+    conv = tmp_path / "conv"
+    if not (conv / "fingerprint.json").is_file():
+        conversations(conv)
     values = {"run_id": "x", "cluster": "test", "shards": 1, "target": target(model),
-              "conversations_dir": str(conversations(tmp_path / "conv")), "output_dir": str(tmp_path / "hs"),
+              "conversations_dir": str(conv), "output_dir": str(tmp_path / "hs"),
               "layers": layers, "dtype": "float32", "backend": "transformers", "tensor_parallel_size": 1,
-              "expected_bytes": 10_000_000, **changes}  # fmt: skip
+              "expected_bytes": 10_000_000, "fingerprint": features_fingerprint(layers), **changes}  # fmt: skip
     path = tmp_path / "extract.json"
     path.write_text(ExtractSpec(**values).model_dump_json())
     return path
@@ -129,15 +156,23 @@ def test_extraction_refuses_when_the_volume_cannot_hold_it(
     assert not list((tmp_path / "hs").rglob("*.safetensors"))
 
 
-def test_data_inspect_names_a_truncated_file(
-    tmp_path: Path, torch_python: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def extract_and_inspect(
+    tmp_path: Path, python: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> dict[str, Any]:
+    """Extract the tiny conversations at vLLM ids [1, 2]; `data inspect -o json` of the result."""
     process = run_workload(
-        "extract", extract_spec(tmp_path, tiny_model, [1, 2], "vllm"), python=str(torch_python)
+        "extract", extract_spec(tmp_path, model, [1, 2], "vllm"), python=str(python)
     )
     assert process.wait(timeout=300) == 0
     assert main(["data", "inspect", str(tmp_path / "hs"), "-o", "json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return report
+
+
+def test_data_inspect_names_a_truncated_file(
+    tmp_path: Path, torch_python: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = extract_and_inspect(tmp_path, torch_python, tiny_model, capsys)
     assert (
         report["samples"] == len(ANSWERS)
         and report["convention"] == "vllm"
@@ -192,3 +227,80 @@ def test_vocab_draft_selection_is_by_frequency() -> None:
         1,
         5,
     ]  # padded with the lowest unused ids
+
+
+def test_a_rerun_with_other_layers_into_the_same_folder_is_refused_and_the_same_resumes(
+    tmp_path: Path, torch_python: Path, tiny_model: Path
+) -> None:
+    """The plan gives other layers another folder (tests/unit); if a run is pointed at the old one
+    anyway, it refuses instead of skipping the old samples and relabelling them."""
+    first = run_workload("extract", extract_spec(tmp_path, tiny_model, [1, 2], "vllm"),
+                         python=str(torch_python))  # fmt: skip
+    assert first.wait(timeout=300) == 0
+    files = {f: f.stat().st_mtime_ns for f in (tmp_path / "hs").rglob("*.safetensors")}
+    manifest = (tmp_path / "hs/shard-00000/manifest.json").read_text()
+    other = run_workload("extract", extract_spec(tmp_path, tiny_model, [2, 3], "vllm"),
+                         python=str(torch_python))  # fmt: skip
+    _, err = other.communicate(timeout=300)
+    assert other.returncode == 2, err
+    assert "fields.layers.vllm_ids: recorded [1, 2], now [2, 3]" in err
+    assert (tmp_path / "hs/shard-00000/manifest.json").read_text() == manifest
+    again = run_workload("extract", extract_spec(tmp_path, tiny_model, [1, 2], "vllm"),
+                         python=str(torch_python))  # fmt: skip
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0 and f"{len(files)} already extracted" in err, err
+    assert {f: f.stat().st_mtime_ns for f in files} == files  # resumed: nothing rewritten
+    # The same settings but the synced model's chat template changed: refused, nothing rewritten.
+    changed = tmp_path / "changed-model"
+    shutil.copytree(tiny_model, changed)
+    template = changed / "chat_template.jinja"
+    template.write_text(template.read_text().replace("created by Moonshot AI", "by Moonshot"))
+    spec = json.loads((tmp_path / "extract.json").read_text())
+    spec["target"]["path"] = str(changed)
+    (tmp_path / "extract.json").write_text(json.dumps(spec))
+    moved = run_workload("extract", tmp_path / "extract.json", python=str(torch_python))
+    _, err = moved.communicate(timeout=300)
+    assert moved.returncode == 2 and "observed.chat_template_sha256: recorded" in err, err
+    assert {f: f.stat().st_mtime_ns for f in files} == files
+
+
+def cli(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with the workloads venv (rendering a sample needs transformers)."""
+    return subprocess.run([str(python), "-m", "kimideploy", *args], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+                          timeout=300)  # fmt: skip
+
+
+def test_data_inspect_shows_the_fingerprint_and_one_sample_as_the_target_sees_it(
+    tmp_path: Path, torch_python: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = extract_and_inspect(tmp_path, torch_python, tiny_model, capsys)
+    recorded = json.loads((tmp_path / "hs/fingerprint.json").read_text())
+    assert report["fingerprint"] == recorded["id"]
+    assert (
+        "layers.vllm_ids=[1, 2]" in report["made from"]
+        and "chat_template_sha256=" in (report["made from"])
+    )
+    # A conversation, rendered with the target's template: the system turn and thinking visible.
+    done = cli(torch_python, "data", "inspect", str(tmp_path / "conv"), "--sample", "2",
+               "--model", str(tiny_model))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "You are Kimi, an AI assistant created by Moonshot AI." in done.stdout
+    assert "[[trained]]<think>thinking about it</think>speculative decoding" in done.stdout
+    assert "<|tool_call_begin|>functions.lookup:0" in done.stdout
+    assert "<|im_end|>[[/trained]]" in done.stdout
+    # The same sample's features: the same tokens and trained span, and the layers stored.
+    shown = cli(torch_python, "data", "inspect", str(tmp_path / "hs"), "--sample", "2",
+                "--model", str(tiny_model), "-o", "json")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert view["sample"] == "2 of 4 (s2)"
+    assert view["layers stored"].startswith("2 at [1, 2] (vllm convention; vLLM ids [1, 2])")
+    text = done.stdout.split("text:\n", 1)[1].rstrip("\n")
+    assert view["text"] == text
+    # Without the model, the ids with the trained ones bracketed; a conversation needs the model.
+    assert main(["data", "inspect", str(tmp_path / "hs"), "--sample", "0"]) == 0
+    assert "token ids:" in capsys.readouterr().out
+    assert main(["data", "inspect", str(tmp_path / "conv"), "--sample", "0"]) == 2
+    assert "pass --model DIR" in capsys.readouterr().err
+    assert main(["data", "inspect", str(tmp_path / "conv"), "--sample", "9"]) == 2

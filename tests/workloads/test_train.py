@@ -19,7 +19,7 @@ from kimideploy.config.specs import LayerSelection, TrainSpec, VocabSpec
 from kimideploy.images.verify import vllm_venv
 from tests.conftest import REPO
 from tests.workloads.conftest import run_workload
-from tests.workloads.test_extract_vocab_inspect import extract_spec, target
+from tests.workloads.test_extract_vocab_inspect import extract_spec, features_fingerprint, target
 
 DRAFT_VOCAB = 64
 
@@ -212,6 +212,17 @@ def test_two_ranks_train_through_torch_distributed(
         ((2, 3), "vllm", {}, "they are different layers"),
         ((1, 2), "vllm", {"batch_size": 8}, "cannot fill one batch of 8"),
         ((1, 2), "vllm", {"mode": "online"}, "train.mode online"),
+        # Features whose fingerprint is not the one the spec expects (other layers).
+        (
+            (1, 2),
+            "vllm",
+            {
+                "data_fingerprint": features_fingerprint(
+                    LayerSelection(ids=[2, 3], convention="vllm", vllm_ids=[2, 3])
+                )
+            },
+            "layers.vllm_ids: recorded [1, 2], now [2, 3]",
+        ),
     ],
 )
 def test_a_dataset_that_does_not_fit_is_refused_before_training(

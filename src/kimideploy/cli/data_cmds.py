@@ -16,12 +16,37 @@ def data() -> None:
 @data.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
-def inspect(path: Path, output: str) -> None:
-    """Manifest, sample and token counts, layer convention, storage use; corrupt files named."""
+@click.option(
+    "--sample",
+    "number",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Print sample N (from 0) as the target sees it, the trained span marked.",
+)
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="The synced model revision: its tokenizer and chat template render the sample.",
+)
+def inspect(path: Path, output: str, number: int | None, model: Path | None) -> None:
+    """Manifest, fingerprint, sample and token counts, layer convention, storage use; corrupt
+    files named. With --sample N, one sample as the target sees it."""
     from kimideploy.errors import KimiDeployError
     from kimideploy.services.data import inspect as run
-    from kimideploy.services.data import summary
+    from kimideploy.services.data import sample_view, summary
 
+    if number is not None:
+        view = sample_view(path, number, model)
+        if output == "json":
+            click.echo(json.dumps(view, indent=2))
+            return
+        for key, value in view.items():
+            if key in ("text", "token ids"):
+                click.echo(f"{key}:\n{value}")
+            else:
+                click.echo(f"{key:16} {value}")
+        return
     report = summary(run(path))
     if output == "json":
         click.echo(json.dumps(report, indent=2))

@@ -6,7 +6,7 @@ config they ignore unknown keys, so a pod running an older image accepts a spec 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +62,9 @@ class DatagenSpec(WorkloadSpec):
     request_timeout_s: int
     max_retries: int
     chunk_samples: int = 64
+    fingerprint: dict[str, Any] = Field(
+        default_factory=dict, description="What makes this dataset (config.fingerprints)."
+    )
 
 
 class ExtractSpec(WorkloadSpec):
@@ -73,6 +76,7 @@ class ExtractSpec(WorkloadSpec):
     backend: str
     tensor_parallel_size: int
     expected_bytes: int
+    fingerprint: dict[str, Any] = Field(default_factory=dict)
 
 
 class VocabSpec(WorkloadSpec):
@@ -80,6 +84,7 @@ class VocabSpec(WorkloadSpec):
     conversations_dir: str
     output_dir: str
     draft_vocab_size: int
+    fingerprint: dict[str, Any] = Field(default_factory=dict)
 
 
 class OnlineTrainSpec(SpecModel):
@@ -118,6 +123,11 @@ class TrainSpec(WorkloadSpec):
     checkpoint_every_steps: int
     draft_layers: int = 1
     convert_layer_convention: bool = False
+    data_fingerprint: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The fingerprint of what training reads: the features (offline) or the "
+        "conversations (online); the recorded one must match.",
+    )
     seed: int = 0
     resume_dir: str | None = None
     online: OnlineTrainSpec | None = None

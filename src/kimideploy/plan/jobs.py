@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kimideploy.config.drafters import to_vllm_layer_ids
+from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.specs import (
     API_KEY_ENV,
     SPEC_FILE_NAME,
@@ -33,15 +35,63 @@ FINISHED_JOB_TTL_S = 7 * 24 * 3600
 INDEX_ANNOTATION = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
+def dataset_fingerprints(ctx: Context) -> dict[str, dict[str, Any]]:
+    """What each dataset of the train drafter's pipeline is made from (config.fingerprints).
+
+    `samples` is not part of the conversations' fingerprint: raising it adds samples to the same
+    folder (each shard's prompts are a prefix of a larger run's). The features' includes the
+    conversations' id, so new conversations also mean new features."""
+    model, workloads = ctx.project.model, ctx.cluster.workloads
+    datagen, extract = workloads.datagen, workloads.extract
+    drafter = ctx.project.drafters[workloads.train.drafter]
+    target = {"repo": model.repo, "revision": model.revision}
+    conversations = {
+        "stage": "datagen",
+        "target": target,
+        "prompts": datagen.prompts,
+        "endpoint": datagen.endpoint,
+        "sampling": {
+            "max_tokens": datagen.max_tokens,
+            "temperature": datagen.temperature,
+            "top_p": datagen.top_p,
+        },
+        "shards": datagen.shards,
+    }
+    extract_image = ctx.project.images[ctx.cluster.images.extract]
+    engine = f"vllm {extract_image.vllm}" if extract.backend == "vllm" else "transformers"
+    features = {
+        "stage": "extract",
+        "conversations": fingerprint_id(conversations),
+        "target": target,
+        "layers": {
+            "ids": list(drafter.aux_layer_ids),
+            "convention": drafter.layer_id_convention,
+            "vllm_ids": to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention),
+        },
+        "dtype": extract.dtype,
+        "backend": extract.backend,
+        "engine": engine,
+        "shards": extract.shards,
+    }
+    vocab = {
+        "stage": "vocab",
+        "conversations": fingerprint_id(conversations),
+        "draft_vocab_size": drafter.draft_vocab_size,
+    }
+    return {"conversations": conversations, "hidden_states": features, "vocab": vocab}
+
+
 def data_dirs(ctx: Context) -> dict[str, str]:
-    """Where one drafter's data lives; keyed by the drafter the pipeline is building."""
+    """Where one drafter's data lives: keyed by the drafter the pipeline is building, and each
+    dataset by its fingerprint id (what made it), so no run reads or extends another's data."""
     drafter = ctx.cluster.workloads.train.drafter if ctx.workload != "bench" else ctx.drafter_name
     base = f"{DATASETS_MOUNT}/pipelines/{drafter}"
+    ids = {name: fingerprint_id(f) for name, f in dataset_fingerprints(ctx).items()}
     return {
-        "conversations": f"{base}/conversations",
-        "vocab": f"{base}/vocab",
+        "conversations": f"{base}/conversations/{ids['conversations']}",
+        "vocab": f"{base}/vocab/{ids['vocab']}",
         "bench": f"{DATASETS_MOUNT}/bench",
-        "hidden_states": f"{HIDDEN_STATES_MOUNT}/{drafter}",
+        "hidden_states": f"{HIDDEN_STATES_MOUNT}/{drafter}/{ids['hidden_states']}",
         "checkpoints": f"{CHECKPOINTS_MOUNT}/{drafter}",
     }
 
@@ -61,6 +111,7 @@ def datagen_spec(ctx: Context, run_id: str) -> DatagenSpec:
         max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
         request_timeout_s=settings.request_timeout_s, max_retries=settings.max_retries,
         chunk_samples=settings.chunk_samples,
+        fingerprint=dataset_fingerprints(ctx)["conversations"],
     )  # fmt: skip
 
 
@@ -72,6 +123,7 @@ def extract_spec(ctx: Context, run_id: str, estimate: HiddenStateEstimate) -> Ex
         conversations_dir=dirs["conversations"], output_dir=dirs["hidden_states"],
         layers=ctx.layers(), dtype=settings.dtype, backend=settings.backend,
         tensor_parallel_size=settings.gpus_per_shard, expected_bytes=estimate.total_bytes,
+        fingerprint=dataset_fingerprints(ctx)["hidden_states"],
     )  # fmt: skip
 
 
@@ -82,6 +134,7 @@ def vocab_spec(ctx: Context, run_id: str) -> VocabSpec:
         run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
         conversations_dir=dirs["conversations"], output_dir=dirs["vocab"],
         draft_vocab_size=ctx.drafter.draft_vocab_size,
+        fingerprint=dataset_fingerprints(ctx)["vocab"],
     )  # fmt: skip
 
 
@@ -110,6 +163,8 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
         convert_layer_convention=settings.convert_layer_convention, seed=settings.seed,
         resume_dir=f"{dirs['checkpoints']}/{settings.resume_run}" if settings.resume_run else None,
         online=online_spec,
+        data_fingerprint=dataset_fingerprints(ctx)[
+            "conversations" if online_spec else "hidden_states"],
     )  # fmt: skip
 
 

@@ -148,9 +148,30 @@ def _facts(ctx: Context, estimate: HiddenStateEstimate) -> list[tuple[str, str]]
         ]  # fmt: skip
     elif ctx.workload in ("extract", "train", "datagen"):
         facts.append(("hidden states", estimate.describe()))
+    datasets = _datasets_fact(ctx)
+    if datasets:
+        facts.append(("datasets", datasets))
     if ctx.run_id:
         facts.append(("run id", ctx.run_id))
     return facts
+
+
+def _datasets_fact(ctx: Context) -> str:
+    """Which dataset folders the run reads and writes: each is named by its fingerprint, so a
+    changed input shows here as a new folder before anything runs."""
+    dirs = jobs.data_dirs(ctx)
+    reads_features = "conversations" if online.is_online(ctx) else "hidden_states"
+    flow = {
+        "datagen": ([], ["conversations"]),
+        "extract": (["conversations"], ["hidden_states"]),
+        "vocab": (["conversations"], ["vocab"]),
+        "train": ([reads_features, "vocab"], []),
+    }.get(ctx.workload)
+    if flow is None:
+        return ""
+    reads, writes = flow
+    parts = [f"reads {dirs[name]}" for name in reads] + [f"writes {dirs[name]}" for name in writes]
+    return "; ".join(parts) + " (folders named by what makes them: `kimideploy data inspect`)"
 
 
 def _pod_monitor_fact(ctx: Context) -> str:

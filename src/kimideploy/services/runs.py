@@ -44,6 +44,9 @@ def start_run(
     rendered = render_workload(loaded, replace(request, run_id=run_id, namespace=session.namespace))
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
+    for key, value in rendered.plan.facts:
+        if key == "datasets":
+            reporter.info(f"datasets: {value}")
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)
     # The same policy as `up`: a missing namespace is created when the user may (after the render
     # validated, so a bad config creates nothing), otherwise the refusal says who can.

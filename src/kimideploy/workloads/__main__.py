@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from kimideploy.config import specs
-from kimideploy.workloads.runtime import EXIT_BAD_INPUT, BadInputError, load_spec, log
+from kimideploy.errors import ExitCode, KimiDeployError
+from kimideploy.workloads.runtime import EXIT_BAD_INPUT, EXIT_FAILED, load_spec, log
 
 WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
     "datagen": specs.DatagenSpec,
@@ -30,9 +31,11 @@ def main(argv: list[str]) -> int:
         module = importlib.import_module(f"kimideploy.workloads.{args.workload.replace('-', '_')}")
         code: int = module.run(spec)
         return code
-    except BadInputError as exc:
+    except KimiDeployError as exc:  # BadInputError, or a shared module's usage error
         log(f"error: {exc.message}")
-        return EXIT_BAD_INPUT
+        if exc.hint:
+            log(f"hint: {exc.hint}")
+        return EXIT_BAD_INPUT if exc.exit_code == ExitCode.USAGE else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kimideploy.chat_template import render_sample
+
 
 def iter_samples(root: Path) -> Iterator[dict[str, Any]]:
     for chunk in sorted(root.glob("shard-*/chunk-*.jsonl")):
@@ -21,13 +23,7 @@ def my_samples(root: Path, shards: int, index: int) -> list[dict[str, Any]]:
     return [s for i, s in enumerate(samples) if i % shards == index]
 
 
-def tokenize_segments(tokenizer: Any, segments: list[list[Any]]) -> tuple[list[int], list[int]]:
-    """Token ids and the loss mask (1 on generated assistant tokens only), segment by segment."""
-    ids: list[int] = []
-    mask: list[int] = []
-    for text, generated in segments:
-        piece = tokenizer.encode(text, add_special_tokens=False)
-        piece_ids = piece.ids if hasattr(piece, "ids") else list(piece)
-        ids.extend(piece_ids)
-        mask.extend([1 if generated else 0] * len(piece_ids))
-    return ids, mask
+def sample_tokens(tokenizer: Any, sample: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """Token ids and the loss mask (1 on the generated turn only), by the target's template."""
+    rendered = render_sample(tokenizer, sample)
+    return rendered.ids, rendered.loss_mask

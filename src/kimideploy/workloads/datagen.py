@@ -1,8 +1,11 @@
-"""datagen: generate answers with the target model, rendered exactly as it sees them.
+"""datagen: generate answers with the target model, kept as structure for its own chat template.
 
-Each shard takes every shards-th prompt, asks an OpenAI-compatible endpoint (by default the
-non-speculative serve release) with bounded concurrency, retries with backoff and a per-request
-timeout, and writes finished samples in chunks with atomic renames. A restarted shard skips every
+A sample is the prompt's messages and tools and the generated turn (reasoning, answer, tool
+calls) as the endpoint returned them (chat_template.SAMPLE_FORMAT); extraction and training render
+it with the target's template, as the serving engine does. Each shard takes every shards-th
+prompt, asks an OpenAI-compatible endpoint (by default the non-speculative serve release) with
+bounded concurrency, retries with backoff and a per-request timeout, and writes finished samples
+in chunks with atomic renames. A restarted shard skips every
 sample already in a chunk, so nothing is lost or duplicated; SIGTERM flushes and exits 75.
 """
 
@@ -18,8 +21,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.config.specs import DatagenSpec
-from kimideploy.workloads import chat_format
+from kimideploy.workloads import dataset_record
 from kimideploy.workloads.prompts import Prompt, load_prompts
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
@@ -46,7 +50,7 @@ class RequestFailedError(Exception):
 
 def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
     """One streamed chat completion; reasoning and answer collected from the deltas."""
-    body = {
+    body: dict[str, Any] = {
         "model": spec.target.served_name,
         "messages": prompt.messages,
         "max_tokens": spec.max_tokens,
@@ -55,6 +59,8 @@ def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if prompt.tools:
+        body["tools"] = prompt.tools
     request = urllib.request.Request(
         spec.endpoint.rstrip("/") + "/v1/chat/completions",
         data=json.dumps(body).encode(),
@@ -62,6 +68,7 @@ def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
     )
     reasoning: list[str] = []
     answer: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
     finish: str | None = None
     usage: dict[str, Any] = {}
     try:
@@ -76,6 +83,8 @@ def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
                     delta = choice.get("delta") or {}
                     reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
                     answer.append(delta.get("content") or "")
+                    for part in delta.get("tool_calls") or []:
+                        _add_tool_call_delta(calls, part)
                     finish = choice.get("finish_reason") or finish
     except urllib.error.HTTPError as exc:
         raise RequestFailedError(f"HTTP {exc.code}", exc.code in RETRYABLE_STATUS) from exc
@@ -84,9 +93,22 @@ def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
     return {
         "reasoning": "".join(reasoning),
         "answer": "".join(answer),
+        "tool_calls": [calls[i] for i in sorted(calls)],
         "finish_reason": finish,
         "usage": usage,
     }
+
+
+def _add_tool_call_delta(calls: dict[int, dict[str, Any]], part: dict[str, Any]) -> None:
+    """Streamed tool calls arrive in pieces per index: the id and name once, arguments in parts."""
+    call = calls.setdefault(
+        int(part.get("index", len(calls))),
+        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+    )
+    call["id"] = part.get("id") or call["id"]
+    function = part.get("function") or {}
+    call["function"]["name"] += function.get("name") or ""
+    call["function"]["arguments"] += function.get("arguments") or ""
 
 
 def generate(spec: DatagenSpec, prompt: Prompt, stopper: Stopper) -> dict[str, Any] | None:
@@ -100,15 +122,15 @@ def generate(spec: DatagenSpec, prompt: Prompt, stopper: Stopper) -> dict[str, A
                 log(f"prompt {prompt.index}: giving up after {attempt + 1} attempt(s): {exc}")
                 return None
             time.sleep(min(60.0, 0.5 * 2**attempt) * (0.5 + random.random()))
-    segments = chat_format.render(prompt.messages, result["reasoning"], result["answer"])
     return {
+        "format": SAMPLE_FORMAT,
         "id": prompt.id,
         "prompt_index": prompt.index,
         "messages": prompt.messages,
+        "tools": prompt.tools,
         "reasoning": result["reasoning"],
         "answer": result["answer"],
-        "text": chat_format.text_of(segments),
-        "segments": segments,
+        "tool_calls": result["tool_calls"],
         "finish_reason": result["finish_reason"],
         "usage": result["usage"],
     }
@@ -130,6 +152,10 @@ def run(spec: DatagenSpec) -> int:
         raise BadInputError(f"{spec.prompts}: no usable prompts ({len(prompts.bad)} bad rows)")
     quota = math.ceil(min(spec.samples, len(prompts.prompts)) / spec.shards)
     mine = [p for i, p in enumerate(prompts.prompts) if i % spec.shards == index][:quota]
+    # Before anything is written: a dataset is only ever extended by a run with its inputs.
+    dataset_record.claim(
+        Path(spec.output_dir), spec.fingerprint, {"prompts_sha256": prompts.sha256}
+    )
     shard_dir = Path(spec.output_dir) / f"shard-{index:05d}"
     shard_dir.mkdir(parents=True, exist_ok=True)
     done_ids, next_chunk = finished_ids(shard_dir)
@@ -209,7 +235,7 @@ def _finish(
             "top_p": spec.top_p,
         },
         "prompts": {"path": spec.prompts, "sha256": prompts.sha256, "total": len(prompts.prompts)},
-        "chat_format": "kimi-k2.5 (<think>reasoning</think>answer)",
+        "sample_format": SAMPLE_FORMAT,
     }
     atomic_write(
         shard_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode()

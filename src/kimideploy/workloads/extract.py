@@ -17,12 +17,15 @@ import hashlib
 import json
 import shutil
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from kimideploy.chat_template import load_tokenizer
 from kimideploy.config.specs import ExtractSpec
-from kimideploy.workloads import target_config
-from kimideploy.workloads.conversations import my_samples, tokenize_segments
+from kimideploy.workloads import dataset_record, target_config
+from kimideploy.workloads.conversations import my_samples, sample_tokens
+from kimideploy.workloads.dataset_record import rendering_inputs
 from kimideploy.workloads.runtime import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -55,6 +58,13 @@ def run(spec: ExtractSpec) -> int:
         raise BadInputError(
             f"{spec.conversations_dir}: no generated conversations for shard {index}"
         )
+    tokenizer = load_tokenizer(spec.target.path)
+    observed = rendering_inputs(
+        Path(spec.conversations_dir), spec.fingerprint.get("conversations"), tokenizer
+    )
+    if spec.backend == "vllm":  # the engine that computes the states, as installed in the pod
+        observed["engine_version"] = f"vllm {metadata.version('vllm')}"
+    dataset_record.claim(Path(spec.output_dir), spec.fingerprint, observed)
     out = Path(spec.output_dir) / f"shard-{index:05d}"
     out.mkdir(parents=True, exist_ok=True)
     todo = [s for s in samples if not sample_file(out, s["id"]).is_file()]
@@ -110,10 +120,10 @@ def _extract(
     todo: list[dict[str, Any]],
 ) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, spec.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(spec.target.path)
+    tokenizer = load_tokenizer(spec.target.path)
     model = AutoModelForCausalLM.from_pretrained(spec.target.path, torch_dtype=dtype).eval()
     positions = hidden_state_indexes(spec.layers.ids, spec.layers.convention)
     final_norm_input = _final_norm_input(model)
@@ -121,7 +131,7 @@ def _extract(
     for sample in todo:
         if shard.stopper.stopping:
             return EXIT_INTERRUPTED
-        ids, mask = tokenize_segments(tokenizer, sample["segments"])
+        ids, mask = sample_tokens(tokenizer, sample)
         with torch.no_grad():
             states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
         tensors = {

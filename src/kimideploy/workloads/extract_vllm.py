@@ -24,10 +24,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kimideploy.chat_template import load_tokenizer
 from kimideploy.config import extraction_engine
 from kimideploy.config.specs import ExtractSpec
 from kimideploy.workloads import connector_files
-from kimideploy.workloads.conversations import tokenize_segments
+from kimideploy.workloads.conversations import sample_tokens
 from kimideploy.workloads.runtime import EXIT_INTERRUPTED
 
 BATCH = 64
@@ -92,7 +93,6 @@ def extract(
     todo: list[dict[str, Any]],
 ) -> int:
     import torch
-    from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -101,7 +101,7 @@ def extract(
     dtype = getattr(torch, spec.dtype)
     storage = out / ".vllm-hidden-states"
     storage.mkdir(exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(spec.target.path, trust_remote_code=True)
+    tokenizer = load_tokenizer(spec.target.path)
     llm = LLM(**engine_kwargs(spec, storage))
     once = SamplingParams(max_tokens=1, temperature=0.0)
     aux_count = len(spec.layers.vllm_ids)
@@ -110,7 +110,7 @@ def extract(
         if shard.stopper.stopping:
             return EXIT_INTERRUPTED
         batch = todo[first : first + BATCH]
-        encoded = [tokenize_segments(tokenizer, s["segments"]) for s in batch]
+        encoded = [sample_tokens(tokenizer, s) for s in batch]
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids, _ in encoded]
         outputs = llm.generate(prompts, once, use_tqdm=False)
         for sample, (ids, mask), output in zip(batch, encoded, outputs, strict=True):

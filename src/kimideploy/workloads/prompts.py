@@ -1,4 +1,10 @@
-"""Reading a prompt dataset: JSON Lines or Parquet, plain prompts or ShareGPT conversations."""
+"""Reading a prompt dataset: JSON Lines or Parquet, plain prompts, ShareGPT or OpenAI conversations.
+
+An OpenAI-style row (`messages`) keeps what the chat template renders: `tools` beside the
+messages, and on the turns `tool_calls`, `tool_call_id`, `name` and an assistant's `reasoning`
+(or `reasoning_content`), so a prompt with tool declarations and earlier thinking reaches the
+target as it would in production.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any
 
 SHAREGPT_ROLES = {
     "system": "system",
+    "tool": "tool",
     "human": "user",
     "user": "user",
     "gpt": "assistant",
@@ -17,11 +24,15 @@ SHAREGPT_ROLES = {
 }
 
 
+KEPT_FIELDS = ("tool_calls", "tool_call_id", "name", "reasoning")
+
+
 @dataclass(frozen=True)
 class Prompt:
     index: int
     id: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -45,7 +56,7 @@ def _rows(path: Path) -> list[Any]:
     return rows
 
 
-def _messages(row: Any) -> list[dict[str, str]]:
+def _messages(row: Any) -> list[dict[str, Any]]:
     """A row's conversation up to (not including) the answer to generate."""
     if isinstance(row, dict) and isinstance(row.get("prompt"), str):
         messages = [{"role": "user", "content": row["prompt"]}]
@@ -60,9 +71,14 @@ def _messages(row: Any) -> list[dict[str, str]]:
         role = SHAREGPT_ROLES.get(str(item.get("from") or item.get("role")))
         if role is None:
             raise ValueError(f"unknown role {item.get('from') or item.get('role')!r}")
-        messages.append(
-            {"role": role, "content": str(item.get("value") or item.get("content") or "")}
-        )
+        message: dict[str, Any] = {
+            "role": role,
+            "content": str(item.get("value") or item.get("content") or ""),
+        }
+        message.update({key: item[key] for key in KEPT_FIELDS if item.get(key) is not None})
+        if "reasoning" not in message and item.get("reasoning_content") is not None:
+            message["reasoning"] = item["reasoning_content"]  # the name vLLM reads
+        messages.append(message)
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()  # regenerate the last answer with the target model
     return messages
@@ -80,11 +96,13 @@ def load_prompts(path: Path) -> PromptSet:
             messages = _messages(row)
             if not messages or not messages[-1]["content"].strip():
                 raise ValueError("empty prompt")
+            tools = row.get("tools") if isinstance(row, dict) else None
+            if tools is not None and not isinstance(tools, list):
+                raise ValueError("'tools' is not a list")
         except ValueError as exc:
             result.bad.append(f"row {index}: {exc}")
             continue
-        canonical = json.dumps(messages, sort_keys=True).encode()
-        result.prompts.append(
-            Prompt(index, hashlib.sha256(canonical).hexdigest()[:16] + f"-{index}", messages)
-        )
+        canonical = json.dumps([messages, tools] if tools else messages, sort_keys=True).encode()
+        prompt_id = hashlib.sha256(canonical).hexdigest()[:16] + f"-{index}"
+        result.prompts.append(Prompt(index, prompt_id, messages, tools or None))
     return result

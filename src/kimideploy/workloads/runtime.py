@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from kimideploy.config.specs import API_KEY_ENV, SpecModel
-from kimideploy.errors import KimiDeployError
+from kimideploy.errors import ExitCode, KimiDeployError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 75
 Spec = TypeVar("Spec", bound=SpecModel)
@@ -21,6 +21,8 @@ Spec = TypeVar("Spec", bound=SpecModel)
 
 class BadInputError(KimiDeployError):
     """The spec or the input data cannot be used (exit 2)."""
+
+    exit_code = ExitCode.USAGE
 
 
 def load_spec(path: Path, model: type[Spec]) -> Spec:

@@ -25,8 +25,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.specs import TrainSpec
-from kimideploy.workloads import train_data
+from kimideploy.workloads import dataset_record, train_data
 from kimideploy.workloads.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -89,6 +90,7 @@ def run(spec: TrainSpec) -> int:
                 f"{features.samples} samples cannot fill one batch of {spec.batch_size} on each "
                 f"of {ranks.world} ranks; lower train.batch_size or {source} more samples"
             )
+        _same_conversations(spec)
         d2t, t2d = load_vocab_maps(Path(spec.vocab_dir), spec.target.vocab_size)
         if len(d2t) != spec.draft_vocab_size:
             raise BadInputError(
@@ -101,6 +103,19 @@ def run(spec: TrainSpec) -> int:
         return EXIT_FAILED
     finally:
         features.close()
+
+
+def _same_conversations(spec: TrainSpec) -> None:
+    """The vocab maps must come from the conversations the features (or the online run) use."""
+    vocab = dataset_record.require(Path(spec.vocab_dir), "vocab maps", {})
+    made_from = (vocab.get("fields") or {}).get("conversations")
+    wanted = spec.data_fingerprint.get("conversations") or fingerprint_id(spec.data_fingerprint)
+    if spec.data_fingerprint and made_from != wanted:
+        raise BadInputError(
+            f"{spec.vocab_dir}: the vocab maps were counted on conversations {made_from}, this run "
+            f"trains on conversations {wanted}",
+            hint="run `kimideploy run vocab` for these conversations first",
+        )
 
 
 class Trainer:
@@ -310,6 +325,7 @@ class Trainer:
                     "run_id": self.spec.run_id,
                     "metrics": figures,
                     "world": self.ranks.world,
+                    "dataset": self.features.lineage().get("fingerprint"),
                 }
                 atomic_write(tmp / STATE_FILE, json.dumps(record, indent=2).encode())
                 if final.exists():  # an incomplete directory left by a crash mid-write
@@ -343,6 +359,13 @@ class Trainer:
             log(f"starting at step 0 ({self.total_steps} steps, {self.spec.epochs} epochs)")
             return
         state = json.loads((found / STATE_FILE).read_text())
+        dataset = self.features.lineage().get("fingerprint")
+        if state.get("dataset") and dataset and state["dataset"] != dataset:
+            raise BadInputError(
+                f"{found} was trained on dataset {state['dataset']}, this run trains on {dataset}: "
+                "its step and data order belong to the other dataset",
+                hint="start a new run (without train.resume_run), or train on that dataset",
+            )
         self.model.load_state_dict(load_file(str(found / "model.safetensors")), strict=True)
         self.optimizer.load_state_dict(
             torch.load(found / "optimizer.pt", map_location=self.device, weights_only=True)

@@ -22,9 +22,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from kimideploy.chat_template import (
+    RENDERED_FIELDS,
+    load_tokenizer,
+    template_fingerprint,
+)
 from kimideploy.config.specs import OnlineTrainSpec, TrainSpec
-from kimideploy.workloads import connector_files, train_data
-from kimideploy.workloads.conversations import iter_samples, tokenize_segments
+from kimideploy.workloads import connector_files, dataset_record, train_data
+from kimideploy.workloads.conversations import iter_samples, sample_tokens
 from kimideploy.workloads.runtime import BadInputError, log
 
 
@@ -48,9 +53,27 @@ class Features(Protocol):
 class StoredFeatures:
     def __init__(self, spec: TrainSpec) -> None:
         self.path = spec.hidden_states_dir
+        self.record = dataset_record.require(
+            Path(spec.hidden_states_dir), "hidden states", spec.data_fingerprint
+        )
+        self._check_template(spec)
         self.dataset = train_data.open_dataset(Path(spec.hidden_states_dir))
         for note in train_data.check_dataset(self.dataset.manifests, spec):
             log(note)
+
+    def _check_template(self, spec: TrainSpec) -> None:
+        """The features are of tokens rendered by a template; the drafter is trained for the
+        target that renders with this one."""
+        made_with = self.record.get("observed") or {}
+        now = template_fingerprint(load_tokenizer(spec.target.path))
+        changed = [key for key, value in now.items() if made_with.get(key) != value]
+        if changed:
+            raise BadInputError(
+                f"{self.path}: the features were rendered with another "
+                f"{' and '.join(k.removesuffix('_sha256').replace('_', ' ') for k in changed)} "
+                f"than the target at {spec.target.path} has now",
+                hint="extract again for this revision's tokenizer and template",
+            )
 
     @property
     def samples(self) -> int:
@@ -66,7 +89,12 @@ class StoredFeatures:
         return saved
 
     def lineage(self) -> dict[str, Any]:
-        return {"mode": "offline", "path": self.path, **self.dataset.lineage()}
+        return {
+            "mode": "offline",
+            "path": self.path,
+            "fingerprint": self.record.get("id"),
+            **self.dataset.lineage(),
+        }
 
     def close(self) -> None:
         pass
@@ -89,12 +117,14 @@ class OnlineFeatures:
                 f"drafter {spec.drafter} needs {expected} (its layers, then the final one); "
                 "render the run again with `kimideploy run train`"
             )
-        # Only what a request needs: 500K conversations per rank would otherwise hold every
-        # message and answer twice over (text and segments).
+        self.record = dataset_record.require(
+            Path(self.online.conversations_dir), "conversations", spec.data_fingerprint
+        )
+        # Only what rendering needs (no usage, finish reasons or prompt indexes per sample).
         self.conversations = sorted(
-            ({"id": s["id"], "segments": s["segments"]} for s in iter_samples(
-                Path(self.online.conversations_dir))),
-            key=lambda s: s["id"],
+            ({key: s.get(key) for key in RENDERED_FIELDS}
+             for s in iter_samples(Path(self.online.conversations_dir))),
+            key=lambda s: str(s["id"]),
         )  # fmt: skip
         if not self.conversations:
             raise BadInputError(
@@ -113,7 +143,6 @@ class OnlineFeatures:
     def connect(self) -> None:
         """Wait for the server (it may be reloading after a restart), then check it serves the
         target: the same served name and weights directory as this run's spec."""
-        from transformers import AutoTokenizer
 
         models = self._wait_for_server()
         target = self.spec.target
@@ -130,7 +159,7 @@ class OnlineFeatures:
                 f"{entry['root']}, this run's target is {target.path} "
                 f"({target.repo}@{target.revision[:12]})"
             )
-        self.tokenizer = AutoTokenizer.from_pretrained(target.path, trust_remote_code=True)
+        self.tokenizer = load_tokenizer(target.path)
         log(f"target server ready at {self.online.endpoint}; {self.samples} conversations")
 
     def _wait_for_server(self) -> list[dict[str, Any]]:
@@ -169,10 +198,11 @@ class OnlineFeatures:
         from kimideploy.workloads.extract_vllm import ExtractionMismatchError, convert
 
         sample = self.conversations[index]
-        ids, mask = tokenize_segments(self.tokenizer, sample["segments"])
+        sample_id = str(sample["id"])
+        ids, mask = sample_tokens(self.tokenizer, sample)
         ids, mask = ids[: self.limit], mask[: self.limit]
-        reply = self._complete(ids, sample["id"])
-        path = self._states_path(reply, sample["id"])
+        reply = self._complete(ids, sample_id)
+        path = self._states_path(reply, sample_id)
         try:
             echoed = (reply.get("choices") or [{}])[0].get("prompt_token_ids")
             if echoed is not None and list(echoed) != ids:
@@ -244,6 +274,7 @@ class OnlineFeatures:
         return {
             "mode": "online",
             "conversations": self.online.conversations_dir,
+            "fingerprint": self.record.get("id"),
             "samples": self.samples,
             "layer_ids": list(layers.vllm_ids),
             "convention": "vllm",

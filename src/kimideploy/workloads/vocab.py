@@ -12,8 +12,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from kimideploy.chat_template import load_tokenizer
 from kimideploy.config.specs import VocabSpec
-from kimideploy.workloads.conversations import iter_samples, tokenize_segments
+from kimideploy.workloads import dataset_record
+from kimideploy.workloads.conversations import iter_samples, sample_tokens
+from kimideploy.workloads.dataset_record import rendering_inputs
 from kimideploy.workloads.runtime import EXIT_OK, BadInputError, Progress, atomic_write, emit, log
 
 MAPS_FILE = "vocab_maps.safetensors"
@@ -57,16 +60,18 @@ def load_vocab_maps(folder: Path, vocab_size: int) -> tuple[Any, Any]:
 
 
 def run(spec: VocabSpec) -> int:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(Path(spec.target.path) / "tokenizer.json"))
+    tokenizer = load_tokenizer(spec.target.path)
+    observed = rendering_inputs(
+        Path(spec.conversations_dir), spec.fingerprint.get("conversations"), tokenizer
+    )
+    dataset_record.claim(Path(spec.output_dir), spec.fingerprint, observed)
     counts: Counter[int] = Counter()
     samples = list(iter_samples(Path(spec.conversations_dir)))
     if not samples:
         raise BadInputError(f"{spec.conversations_dir}: no generated conversations")
     progress = Progress("vocab", "samples", len(samples))
     for sample in samples:
-        ids, mask = tokenize_segments(tokenizer, sample["segments"])
+        ids, mask = sample_tokens(tokenizer, sample)
         counts.update(t for t, m in zip(ids, mask, strict=True) if m)
         progress.advance()
     vocab_size = spec.target.vocab_size

@@ -1,0 +1,105 @@
+"""Dataset folders are named by what makes them (plan.jobs.dataset_fingerprints): a changed layer
+id, revision, sampling setting or shard layout gives a new folder, so no run reads, extends or
+relabels another's data; the same inputs give the same folder, so a run resumes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.config.specs import SPEC_FILE_NAME
+from kimideploy.plan.model import PlanRequest
+from kimideploy.services.rendering import render_workload
+from tests.conftest import EXAMPLE
+
+CLUSTER = "b200"  # offline training: it reads the extracted features (b300 trains online)
+
+
+def spec_of(loaded: LoadedProject, workload: str, *overrides: str) -> dict[str, Any]:
+    rendered = render_workload(loaded, PlanRequest(workload, CLUSTER, overrides=overrides))
+    config_map = next(o for o in rendered.objects if o["kind"] == "ConfigMap")
+    spec: dict[str, Any] = json.loads(config_map["data"][SPEC_FILE_NAME])
+    return spec
+
+
+def folders(loaded: LoadedProject, *overrides: str) -> dict[str, str]:
+    datagen, extract = (
+        spec_of(loaded, "datagen", *overrides),
+        spec_of(loaded, "extract", *overrides),
+    )
+    vocab, train = spec_of(loaded, "vocab", *overrides), spec_of(loaded, "train", *overrides)
+    # Every stage names the same folders for the same data.
+    assert datagen["output_dir"] == extract["conversations_dir"] == vocab["conversations_dir"]
+    assert extract["output_dir"] == train["hidden_states_dir"]
+    assert vocab["output_dir"] == train["vocab_dir"]
+    assert train["data_fingerprint"] == extract["fingerprint"]
+    return {"conversations": datagen["output_dir"], "features": extract["output_dir"],
+            "vocab": vocab["output_dir"]}  # fmt: skip
+
+
+def test_the_same_inputs_name_the_same_folders_and_samples_only_add() -> None:
+    example = load_project(EXAMPLE)
+    base = folders(example)
+    assert base == folders(load_project(EXAMPLE))
+    assert folders(example, "datagen.samples=20000") == base  # more samples extend the folder
+    assert base["features"].startswith("/hidden-states/v3/")
+
+
+def test_other_layer_ids_make_new_features_from_the_same_conversations(
+    edited_config: Callable[..., Path],
+) -> None:
+    base = folders(load_project(EXAMPLE))
+    moved = folders(load_project(edited_config((
+        "    aux_layer_ids: [2, 30, 58]     # vLLM's DeepSeek default (2, n//2, n-3) for n = 61",
+        "    aux_layer_ids: [3, 31, 59]",
+    ))))  # fmt: skip
+    assert moved["conversations"] == base["conversations"]
+    assert moved["features"] != base["features"]
+    assert moved["vocab"] == base["vocab"]
+
+
+def test_another_revision_sampling_or_shard_layout_makes_new_conversations(
+    edited_config: Callable[..., Path],
+) -> None:
+    example = load_project(EXAMPLE)
+    base = folders(example)
+    for changed in (
+        folders(example, "datagen.temperature=1.0"),
+        folders(example, "datagen.shards=7"),
+        folders(load_project(edited_config((
+            "  revision: 3d2f1c0b9a8e7d6c5b4a39281706f5e4d3c2b1a0",
+            "  revision: 4d2f1c0b9a8e7d6c5b4a39281706f5e4d3c2b1a0",
+        )))),
+    ):  # fmt: skip
+        assert changed["conversations"] != base["conversations"]
+        assert changed["features"] != base["features"]  # features of other conversations
+        assert changed["vocab"] != base["vocab"]
+    assert folders(example, "extract.dtype=float16")["conversations"] == base["conversations"]
+    assert folders(example, "extract.dtype=float16")["features"] != base["features"]
+
+
+def test_the_plan_says_which_folders_a_run_reads_and_writes() -> None:
+    example = load_project(EXAMPLE)
+    rendered = render_workload(example, PlanRequest("extract", CLUSTER))
+    facts = dict(rendered.plan.facts)
+    spec = spec_of(example, "extract")
+    assert facts["datasets"].startswith(
+        f"reads {spec['conversations_dir']}; writes {spec['output_dir']}"
+    )
+
+
+def test_online_training_expects_the_conversations_fingerprint() -> None:
+    example = load_project(EXAMPLE)
+    datagen = render_workload(example, PlanRequest("datagen", "b300")).objects
+    train = render_workload(example, PlanRequest("train", "b300")).objects
+
+    def spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
+        config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+        loaded: dict[str, Any] = json.loads(config_map["data"][SPEC_FILE_NAME])
+        return loaded
+
+    assert spec(train)["data_fingerprint"] == spec(datagen)["fingerprint"]
+    assert spec(train)["online"]["conversations_dir"] == spec(datagen)["output_dir"]
