@@ -311,6 +311,9 @@ def test_a_missing_priority_class_or_api_key_secret_is_refused_before_anything_i
             "        api_key: {name: kimi-api, key: token}",
         ),
     )
+    code, _, err = kd("up", "serve", "--drafter", "v3", "--dry-run=server", config=config)
+    assert code == ExitCode.USAGE, err  # the server dry run says so too
+    assert "PriorityClass top-priority (clusters.rtx6000.priority_classes) does not exist" in err
     code, _, err = kd("up", "serve", "--drafter", "v3", *FAST, config=config)
     assert code == ExitCode.USAGE, err
     assert "PriorityClass top-priority (clusters.rtx6000.priority_classes) does not exist" in err

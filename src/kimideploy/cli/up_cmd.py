@@ -94,6 +94,7 @@ def up(
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services import deploy
     from kimideploy.services.connection import open_session
+    from kimideploy.services.preflight import require_prerequisites
     from kimideploy.services.rendering import describe_plan, render_workload
 
     loaded = state.project(None if dry_run == "client" else "up changes a cluster")
@@ -120,6 +121,8 @@ def up(
         rendered = render_workload(
             loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
         )
+        # What the API server's dry run cannot see (a PriorityClass, the API-key Secret).
+        require_prerequisites(session, rendered.objects, rendered.plan.cluster)
         click.echo(session.dry_run_diff(rendered.objects, force=force) or "no changes", nl=False)
         click.echo(
             "\nDry run (server): the API server validated the change; nothing was persisted.",
