@@ -10,6 +10,7 @@ without loading weights.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,75 @@ def test_the_032_images_native_selfchecks_pass_there_and_fail_on_016(
     assert old.returncode == 1
     assert "FAIL native-no-eagle3-allowlist" in old.stderr
     assert "FAIL native-deepseek-final-aux-layer" in old.stderr
+
+
+def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(
+    example: LoadedProject, tiny: tuple[Path, Path]
+) -> None:
+    """What `run calibrate` serves (k drafts, synthetic acceptance, the control extension) for each
+    default k, and a k-by-batch-size schedule, pass vLLM 0.32's own engine configuration; its
+    length rule and schedule parser are the ones kimideploy's checks mirror."""
+    from dataclasses import replace
+
+    from kimideploy.images.cpu_vllm import engine_python
+    from kimideploy.plan.k_schedule import KSchedule
+    from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+    from kimideploy.plan.resolve import resolve
+    from kimideploy.services.calibrate import DEFAULT_KS, DEFAULT_LENGTHS, lengths_for
+
+    target, drafters = tiny
+    base = serve_cases(example, "vllm-0.32-kimi", target, drafters)[1]["argv"]  # b200, v1
+    at = base.index("--speculative-config")
+    spec = json.loads(base[at + 1])
+    cases = []
+    for k in DEFAULT_KS:
+        plan = resolve(example, PlanRequest("serve", "b200", "v1",
+                                            synthetic=SyntheticAcceptance(k, lengths_for(
+                                                k, DEFAULT_LENGTHS))))  # fmt: skip
+        args = next(o.values for o in plan.objects if o.template == "deployment-serve")["args"]
+        rendered = json.loads(args[args.index("--speculative-config") + 1])
+        extension = args[
+            args.index("--worker-extension-cls") : args.index("--worker-extension-cls") + 2
+        ]
+        calibrated = {**spec, **{key: rendered[key] for key in (
+            "num_speculative_tokens", "rejection_sample_method", "synthetic_acceptance_length")}}  # fmt: skip
+        cases.append({"name": f"k={k}", "argv": [*base[: at + 1], json.dumps(calibrated),
+                                                 *base[at + 2 :], *extension]})  # fmt: skip
+    schedule = KSchedule(((1, 4, 3), (5, 16, 1), (17, 256, 0)))
+    cases.append({"name": "schedule", "argv": [*base[: at + 1], json.dumps(
+        {**spec, "num_speculative_tokens_per_batch_size": [list(r) for r in schedule.ranges]}
+    ), *base[at + 2 :]]})  # fmt: skip
+    cases.append({"name": "length past k+1", "argv": [*base[: at + 1], json.dumps(
+        {**spec, "num_speculative_tokens": 1, "rejection_sample_method": "synthetic",
+         "synthetic_acceptance_length": 2.5}), *base[at + 2 :]]})  # fmt: skip
+    results = {r["name"]: r for r in checks.run_engine_checks(engine_python("0.32.0"), None, cases)}
+    assert all(results[f"k={k}"]["ok"] for k in DEFAULT_KS), results
+    assert results["schedule"]["ok"], results["schedule"]
+    assert not results["length past k+1"]["ok"]
+    assert "synthetic_acceptance_length must be in [1, 2]" in results["length past k+1"]["error"]
+    assert replace(schedule).ranges[0] == (1, 4, 3)
+    # vLLM's own parser of the schedule, and its length -> rates rule, against ours.
+    import subprocess
+
+    from kimideploy.workloads.synthetic_acceptance import rates_for_length
+
+    probe = (
+        "import json, sys\n"
+        "from vllm.config.speculative import SpeculativeConfig as S\n"
+        "from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule"
+        " as v\n"
+        "print(json.dumps({'schedule': v(json.loads(sys.argv[1])), 'rates': "
+        "[S._acceptance_length_to_rates(x, k) for k in (1, 2, 3, 4) for x in (1.0, 1.5, 2.5, 3.0)"
+        " if x <= k + 1]}))"
+    )
+    done = subprocess.run(
+        [str(engine_python("0.32.0")), "-c", probe, json.dumps([list(r) for r in schedule.ranges])],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [tuple(r) for r in answer["schedule"]] == list(schedule.ranges)
+    ours = [
+        rates_for_length(x, k) for k in (1, 2, 3, 4) for x in (1.0, 1.5, 2.5, 3.0) if x <= k + 1
+    ]
+    assert answer["rates"] == ours

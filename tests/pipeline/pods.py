@@ -20,7 +20,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from tests.conftest import REPO
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_FILE_NAME
 from kimideploy.images.cpu_vllm import cpu_runtime_env
-from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.services.rendering import render_workload
 
 SHIM = Path(__file__).resolve().parent / "cpu_shim"
@@ -93,6 +93,8 @@ class Rendered:
     """The main container's variables taken from Secrets, with the test's values (SECRETS)."""
     ready_path: str
     """The rendered readiness probe's path (serve only)."""
+    vllm_env: dict[str, str] = field(default_factory=dict)
+    """The vLLM container's own literal VLLM_* variables (a calibration revision's dev mode)."""
 
 
 SECRETS = {("pipeline-api-key", "token"): "kd-pipeline-key-7c1e"}
@@ -110,23 +112,27 @@ def _secret_env(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
-             overrides: tuple[str, ...] = ()) -> Rendered:  # fmt: skip
+             overrides: tuple[str, ...] = (),
+             synthetic: SyntheticAcceptance | None = None) -> Rendered:  # fmt: skip
     """Render `workload` for the pipeline's cluster: spec.json and the vLLM container's args."""
-    request = PlanRequest(workload, "cpu", drafter, overrides=overrides, run_id="p1")
+    request = PlanRequest(workload, "cpu", drafter, overrides=overrides, run_id="p1",
+                          synthetic=synthetic)  # fmt: skip
     manifests = [dict(m) for m in render_workload(loaded, request).objects]
     config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
     spec = json.loads(config_map["data"][SPEC_FILE_NAME])
-    model, args, secret_env, ready = None, [], {}, "/v1/models"
+    model, args, secret_env, ready, vllm_env = None, [], {}, "/v1/models", {}
     for manifest in manifests:
         pod = (manifest.get("spec") or {}).get("template", {}).get("spec", {})
         secret_env.update(_secret_env(pod))
         for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
             if container.get("command", [])[:2] == ["vllm", "serve"]:
                 model, args = container["command"][2], list(container["args"])
+                vllm_env = {e["name"]: e["value"] for e in container.get("env", [])
+                            if e["name"].startswith("VLLM_") and "value" in e}  # fmt: skip
             probe = container.get("readinessProbe")
             if probe:
                 ready = probe["httpGet"]["path"]
-    return Rendered(spec, model, args, manifests, secret_env, ready)
+    return Rendered(spec, model, args, manifests, secret_env, ready, vllm_env)
 
 
 def free_port() -> int:

@@ -50,15 +50,23 @@ def check(
 ) -> None:
     """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens."""
     from kimideploy.errors import KimiDeployError, UsageError
+    from kimideploy.plan.resolve import serve_cost_model
+    from kimideploy.services.calibrations import cached
     from kimideploy.services.drafter_check import check as run
 
-    project = state.project().project
+    loaded = state.project()
+    project = loaded.project
     if name not in project.drafters:
         raise UsageError(f"unknown drafter '{name}' (valid: {', '.join(sorted(project.drafters))})")
     if cluster is not None and cluster not in project.clusters:
         valid = ", ".join(sorted(project.clusters))
         raise UsageError(f"--cluster {cluster}: no such cluster profile (valid: {valid})")
-    findings = run(project, name, folder, cluster)
+    # Offline: the local copy of the cluster's calibrations (left by the last command that read
+    # them); the findings say whether the step cost is measured or the default constant.
+    costs, _, level = serve_cost_model(
+        loaded, cluster, cached(loaded, cluster or project.default_cluster)
+    )
+    findings = run(project, name, folder, cluster, costs, level)
     rows = [
         {"check": f.check, "status": f.status, "detail": f.detail, "fix": "" if f.ok else f.fix}
         for f in findings

@@ -10,6 +10,7 @@ import click
 from kimideploy import __version__
 from kimideploy.cli import (
     bench_cmds,
+    calibrate_cmds,
     config_cmd,
     data_cmds,
     drafter_cmd,
@@ -60,6 +61,7 @@ cli.add_command(host_cmds.host)
 cli.add_command(image_cmds.image)
 cli.add_command(data_cmds.data)
 cli.add_command(bench_cmds.bench)
+cli.add_command(calibrate_cmds.calibrate)
 
 
 def main(argv: list[str] | None = None) -> int:

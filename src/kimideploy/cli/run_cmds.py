@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from kimideploy.cli.calibrate_cmds import numbers, run_calibrate
 from kimideploy.cli.context import CliState, plan_options
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 
-JOB_WORKLOADS = click.Choice(["datagen", "extract", "vocab", "train", "bench"])
+JOB_WORKLOADS = click.Choice(["datagen", "extract", "vocab", "train", "bench", "calibrate"])
+CALIBRATE_ONLY = ("--k", "--acceptance-length", "--concurrency", "--image", "--again", "--yes")
 
 
 @click.command()
@@ -24,6 +26,19 @@ JOB_WORKLOADS = click.Choice(["datagen", "extract", "vocab", "train", "bench"])
     help="bench only: report the speedup per level over a stored non-speculative bench run "
     "(alone: the newest comparable one, as the gate picks it).",
 )
+@click.option("--k", "ks", callback=numbers(int, "--k"),
+              help="calibrate only: draft token counts to measure, one model load each "
+              "(default 1,2,3,4).")  # fmt: skip
+@click.option("--acceptance-length", "lengths", callback=numbers(float, "--acceptance-length"),
+              help="calibrate only: synthetic mean acceptance lengths, each within [1, k+1] "
+              "(default 1.5,2,2.5,3).")  # fmt: skip
+@click.option("--concurrency", "levels", callback=numbers(int, "--concurrency"),
+              help="calibrate only: concurrency levels (default: bench.concurrency).")  # fmt: skip
+@click.option("--image", help="calibrate only: calibrate this serve image's stack instead.")
+@click.option("--again", is_flag=True, help="calibrate only: measure a calibrated plan anew.")
+@click.option("--yes", is_flag=True, help="calibrate only: do not ask before deploying.")
+@click.option("--timeout", default=3600, type=click.IntRange(min=1), hidden=True)
+@click.option("--scheduling-grace", default=120, hidden=True)
 @click.option("--poll", default=2.0, hidden=True)
 @click.pass_obj
 def run(
@@ -36,13 +51,46 @@ def run(
     namespace: str | None,
     detach: bool,
     baseline: str | None,
+    ks: tuple[int, ...] | None,
+    lengths: tuple[float, ...] | None,
+    levels: tuple[int, ...] | None,
+    image: str | None,
+    again: bool,
+    yes: bool,
+    timeout: int,
+    scheduling_grace: int,
     poll: float,
 ) -> None:
-    """Start WORKLOAD as a new Job and follow its progress (Ctrl-C detaches; the Job runs on)."""
+    """Start WORKLOAD as a new Job and follow its progress (Ctrl-C detaches; the Job runs on).
+
+    `run calibrate` measures the cluster's speculation cost instead: output tokens/s without a
+    drafter, then per k (one model load each) at synthetic acceptance lengths and concurrencies;
+    the fitted step cost is stored in the cluster, predictions use it, and the revision that
+    served before is restored."""
     from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services import runs
     from kimideploy.services.connection import open_session
+
+    given = [name for name, value in zip(CALIBRATE_ONLY, (ks, lengths, levels, image, again or None,
+                                                           yes or None), strict=True)
+             if value is not None]  # fmt: skip
+    if workload == "calibrate":
+        if detach or baseline is not None:
+            raise UsageError("run calibrate follows its runs to the end; drop --detach/--baseline")
+        from kimideploy.services import deploy
+        from kimideploy.services.calibrate import DEFAULT_KS, DEFAULT_LENGTHS, CalibrateOptions
+
+        options = CalibrateOptions(ks=ks or DEFAULT_KS, lengths=lengths or DEFAULT_LENGTHS,
+                                   concurrency=levels, image=image, again=again,
+                                   bench_poll_s=poll)  # fmt: skip
+        change = deploy.ChangeOptions(yes=yes)
+        wait = deploy.WaitOptions(True, timeout, poll, scheduling_grace)
+        run_calibrate(state, cluster, drafter, overrides, context, namespace, options, change,
+                      wait)  # fmt: skip
+        return
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply to `run calibrate`")
 
     if baseline is not None and (workload != "bench" or detach):
         raise UsageError(

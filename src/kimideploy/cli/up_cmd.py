@@ -110,11 +110,16 @@ def up(
     ]
     if gate_only and not gate:
         raise UsageError(f"{', '.join(gate_only)} only apply with --gate")
+    from kimideploy.services import calibrations
+
+    cluster_name = cluster or loaded.project.default_cluster
     if dry_run == "client":
+        request = replace(request, calibrations=calibrations.cached(loaded, cluster_name))
         click.echo(describe_plan(render_workload(loaded, request)))
         click.echo("Dry run (client): nothing was sent to a cluster.")
         return
     session = open_session(loaded, cluster, context, namespace)
+    request = replace(request, calibrations=calibrations.stored(session, loaded, cluster_name))
     if dry_run == "server":
         session.require_namespace()
         monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kimideploy.cluster import apply as applying
-from kimideploy.cluster import bench_results, jobs, records
+from kimideploy.cluster import bench_results, calibrations, jobs, records
 from kimideploy.cluster import pods as pod_reads
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.lock import ReleaseLock
 from kimideploy.cluster.resources import path
 from kimideploy.cluster.rollout import RolloutWatcher
 from kimideploy.errors import ClusterError, UsageError
+from kimideploy.plan.calibration import Calibration
 
 
 @dataclass
@@ -157,6 +158,20 @@ class ClusterSession:
 
     def bench_results(self, release: str) -> list[bench_results.StoredBench]:
         return bench_results.list_results(self.api, self.namespace, release)
+
+    def store_calibration(self, calibration_id: str, calibration: Calibration) -> None:
+        calibrations.store(self.api, self.namespace, calibration_id, calibration)
+
+    def calibrations(self, cluster: str) -> list[tuple[str, Calibration]]:
+        return calibrations.list_calibrations(self.api, self.namespace, cluster)
+
+    def calibrations_of(self, cluster: str) -> tuple[Calibration, ...]:
+        """The ones with measured levels, oldest first; none when they cannot be read (a
+        prediction then falls back to the default constant and says so)."""
+        try:
+            return tuple(c for _, c in self.calibrations(cluster) if c.points)
+        except ClusterError:
+            return ()
 
     # watching -------------------------------------------------------------------------------
     def rollout_watcher(

@@ -71,6 +71,12 @@ class Drafter(StrictModel):
         description="Measured conditional acceptance per draft position (training or bench); "
         "feeds the speedup estimate.",
     )
+    k_schedule: Literal["fixed", "auto"] = Field(
+        default="fixed",
+        description="auto: with a calibration of the serve configuration and a measured "
+        "`acceptance`, serve with k chosen per batch size (vLLM >= 0.32 "
+        "num_speculative_tokens_per_batch_size), up to num_speculative_tokens; fixed: one k.",
+    )
     status: Literal["planned", "candidate", "promoted", "rejected"] = Field(
         default="candidate", description="Team verdict; the promotion gate records measured ones."
     )

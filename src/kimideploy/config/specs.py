@@ -133,6 +133,16 @@ class TrainSpec(WorkloadSpec):
     online: OnlineTrainSpec | None = None
 
 
+class SyntheticSweep(SpecModel):
+    """`run calibrate`: the bench measures every level at each synthetic acceptance length,
+    setting it through the calibration revision's control endpoint before each pass."""
+
+    num_speculative_tokens: int
+    acceptance_lengths: list[float]
+    control_url: str
+    reset_prefix_cache_url: str
+
+
 class BenchSpec(WorkloadSpec):
     workload: Literal["bench"] = "bench"
     endpoint: str
@@ -144,6 +154,7 @@ class BenchSpec(WorkloadSpec):
     max_tokens: int
     results_dir: str
     baseline_path: str | None = None
+    synthetic: SyntheticSweep | None = None
 
 
 class ServeSpec(WorkloadSpec):

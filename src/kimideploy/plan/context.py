@@ -11,6 +11,7 @@ from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
 from kimideploy.config.images import Image
 from kimideploy.config.project import Project
 from kimideploy.config.specs import LayerSelection, TargetRef
+from kimideploy.plan.calibration import CostModel, DefaultCost
 
 MODELS_MOUNT = "/models"
 DATASETS_MOUNT = "/data"
@@ -33,6 +34,15 @@ class Context:
     overrides: tuple[str, ...]
     namespace_override: str | None = None
     monitoring_crd: bool | None = None
+    synthetic_k: int | None = None
+    synthetic_lengths: tuple[float, ...] = ()
+    costs: CostModel | None = None
+    costs_note: str = ""
+    """Why a stored calibration was not used (empty when it was, or when there was none)."""
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self.costs or DefaultCost(self.cluster.step_cost_per_token, self.cluster_name)
 
     @property
     def namespace(self) -> str:

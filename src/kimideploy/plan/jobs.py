@@ -14,6 +14,7 @@ from kimideploy.config.specs import (
     BenchSpec,
     DatagenSpec,
     ExtractSpec,
+    SyntheticSweep,
     TrainSpec,
     VocabSpec,
     WorkloadSpec,
@@ -182,7 +183,20 @@ def bench_spec(ctx: Context, run_id: str) -> BenchSpec:
             if settings.baseline_run
             else None
         ),
+        synthetic=synthetic_sweep(ctx, endpoint),
     )  # fmt: skip
+
+
+def synthetic_sweep(ctx: Context, endpoint: str) -> SyntheticSweep | None:
+    """`run calibrate`'s bench: the lengths to set, through the calibration revision's endpoints."""
+    if ctx.synthetic_k is None:
+        return None
+    return SyntheticSweep(
+        num_speculative_tokens=ctx.synthetic_k,
+        acceptance_lengths=list(ctx.synthetic_lengths),
+        control_url=f"{endpoint}/collective_rpc",
+        reset_prefix_cache_url=f"{endpoint}/reset_prefix_cache",
+    )
 
 
 @dataclass(frozen=True)

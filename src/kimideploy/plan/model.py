@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.plan.calibration import Calibration
+
+
+@dataclass(frozen=True)
+class SyntheticAcceptance:
+    """`run calibrate`: serve with k drafts accepted at synthetic lengths (the first at start-up,
+    the others set by the bench between passes), and bench every length."""
+
+    num_speculative_tokens: int
+    acceptance_lengths: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -20,6 +30,12 @@ class PlanRequest:
     namespace: str | None = None
     monitoring_crd: bool | None = None
     """Whether the cluster serves PodMonitors (asked by `up`); None: not known (offline)."""
+    image: str | None = None
+    """serve: another image of role serve than the cluster's (`run calibrate --image`)."""
+    synthetic: SyntheticAcceptance | None = None
+    calibrations: tuple[Calibration, ...] = ()
+    """The cluster's stored calibrations, oldest first, when the caller read them: predictions
+    use the newest measured on this plan's serve image and configuration."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,9 @@ class Plan:
     facts: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     inputs: dict[str, Any] = field(default_factory=dict)
+    break_even: dict[str, Any] = field(default_factory=dict)
+    """Speculative serve plans: {"source": which cost model, "measured": bool, "rate": {c: vLLM
+    acceptance rate at break-even}, "length": {c: acceptance length}} at the gated levels."""
 
     @property
     def speculative(self) -> bool:

@@ -33,6 +33,9 @@ def selector_labels(ctx: Context) -> dict[str, str]:
     }
 
 
+CALIBRATION_K_LABEL = f"{LABEL_PREFIX}/calibration-k"
+
+
 def standard_labels(ctx: Context, component: str | None = None) -> dict[str, str]:
     version = ctx.image.vllm or ctx.image.speculators or ctx.image_name
     labels = {
@@ -45,6 +48,8 @@ def standard_labels(ctx: Context, component: str | None = None) -> dict[str, str
         f"{LABEL_PREFIX}/cluster": ctx.cluster_name,
         f"{LABEL_PREFIX}/drafter": ctx.drafter_name,
     }
+    if ctx.synthetic_k is not None:
+        labels[CALIBRATION_K_LABEL] = str(ctx.synthetic_k)  # `run calibrate`'s revision and bench
     if ctx.run_id is not None:
         # Jobs only: on serve a changing label would restart pods on any config edit.
         labels[f"{LABEL_PREFIX}/run-id"] = ctx.run_id

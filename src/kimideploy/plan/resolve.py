@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
+from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.config.workloads import GPU_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import UsageError
-from kimideploy.plan import jobs, online, serve, speedup
+from kimideploy.plan import calibration, jobs, online, serve
+from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.context import Context, deterministic_run_id, drafter_path
 from kimideploy.plan.model import Plan, PlanRequest
@@ -52,7 +55,23 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
         facts=tuple(_facts(ctx, estimate)),
         warnings=tuple(_warnings(ctx, estimate)),
         inputs=_inputs(ctx, request),
+        break_even=_break_even(ctx),
     )
+
+
+def _break_even(ctx: Context) -> dict[str, Any]:
+    if ctx.workload != "serve" or ctx.drafter is None or ctx.synthetic_k is not None:
+        return {}
+    k = ctx.drafter.num_speculative_tokens
+    levels = ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency
+    costs = ctx.cost_model
+    return {
+        "source": _cost_source(ctx),
+        "measured": isinstance(costs, MeasuredCost),
+        "k": k,
+        "rate": {str(c): round(calibration.break_even_rate(costs, k, c), 4) for c in levels},
+        "length": {str(c): round(calibration.break_even_length(costs, k, c), 4) for c in levels},
+    }
 
 
 def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
@@ -67,13 +86,13 @@ def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
     project = apply_overrides(project, cluster_name, request.overrides)
     cluster = project.clusters[cluster_name]
     drafter_name = _drafter_name(project, cluster_name, request)
-    image_name = getattr(cluster.images, request.workload)
+    image_name = _image_name(project, cluster_name, request)
     run_id = None
     if request.workload != "serve":
         run_id = request.run_id or deterministic_run_id(
             loaded.sha256, request.workload, cluster_name, drafter_name, request.overrides
         )
-    return Context(
+    ctx = Context(
         project=project,
         config_sha256=loaded.sha256,
         workload=request.workload,
@@ -87,6 +106,96 @@ def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
         overrides=request.overrides,
         namespace_override=request.namespace,
         monitoring_crd=request.monitoring_crd,
+    )
+    if request.synthetic is not None:
+        ctx = _with_synthetic(ctx, request)
+    costs, note = _cost_model(ctx, request)
+    return dataclasses.replace(ctx, costs=costs, costs_note=note)
+
+
+def serve_cost_model(
+    loaded: LoadedProject, cluster: str | None, calibrations: tuple[Any, ...]
+) -> tuple[CostModel, str, int]:
+    """The cost model serving on `cluster` predicts with, where it comes from, and the lowest
+    gated concurrency (what `drafter check` predicts at)."""
+    ctx = _context(loaded, PlanRequest("serve", cluster, NO_DRAFTER, calibrations=calibrations))
+    levels = ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency
+    return ctx.cost_model, _cost_source(ctx), min(levels)
+
+
+def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
+    if request.image is None:
+        return str(getattr(project.clusters[cluster].images, request.workload))
+    serving = sorted(n for n, image in project.images.items() if image.role == "serve")
+    if request.workload != "serve" or request.image not in serving:
+        raise UsageError(
+            f"--image: '{request.image}' is not a serve image of this project "
+            f"(serve images: {', '.join(serving)})",
+            hint="images are defined under 'images:' with role: serve",
+        )
+    return request.image
+
+
+def _serve_view(ctx: Context) -> Context:
+    """The cluster's serve configuration seen from any plan (train asks what serving will cost)."""
+    if ctx.workload == "serve":
+        return ctx
+    name = ctx.cluster.images.serve
+    return dataclasses.replace(ctx, image_name=name, image=ctx.project.images[name])
+
+
+def _cost_model(ctx: Context, request: PlanRequest) -> tuple[CostModel | None, str]:
+    """The newest stored calibration measured on this serve configuration; else the default
+    constant, with the reason the newest one of the cluster does not apply."""
+    mine = [c for c in request.calibrations if c.cluster == ctx.cluster_name]
+    if not mine:
+        return None, ""
+    view = _serve_view(ctx)
+    image, fingerprint = view.image.reference, serve.config_fingerprint(view)
+    for stored in reversed(mine):
+        if calibration.unusable_because(stored, ctx.cluster_name, image, fingerprint) is None:
+            return MeasuredCost(stored), ""
+    return None, calibration.unusable_because(mine[-1], ctx.cluster_name, image, fingerprint) or ""
+
+
+SYNTHETIC_MIN_VLLM = (0, 32)
+
+
+def _with_synthetic(ctx: Context, request: PlanRequest) -> Context:
+    """Checked here, before anything is created: a drafter, lengths vLLM accepts for k, and (on
+    serve) an image whose vLLM has synthetic rejection sampling."""
+    synthetic = request.synthetic
+    assert synthetic is not None
+    k = synthetic.num_speculative_tokens
+    if ctx.drafter is None:
+        raise UsageError(
+            "calibration serves a drafter's draft passes; name one with --drafter",
+            hint=f"any drafter of the target's shape: {', '.join(sorted(ctx.project.drafters))}",
+        )
+    if not 1 <= k <= 16 or not synthetic.acceptance_lengths:
+        raise UsageError(f"--k: {k} must be in 1..16, with at least one acceptance length")
+    bad = [length for length in synthetic.acceptance_lengths if not 1 <= length <= k + 1]
+    if bad:
+        raise UsageError(
+            f"--acceptance-length: {bad} outside [1, {k + 1}], the range vLLM accepts for k={k}"
+        )
+    if ctx.workload == "serve":
+        found = ctx.image.vllm
+        if found is None or version_tuple(found) < SYNTHETIC_MIN_VLLM:
+            having = sorted(
+                name for name, image in ctx.project.images.items()
+                if image.role == "serve" and image.vllm
+                and version_tuple(image.vllm) >= SYNTHETIC_MIN_VLLM
+            )  # fmt: skip
+            raise UsageError(
+                f"cluster {ctx.cluster_name} serves image {ctx.image_name} (vLLM {found}), "
+                "which has no synthetic rejection sampling (vLLM >= 0.32)"
+                + (f"; {', '.join(having)} has it" if having else ""),
+                hint=(f"--image {having[0]} calibrates that stack instead" if having
+                      else "add a serve image with vLLM >= 0.32 under 'images:'"),
+            )  # fmt: skip
+    return dataclasses.replace(
+        ctx, synthetic_k=k, synthetic_lengths=tuple(synthetic.acceptance_lengths)
     )
 
 
@@ -148,6 +257,9 @@ def _facts(ctx: Context, estimate: HiddenStateEstimate) -> list[tuple[str, str]]
         ]  # fmt: skip
     elif ctx.workload in ("extract", "train", "datagen"):
         facts.append(("hidden states", estimate.describe()))
+    if ctx.workload in ("train", "datagen") and ctx.drafter is not None:
+        key, text, _ = _training_target_fact(ctx)
+        facts.append((key, text))
     datasets = _datasets_fact(ctx)
     if datasets:
         facts.append(("datasets", datasets))
@@ -201,21 +313,72 @@ def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
     vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
     aux = f"{drafter.aux_layer_ids} ({drafter.layer_id_convention}) = {vllm_ids} in vLLM"
     facts += [("speculative", json.dumps(spec)), ("aux layers", aux)]
-    cost, k = ctx.cluster.step_cost_per_token, drafter.num_speculative_tokens
-    if drafter.acceptance:
-        predicted = speedup.estimate(drafter.acceptance, k, cost).describe()
-    else:
-        even = speedup.break_even_rate(k, cost)
-        predicted = (
-            f"unknown: no measured acceptance; break-even acceptance rate {even:.1%} (k={k})"
-        )
+    k = ctx.synthetic_k or drafter.num_speculative_tokens
     gate = ctx.cluster.gate
-    levels = ",".join(map(str, gate.concurrency or ctx.cluster.workloads.bench.concurrency))
+    gated = list(gate.concurrency or ctx.cluster.workloads.bench.concurrency)
+    levels = ",".join(map(str, gated))
     policy = (
         f"with --gate: keep only at >= {gate.min_speedup:.2f}x output tokens/s over no drafter "
         f"at c={levels}, else roll back to no drafter"
     )
-    return [*facts, ("predicted", predicted), ("gate", policy)]
+    if ctx.synthetic_k is not None:
+        lengths = ", ".join(map(str, ctx.synthetic_lengths))
+        what = (
+            f"synthetic acceptance, k={k}, lengths {lengths}; dev endpoints open for the "
+            "bench (calibration revisions only)"
+        )
+        return [*facts, ("calibration", what)]
+    return [*facts, *prediction_facts(ctx, k, gated), ("gate", policy)]
+
+
+def prediction_facts(ctx: Context, k: int, levels: list[int]) -> list[tuple[str, str]]:
+    """Predicted speedup per gated concurrency, saying which cost model it comes from."""
+    drafter = ctx.drafter
+    assert drafter is not None
+    costs = ctx.cost_model
+    if drafter.acceptance:
+        at = ", ".join(
+            f"c={c} {calibration.drafter_speedup(costs, list(drafter.acceptance), k, c):.2f}x"
+            for c in levels
+        )
+        predicted = f"{at} (k={k}, measured acceptance {list(drafter.acceptance)})"
+    else:
+        even = ", ".join(f"c={c} {calibration.break_even_length(costs, k, c):.2f}" for c in levels)
+        predicted = f"unknown: no measured acceptance; break-even acceptance length {even} (k={k})"
+    facts = [("predicted", predicted), ("step cost", _cost_source(ctx))]
+    schedule = serve.k_schedule(ctx)
+    if drafter.k_schedule == "auto" or schedule.ranges:
+        facts.append(("k schedule", schedule.describe()))
+    return facts
+
+
+def _cost_source(ctx: Context) -> str:
+    source = ctx.cost_model.source
+    return f"{source}; {ctx.costs_note}, so not used" if ctx.costs_note else source
+
+
+def _training_target_fact(ctx: Context) -> tuple[str, str, str | None]:
+    """What acceptance length the drafter must reach to pass the gate on this cluster."""
+    drafter = ctx.drafter
+    assert drafter is not None
+    gate, k = ctx.cluster.gate, drafter.num_speculative_tokens
+    levels = list(gate.concurrency or ctx.cluster.workloads.bench.concurrency)
+    costs = ctx.cost_model
+    needed = {c: calibration.required_length(costs, k, c, gate.min_speedup) for c in levels}
+    text = (
+        f"to pass the gate ({gate.min_speedup:.2f}x at k={k}) the drafter needs acceptance length "
+        + ", ".join(f"c={c} {v:.2f}" for c, v in needed.items())
+        + f" ({_cost_source(ctx)})"
+    )
+    impossible = [c for c, v in needed.items() if v > k + 1]
+    warning = None
+    if impossible:
+        warning = (
+            f"no acceptance length up to k+1 = {k + 1} meets the gate's {gate.min_speedup:.2f}x "
+            f"at c={','.join(map(str, impossible))} on cluster {ctx.cluster_name}: a drafter "
+            "trained here cannot pass the gate there"
+        )
+    return "acceptance needed", text, warning
 
 
 def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
@@ -243,6 +406,10 @@ def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
             )
         if ctx.workload == "serve" and drafter.status == "rejected":
             warnings.append(f"drafter {name} is marked rejected in the registry")
+    if ctx.workload in ("train", "datagen") and drafter is not None:
+        _, _, impossible = _training_target_fact(ctx)
+        if impossible:
+            warnings.append(impossible)
     stores = ctx.workload == "extract" or (ctx.workload == "train" and not online.is_online(ctx))
     if stores and estimate.claim_bytes < estimate.total_bytes:
         warnings.append(
@@ -263,4 +430,8 @@ def _inputs(ctx: Context, request: PlanRequest) -> dict[str, Any]:
         "overrides": list(request.overrides),
         "namespace": ctx.namespace,
         "config_sha256": ctx.config_sha256,
-    }
+        **({"serve_fingerprint": serve.config_fingerprint(_serve_view(ctx))}
+           if ctx.workload in ("serve", "bench") else {}),
+        **({"synthetic": {"k": ctx.synthetic_k, "acceptance_lengths": list(ctx.synthetic_lengths)}}
+           if ctx.synthetic_k is not None else {}),
+    }  # fmt: skip

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 from typing import Any
 
-from kimideploy.config.drafters import Drafter
+from kimideploy.config.drafters import NO_DRAFTER, Drafter
 from kimideploy.config.specs import SPEC_FILE_NAME, SPEC_PATH, ServeSpec
 from kimideploy.plan import pods
 from kimideploy.plan.context import Context, drafter_path, is_speculative, target_model_path
+from kimideploy.plan.k_schedule import KSchedule, choose_schedule
 from kimideploy.plan.model import ObjectPlan
+
+# The worker extension `run calibrate` serves with (kimideploy is in every serve image), and the
+# environment that opens vLLM's /collective_rpc for it; only calibration revisions get either.
+SYNTHETIC_EXTENSION = "kimideploy.workloads.synthetic_acceptance.SyntheticAcceptanceControl"
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 HEALTH_PATH = "/health"
 READY_PATH = "/v1/models"  # answers only once the model is served; /health may answer earlier
@@ -25,11 +33,48 @@ def speculative_config(ctx: Context) -> dict[str, Any] | None:
     config: dict[str, Any] = {
         "method": drafter.method,
         "model": drafter_path(ctx.drafter_name, drafter),
-        "num_speculative_tokens": drafter.num_speculative_tokens,
+        "num_speculative_tokens": ctx.synthetic_k or drafter.num_speculative_tokens,
     }
     if drafter.draft_tensor_parallel_size is not None:
         config["draft_tensor_parallel_size"] = drafter.draft_tensor_parallel_size
+    if ctx.synthetic_k is not None:
+        config["rejection_sample_method"] = "synthetic"
+        config["synthetic_acceptance_length"] = ctx.synthetic_lengths[0]
+        return config
+    schedule = k_schedule(ctx)
+    if schedule.ranges:
+        config["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule.ranges]
     return config
+
+
+def k_schedule(ctx: Context) -> KSchedule:
+    """`drafters.<d>.k_schedule: auto`: k by batch size from the measured step cost and the
+    drafter's measured acceptance; `fixed` (or anything missing) keeps one k."""
+    drafter = ctx.drafter
+    assert drafter is not None
+    return choose_schedule(
+        drafter.k_schedule,
+        ctx.cost_model,
+        list(drafter.acceptance),
+        drafter.num_speculative_tokens,
+        ctx.cluster.workloads.serve.max_num_seqs,
+        ctx.image.vllm,
+    )
+
+
+def config_fingerprint(ctx: Context) -> str:
+    """What a calibration must have been measured on to predict for this serve configuration: the
+    image and the non-speculative `vllm serve` arguments, replicas and GPUs."""
+    plain = dataclasses.replace(ctx, workload="serve", drafter_name=NO_DRAFTER, drafter=None,
+                                run_id=None, synthetic_k=None, synthetic_lengths=())  # fmt: skip
+    serve = ctx.cluster.workloads.serve
+    relevant = {
+        "image": ctx.image.reference,
+        "args": vllm_args(plain),
+        "replicas": serve.replicas,
+        "gpus": f"{ctx.cluster.gpu.per_node} x {ctx.cluster.gpu.product}",
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def vllm_args(ctx: Context) -> list[str]:
@@ -53,6 +98,8 @@ def vllm_args(ctx: Context) -> list[str]:
     spec = speculative_config(ctx)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec)]
+    if ctx.synthetic_k is not None:
+        args += ["--worker-extension-cls", SYNTHETIC_EXTENSION]
     # Every value here is the user's or derived from it; none refers to a pod variable.
     return [pods.literal(a) for a in [*args, *serve.extra_args]]
 
@@ -112,7 +159,9 @@ def serve_spec(ctx: Context) -> ServeSpec:
         drafter=ctx.drafter_name,
         drafter_path=drafter_path(ctx.drafter_name, drafter) if drafter else None,
         layers=ctx.layers() if drafter else None,
-        num_speculative_tokens=drafter.num_speculative_tokens if drafter else None,
+        num_speculative_tokens=(
+            (ctx.synthetic_k or drafter.num_speculative_tokens) if drafter else None
+        ),
         draft_vocab_size=drafter.draft_vocab_size if drafter else None,
         image_cuda_archs=list(ctx.image.cuda_archs),
         vllm_version=ctx.image.vllm,
@@ -200,7 +249,11 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         "command": ["vllm", "serve", target_model_path(ctx.project)],
         "args": vllm_args(ctx),
         "env": [
-            *pods.env(ctx, gpus, {"HF_HUB_OFFLINE": "1"}),
+            *pods.env(
+                ctx,
+                gpus,
+                {"HF_HUB_OFFLINE": "1", **(DEV_MODE_ENV if ctx.synthetic_k is not None else {})},
+            ),
             *pods.api_key_env(ctx, "VLLM_API_KEY"),
         ],
         "resources": pods.resources(serve.resources.cpu, serve.resources.memory, gpus),

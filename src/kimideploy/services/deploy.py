@@ -95,7 +95,8 @@ def up(
     rendered = render_workload(
         loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
     )
-    _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force, rendered.plan.cluster)
+    if "synthetic" not in rendered.plan.inputs:  # a calibration's acceptance is not the drafter's
+        _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force, rendered.plan.cluster)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)  # before any write

@@ -13,7 +13,7 @@ from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
 from kimideploy.config.project import Project
 from kimideploy.drafter_files import Expected, Finding
 from kimideploy.drafter_files import folder_findings as files_findings
-from kimideploy.plan import speedup
+from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup
 
 
 def serving_vllm(project: Project, cluster: str | None) -> str:
@@ -40,7 +40,12 @@ def expected_files(project: Project, drafter: Drafter, cluster: str | None = Non
 
 
 def record_findings(
-    project: Project, name: str, drafter: Drafter, cluster: str | None = None
+    project: Project,
+    name: str,
+    drafter: Drafter,
+    cluster: str | None = None,
+    costs: CostModel | None = None,
+    concurrency: int = 1,
 ) -> list[Finding]:
     """What the registry alone says (no files needed)."""
     model = project.model
@@ -67,11 +72,18 @@ def record_findings(
                 blocking=False,
             )
         )
-    findings += _token_findings(project, drafter, cluster)
+    findings += _token_findings(project, drafter, cluster, costs, concurrency)
     return findings
 
 
-def _token_findings(project: Project, drafter: Drafter, cluster_name: str | None) -> list[Finding]:
+def _token_findings(
+    project: Project,
+    drafter: Drafter,
+    cluster_name: str | None,
+    costs: CostModel | None,
+    concurrency: int,
+) -> list[Finding]:
+    """k and the predicted speedup, from the measured step cost when `costs` is one."""
     k = drafter.num_speculative_tokens
     cluster = project.clusters[cluster_name or project.default_cluster]
     if not drafter.acceptance:
@@ -84,35 +96,47 @@ def _token_findings(project: Project, drafter: Drafter, cluster_name: str | None
                 blocking=False,
             )
         ]
-    cost = cluster.step_cost_per_token
-    best_k = max(range(1, 17), key=lambda n: speedup.estimate(drafter.acceptance, n, cost).speedup)
-    chosen = speedup.estimate(drafter.acceptance, k, cost)
+    costs = costs or DefaultCost(
+        cluster.step_cost_per_token, cluster_name or project.default_cluster
+    )
+    at, source = concurrency, costs.source
+
+    def predicted(n: int) -> float:
+        return drafter_speedup(costs, list(drafter.acceptance), n, at)
+
+    best_k = max(range(1, 17), key=predicted)
+    chosen = predicted(k)
+    verdict = "faster" if chosen > 1 else "SLOWER than no speculation"
+    describe = f"{chosen:.2f}x ({verdict}) at c={at}; step cost: {source}"
     return [
         Finding(
             "speculative tokens",
-            k == best_k
-            or abs(chosen.speedup - speedup.estimate(drafter.acceptance, best_k, cost).speedup)
-            < 0.01,
-            f"k={k} predicts {chosen.describe()}",
+            k == best_k or abs(chosen - predicted(best_k)) < 0.01,
+            f"k={k} predicts {describe}",
             f"set num_speculative_tokens to {best_k}",
             blocking=False,
         ),
         Finding(
             "predicted speedup",
-            chosen.speedup > 1,
-            chosen.describe(),
+            chosen > 1,
+            describe,
             "do not serve it speculatively; improve the drafter or the verify path",
         ),
     ]
 
 
 def check(
-    project: Project, name: str, folder: Path | None, cluster: str | None = None
+    project: Project,
+    name: str,
+    folder: Path | None,
+    cluster: str | None = None,
+    costs: CostModel | None = None,
+    concurrency: int = 1,
 ) -> list[Finding]:
     """Registry findings for serving on `cluster` (default: the default cluster), and the files'
     when a local copy is given, judged by the vLLM of that cluster's serve image."""
     drafter = project.drafters[name]
-    findings = record_findings(project, name, drafter, cluster)
+    findings = record_findings(project, name, drafter, cluster, costs, concurrency)
     if folder is not None:
         findings = files_findings(expected_files(project, drafter, cluster), folder) + findings
     return findings

@@ -74,7 +74,7 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def _context(
+def gate_context(
     session: ClusterSession, loaded: LoadedProject, request: PlanRequest, options: GateOptions
 ) -> GateContext:
     baseline = render_workload(
@@ -125,7 +125,7 @@ def up_gated(
     if not wait.wait:
         raise UsageError("--gate needs to follow the rollout; drop --no-wait")
     session.ensure_namespace()
-    gate = _context(session, loaded, request, options)
+    gate = gate_context(session, loaded, request, options)
     levels = ", ".join(sorted({f"c={c}" for _, c in gate.needed}, key=lambda s: int(s[2:])))
     reporter.info(
         f"gate: keep {drafter} only with >= {gate.settings.min_speedup:.2f}x output tokens/s "
@@ -171,8 +171,8 @@ def _baseline(
         reporter.info(f"gate: comparing with {why}")
         return stored, why
     reporter.info(f"gate: {why}; measuring a fresh non-speculative baseline")
-    serving = _serving(session, gate.release)
-    if serving is not None and _matches(serving, gate.serve_print):
+    serving = serving_record(session, gate.release)
+    if serving is not None and serves_like(serving, gate.serve_print):
         reporter.info(f"gate: revision {serving.revision} already serves without a drafter")
         revision = serving.revision
     else:
@@ -184,7 +184,7 @@ def _baseline(
             session, loaded, replace(request, drafter=NO_DRAFTER), change, wait, reporter
         ).revision
     try:
-        return _bench(
+        return bench_revision(
             session, loaded, replace(request, drafter=NO_DRAFTER), revision, options, gate, reporter
         ), f"fresh baseline measured on revision {revision} ({why})"
     except GateMeasurementError as exc:
@@ -199,18 +199,18 @@ def _baseline(
         ) from exc
 
 
-def _serving(session: ClusterSession, release: str) -> ReleaseRecord | None:
+def serving_record(session: ClusterSession, release: str) -> ReleaseRecord | None:
     return next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
 
 
-def _matches(record: ReleaseRecord, serve_print: str) -> bool:
+def serves_like(record: ReleaseRecord, serve_print: str) -> bool:
     try:
         return record.drafter == NO_DRAFTER and serve_fingerprint(record.manifests) == serve_print
     except (StopIteration, KeyError, IndexError):
         return False
 
 
-def _bench(
+def bench_revision(
     session: ClusterSession,
     loaded: LoadedProject,
     request: PlanRequest,
@@ -221,8 +221,9 @@ def _bench(
 ) -> StoredBench:
     """Run the bench workload against the serving revision and keep its result in the cluster."""
     bench_request = PlanRequest(
-        "bench", gate.cluster, request.drafter, gate.bench_overrides, namespace=session.namespace
-    )
+        "bench", gate.cluster, request.drafter, gate.bench_overrides, namespace=session.namespace,
+        synthetic=request.synthetic,
+    )  # fmt: skip
     started = runs.start_run(session, loaded, bench_request, reporter)
     try:
         snapshot = runs.follow_run(
@@ -272,7 +273,7 @@ def choose_bench_baseline(
     bench Job exists, so a wrong choice costs nothing."""
     rendered = render_workload(loaded, replace(request, namespace=session.namespace))
     spec, release = _bench_spec(rendered), _serve_release(rendered)
-    serving = _serving(session, release)
+    serving = serving_record(session, release)
     if serving is None:
         raise UsageError(
             f"nothing is deployed in release {release}, so there is nothing to bench",
@@ -334,7 +335,7 @@ def record_bench_run(
     so a manual non-speculative run can serve as the gate's baseline."""
     result = progress.results(snapshot.logs).get(0)
     spec, release = _bench_spec(started.rendered), _serve_release(started.rendered)
-    serving = _serving(session, release)
+    serving = serving_record(session, release)
     if not result or serving is None:
         return None
     if serving.drafter != spec.drafter:
@@ -383,7 +384,7 @@ def _measure_and_judge(
     base_run = baseline.run_id if baseline else None
     measured: StoredBench | None = None
     try:
-        measured = _bench(session, loaded, request, revision, options, gate, reporter)
+        measured = bench_revision(session, loaded, request, revision, options, gate, reporter)
         if baseline is None:
             raise GateMeasurementError(note)
         keep, reason, levels = judge(

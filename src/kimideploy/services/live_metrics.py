@@ -3,6 +3,7 @@ them: acceptance over each interval compared with the cluster's break-even rate 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,9 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.gate import WatchSettings
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.plan.calibration import Calibration
+from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.resolve import resolve
 from kimideploy.plan.speedup import break_even_rate
 from kimideploy.services.reporting import Reporter
 from kimideploy.vllm_metrics import Acceptance, acceptance
@@ -26,27 +30,34 @@ class ServingFacts:
     record: ReleaseRecord
     port: int
     num_speculative_tokens: int
-    step_cost_per_token: float
-
-    @property
-    def break_even(self) -> float:
-        return break_even_rate(self.num_speculative_tokens, self.step_cost_per_token)
+    break_even: float
+    break_even_source: str
 
 
-def serving_facts(record: ReleaseRecord) -> ServingFacts | None:
-    """None when the revision serves without a drafter (there is no acceptance to judge)."""
+def serving_facts(
+    record: ReleaseRecord, calibrations: tuple[Calibration, ...] = ()
+) -> ServingFacts | None:
+    """None when the revision serves without a drafter (there is no acceptance to judge).
+
+    Break-even comes from the revision's own config re-resolved with the cluster's calibrations:
+    the measured step cost when one applies to what the revision serves, at the lowest gated
+    concurrency (the lowest bar: watch must not roll back a drafter that pays there)."""
     if record.drafter == NO_DRAFTER:
         return None
     project = load_project_text(record.config_text, Path(f"revision-{record.revision}.yaml"))
     drafter = project.project.drafters[record.drafter]
     deployment = next(o for o in record.manifests if o["kind"] == "Deployment")
     ports = deployment["spec"]["template"]["spec"]["containers"][0].get("ports") or [{}]
-    return ServingFacts(
-        record,
-        int(ports[0].get("containerPort", 8000)),
-        drafter.num_speculative_tokens,
-        project.project.clusters[record.cluster].step_cost_per_token,
-    )
+    k = drafter.num_speculative_tokens
+    even = break_even_rate(k, project.project.clusters[record.cluster].step_cost_per_token)
+    source = "default constant step_cost_per_token"
+    with contextlib.suppress(KimiDeployError, KeyError, ValueError):
+        request = PlanRequest("serve", record.cluster, record.drafter, tuple(record.overrides),
+                              calibrations=calibrations)  # fmt: skip
+        plan = resolve(project, request).break_even
+        lowest = min(plan["rate"], key=int)
+        even, source = plan["rate"][lowest], f"{plan['source']} (c={lowest})"
+    return ServingFacts(record, int(ports[0].get("containerPort", 8000)), k, even, source)
 
 
 def scrape_serve_pods(
@@ -81,12 +92,15 @@ def _sum(parts: list[Acceptance]) -> Acceptance | None:
 
 def live_acceptance(session: ClusterSession, record: ReleaseRecord) -> dict[str, Any]:
     """Acceptance since the serve pods started (lifetime counters), for `status`."""
-    facts = serving_facts(record)
+    facts = serving_facts(record, session.calibrations_of(record.cluster))
     if facts is None:
         return {"acceptance": "no drafter"}
     texts, errors = scrape_serve_pods(session, record.release, facts.port)
     total = _sum([a for a in (acceptance("", t) for t in texts.values()) if a is not None])
-    shown: dict[str, Any] = {"break_even_rate": round(facts.break_even, 4)}
+    shown: dict[str, Any] = {
+        "break_even_rate": round(facts.break_even, 4),
+        "break_even_from": facts.break_even_source,
+    }
     if total is None or total.rate is None:
         reason = "; ".join(errors) or "no speculative-decoding counters yet"
         return {**shown, "acceptance": f"unavailable ({reason})"}
@@ -155,7 +169,7 @@ def watch_release(
     serving = next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
     if serving is None:
         raise UsageError(f"{release} is not serving in namespace {session.namespace}")
-    facts = serving_facts(serving)
+    facts = serving_facts(serving, session.calibrations_of(serving.cluster))
     if facts is None:
         raise UsageError(
             f"revision {serving.revision} serves without a drafter; there is nothing to watch"

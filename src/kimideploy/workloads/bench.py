@@ -4,6 +4,11 @@ Fixed, deterministic prompt sets (chat and reasoning) at each configured concurr
 request streams, so TTFT and TPOT are measured per request. vLLM's /metrics is scraped before and
 after each level for acceptance rate, mean acceptance length and per-position acceptance. With a
 baseline (a non-speculative run's result.json) the speedup per level is reported.
+
+For `run calibrate` (spec.synthetic) the levels are measured once per synthetic acceptance length,
+each pass after setting that length on the server (synthetic_acceptance.py) and emptying its
+prefix cache, so every pass starts from the same cache state; each level then carries the length
+asked for next to the one vLLM's counters measured.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kimideploy.config.specs import BenchSpec
+from kimideploy.config.specs import BenchSpec, SyntheticSweep
 from kimideploy.vllm_metrics import acceptance
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
@@ -28,6 +33,7 @@ from kimideploy.workloads.runtime import (
     json_request_headers,
     log,
 )
+from kimideploy.workloads.synthetic_acceptance import CONTROL_METHOD, rates_for_length
 
 TOPICS = [
     "tensor parallelism",
@@ -177,24 +183,62 @@ def with_baseline(
     return levels
 
 
+def _post(url: str, body: dict[str, Any] | None = None) -> Any:
+    req = urllib.request.Request(
+        url, data=json.dumps(body or {}).encode(), headers=json_request_headers(), method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=120) as response:
+        text = response.read().decode()
+    return json.loads(text) if text.strip() else None
+
+
+def set_synthetic_acceptance(sweep: SyntheticSweep, length: float) -> list[float]:
+    """Set the server's synthetic acceptance length; a server that cannot is a bad input (it was
+    not deployed as a calibration revision), not a measurement to report."""
+    rates = rates_for_length(length, sweep.num_speculative_tokens)
+    body = {"method": CONTROL_METHOD, "args": [json.dumps(rates)], "timeout": 60}
+    try:
+        answer = _post(sweep.control_url, body)
+        _post(sweep.reset_prefix_cache_url)
+    except (OSError, ValueError) as exc:
+        raise BadInputError(
+            f"bench.synthetic: {sweep.control_url} did not take acceptance length {length} "
+            f"({exc}); the serve revision must be a calibration revision (`run calibrate` "
+            "deploys one)"
+        ) from exc
+    log(f"synthetic acceptance length {length}: rates {rates} ({answer})")
+    return rates
+
+
 def run(spec: BenchSpec) -> int:
     baseline = load_baseline(spec.baseline_path)
-    levels = []
-    total = len(spec.prompt_sets) * len(spec.concurrency)
-    for prompt_set in spec.prompt_sets:
-        for concurrency in spec.concurrency:
-            levels.append(measure(spec, prompt_set, concurrency))
-            emit(
-                {
-                    "event": "progress",
-                    "stage": "bench",
-                    "done": len(levels),
-                    "total": total,
-                    "unit": "levels",
-                    "rate": 0.0,
-                    "eta_s": None,
-                }
-            )
+    levels: list[dict[str, Any]] = []
+    passes: list[float | None] = (
+        list(spec.synthetic.acceptance_lengths) if spec.synthetic else [None]
+    )
+    total = len(passes) * len(spec.prompt_sets) * len(spec.concurrency)
+    for length in passes:
+        rates = None
+        if spec.synthetic is not None and length is not None:
+            rates = set_synthetic_acceptance(spec.synthetic, length)
+        for prompt_set in spec.prompt_sets:
+            for concurrency in spec.concurrency:
+                level = measure(spec, prompt_set, concurrency)
+                if rates is not None:
+                    level["synthetic_acceptance_length"] = length
+                    level["synthetic_rates"] = rates
+                levels.append(level)
+                emit(
+                    {
+                        "event": "progress",
+                        "stage": "bench",
+                        "done": len(levels),
+                        "total": total,
+                        "unit": "levels",
+                        "rate": 0.0,
+                        "eta_s": None,
+                    }
+                )
     levels = with_baseline(levels, baseline)
     result = {
         "run_id": spec.run_id,
@@ -204,6 +248,7 @@ def run(spec: BenchSpec) -> int:
         "max_tokens": spec.max_tokens,
         "levels": levels,
         "baseline": spec.baseline_path,
+        "num_speculative_tokens": spec.synthetic.num_speculative_tokens if spec.synthetic else None,
     }
     out = Path(spec.results_dir)
     out.mkdir(parents=True, exist_ok=True)

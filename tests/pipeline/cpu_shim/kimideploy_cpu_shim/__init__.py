@@ -1,4 +1,4 @@
-"""Test-only vLLM plugin: the hidden-states connector's write, made runnable on CPU.
+"""Test-only vLLM plugin: two CUDA-only paths of vLLM 0.32, made runnable on CPU.
 
 Why: vLLM's `ExampleHiddenStatesConnector._submit_async_write` copies each finished request's
 hidden states device-to-host on a dedicated CUDA stream into pinned memory, records CUDA events
@@ -8,6 +8,15 @@ the platform is CPU: the same slots are read from the same KV-cache buffer with 
 `extract_from_kv_cache`, the same file is written with the same lock protocol (the `.lock` file
 held exclusively until the write is done), synchronously. Everything else (the speculative method,
 the scheduler side, the file names, the reply's `hidden_states_path`) is the stock code.
+
+Synthetic rejection sampling (`rejection_sample_method: synthetic`, what `run calibrate` serves):
+the CPU build's stand-ins for the two rejection-sampling Triton kernels assert that synthetic mode is
+off ("Synthetic acceptance not supported with CPU sampling"). `_synthetic_greedy` and
+`_synthetic_random` do in Python what the Triton kernels do in synthetic mode, position by position:
+a draft token is accepted when its uniform draw is below the conditional rate of its position
+(padded drafts, id -1, never), the first rejection emits the target's token (greedy: its argmax;
+random: the recovered token) and stops, and a fully accepted draft gets the bonus token. Outside
+synthetic mode the stock C++ stand-ins run unchanged.
 
 Loaded through vLLM's `vllm.general_plugins` entry point, found on PYTHONPATH next to this
 package (tests/pipeline/pods.py puts it there); the GPU image never has it.
@@ -57,6 +66,63 @@ def _submit_sync_write(self: Any, pending: Any) -> None:
     self._req_copy_events[pending.req_id] = _Done()
 
 
+def _synthetic_positions(output: Any, cu_num_draft: Any, draft: Any, uniform: Any, rates: Any,
+                         rejected_token: Any, bonus: Any, rows: list[int]) -> None:  # fmt: skip
+    width = output.shape[1]
+    starts = [0, *cu_num_draft.tolist()[:-1]]
+    ends = cu_num_draft.tolist()
+    for row in rows:
+        start, count = starts[row], ends[row] - starts[row]
+        for pos in range(count):
+            token = int(draft[start + pos])
+            if token >= 0 and float(uniform[start + pos]) < float(rates[pos]):
+                output[row, pos] = token
+                continue
+            output[row, pos] = int(rejected_token[start + pos])
+            break
+        else:
+            if count < width:
+                output[row, count] = int(bonus[row])
+
+
+def _synthetic_greedy(stock: Any) -> Any:
+    def kernel(output_token_ids: Any, cu_num_draft_tokens: Any, draft_token_ids: Any,
+               target_argmax: Any, bonus_token_ids: Any, is_greedy: Any, max_spec_len: Any,
+               uniform_probs: Any = None, synthetic_conditional_rates: Any = None,
+               SYNTHETIC_MODE: bool = False) -> None:  # noqa: N803  # fmt: skip
+        if not SYNTHETIC_MODE:
+            stock(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax,
+                  bonus_token_ids, is_greedy, max_spec_len)  # fmt: skip
+            return
+        rows = [
+            r for r in range(output_token_ids.shape[0]) if is_greedy is None or bool(is_greedy[r])
+        ]
+        _synthetic_positions(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                             uniform_probs, synthetic_conditional_rates, target_argmax,
+                             bonus_token_ids, rows)  # fmt: skip
+
+    return kernel
+
+
+def _synthetic_random(stock: Any) -> Any:
+    def kernel(output_token_ids: Any, cu_num_draft_tokens: Any, draft_token_ids: Any,
+               draft_probs: Any, target_probs: Any, bonus_token_ids: Any,
+               recovered_token_ids: Any, uniform_probs: Any, is_greedy: Any, max_spec_len: Any,
+               vocab_size: Any, synthetic_conditional_rates: Any = None,
+               NO_DRAFT_PROBS: bool = False, SYNTHETIC_MODE: bool = False) -> None:  # noqa: N803  # fmt: skip
+        if not SYNTHETIC_MODE:
+            stock(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                  target_probs, bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy,
+                  max_spec_len, vocab_size, synthetic_conditional_rates, NO_DRAFT_PROBS)  # fmt: skip
+            return
+        rows = [r for r in range(output_token_ids.shape[0]) if not bool(is_greedy[r])]
+        _synthetic_positions(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                             uniform_probs, synthetic_conditional_rates, recovered_token_ids,
+                             bonus_token_ids, rows)  # fmt: skip
+
+    return kernel
+
+
 def register() -> None:
     from vllm.platforms import current_platform
 
@@ -67,3 +133,14 @@ def register() -> None:
     )
 
     ExampleHiddenStatesConnector._submit_async_write = _submit_sync_write  # type: ignore[method-assign]
+
+    # Before the CPU platform registers its kernel stand-ins (vLLM loads plugins first and the
+    # platform reads these module attributes when it registers).
+    from vllm.utils import cpu_triton_utils
+
+    cpu_triton_utils._rejection_greedy_sample_kernel_impl = _synthetic_greedy(
+        cpu_triton_utils._rejection_greedy_sample_kernel_impl
+    )
+    cpu_triton_utils._rejection_random_sample_kernel_impl = _synthetic_random(
+        cpu_triton_utils._rejection_random_sample_kernel_impl
+    )

@@ -1,0 +1,120 @@
+"""`kimideploy run calibrate` (called by `run`) and `kimideploy calibrate show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kimideploy.cli.context import CliState
+from kimideploy.cli.table import format_table
+from kimideploy.cli.terminal import TerminalReporter, cluster_options
+
+
+def numbers(kind: type, option: str) -> Any:
+    """A click callback for comma-separated lists (`--k 1,2,3`)."""
+
+    def parse(_ctx: Any, _param: Any, value: str | None) -> tuple[Any, ...] | None:
+        if value is None:
+            return None
+        try:
+            return tuple(kind(part) for part in value.split(",") if part.strip())
+        except ValueError as exc:
+            raise click.BadParameter(f"{option}: expected comma-separated numbers") from exc
+
+    return parse
+
+
+def run_calibrate(
+    state: CliState,
+    cluster: str | None,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    options: Any,
+    change: Any,
+    wait: Any,
+) -> None:
+    from kimideploy.services import calibrations
+    from kimideploy.services.calibrate import calibrate
+    from kimideploy.services.calibration_report import cannot_pay
+    from kimideploy.services.connection import open_session
+
+    loaded = state.project("run calibrate deploys serve revisions on a cluster")
+    session = open_session(loaded, cluster, context, namespace)
+    reporter = TerminalReporter()
+    result = calibrate(session, loaded, cluster, drafter, overrides, options, change, wait,
+                       reporter)  # fmt: skip
+    calibrations.stored(session, loaded, result.cluster)  # refresh the local copy
+    for line in cannot_pay(result):
+        click.echo(line)
+    click.echo("`kimideploy calibrate show` prints the whole curve")
+
+
+@click.group()
+def calibrate() -> None:
+    """Measured step cost per cluster (`kimideploy run calibrate` measures it)."""
+
+
+@calibrate.command()
+@click.option("--cluster", help="Cluster profile (default: default_cluster).")
+@cluster_options
+@click.option(
+    "-o", "--output", type=click.Choice(["table", "json", "png"]), default="table",
+    help="png: speedup against acceptance length per concurrency, with the 1.0x line.",
+)  # fmt: skip
+@click.option("--file", "png_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Where -o png writes (default: calibration-CLUSTER.png).")  # fmt: skip
+@click.option(
+    "--acceptance-rate", "per_token", callback=numbers(float, "--acceptance-rate"),
+    help="Per-token acceptance rates to name the best k for (default 0.6,0.7,0.8).",
+)  # fmt: skip
+@click.pass_obj
+def show(
+    state: CliState,
+    cluster: str | None,
+    context: str | None,
+    namespace: str | None,
+    output: str,
+    png_file: Path | None,
+    per_token: tuple[float, ...] | None,
+) -> None:
+    """Break-even acceptance length per k and concurrency, the best k, where nothing pays."""
+    from kimideploy.errors import UsageError
+    from kimideploy.services import calibration_report as report
+    from kimideploy.services import calibrations
+    from kimideploy.services.connection import open_session
+
+    loaded = state.project()
+    session = open_session(loaded, cluster, context, namespace)
+    name = cluster or loaded.project.default_cluster
+    stored = session.calibrations(name)
+    calibrations.stored(session, loaded, name)
+    measured = [(cid, c) for cid, c in stored if c.points]
+    if not measured:
+        raise UsageError(
+            f"cluster {name} has no calibration in namespace {session.namespace}",
+            hint=f"`kimideploy run calibrate --cluster {name}` measures one",
+        )
+    calibration_id, calibration = measured[-1]
+    rates = per_token or report.DEFAULT_PER_TOKEN
+    if output == "json":
+        document = {
+            "id": calibration_id,
+            **calibration.to_dict(),
+            "table": report.rows(calibration, rates),
+            "cannot_pay": report.cannot_pay(calibration),
+        }
+        click.echo(json.dumps(document, indent=2))
+        return
+    click.echo(report.header(calibration_id, calibration))
+    click.echo(format_table(report.rows(calibration, rates)))
+    for line in report.cannot_pay(calibration):
+        click.echo(line)
+    if output == "png":
+        target = png_file or Path(f"calibration-{name}.png")
+        report.write_png(calibration, target)
+        click.echo(f"wrote {target}")

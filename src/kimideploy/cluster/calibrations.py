@@ -1,0 +1,65 @@
+"""Calibrations kept in the cluster: one ConfigMap per `run calibrate`, found by label.
+
+Like bench results (bench_results.py): they must outlive the pods and the machine that ran the
+CLI, and everyone with the same kubeconfig predicts with the same curve. A partial calibration
+(interrupted, or a k that failed) is stored too, after every k, and `run calibrate` resumes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from kimideploy.cluster.api import KubeApi, NotFoundError
+from kimideploy.cluster.resources import path
+from kimideploy.plan.calibration import Calibration
+
+CALIBRATION_LABEL = "kimideploy.io/calibration"
+DATA_KEY = "calibration.json"
+DEFAULT_KEEP = 20
+
+
+def config_map_name(cluster: str, calibration_id: str) -> str:
+    return f"kimideploy.calibration.{cluster}.{calibration_id}"
+
+
+def store(api: KubeApi, namespace: str, calibration_id: str, calibration: Calibration) -> None:
+    """Create or replace the calibration's ConfigMap (it is rewritten after every k)."""
+    name = config_map_name(calibration.cluster, calibration_id)
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                CALIBRATION_LABEL: calibration.cluster,
+                "kimideploy.io/calibration-id": calibration_id,
+                "kimideploy.io/complete": str(calibration.complete).lower(),
+                "app.kubernetes.io/managed-by": "kimideploy",
+            },
+        },
+        "data": {DATA_KEY: json.dumps(calibration.to_dict(), sort_keys=True)},
+    }
+    try:
+        api.request("PUT", path("ConfigMap", namespace, name), body=body)
+    except NotFoundError:
+        api.request("POST", path("ConfigMap", namespace), body=body)
+    for old_id, _ in list_calibrations(api, namespace, calibration.cluster)[:-DEFAULT_KEEP]:
+        with contextlib.suppress(NotFoundError):
+            api.request(
+                "DELETE", path("ConfigMap", namespace, config_map_name(calibration.cluster, old_id))
+            )
+
+
+def list_calibrations(api: KubeApi, namespace: str, cluster: str) -> list[tuple[str, Calibration]]:
+    """(id, calibration) of the cluster profile, oldest first; unreadable ones are skipped."""
+    listed = api.request(
+        "GET", path("ConfigMap", namespace), {"labelSelector": f"{CALIBRATION_LABEL}={cluster}"}
+    )
+    found = []
+    for item in listed.get("items", []):
+        with contextlib.suppress(KeyError, ValueError, TypeError):
+            calibration = Calibration.from_dict(json.loads(item["data"][DATA_KEY]))
+            found.append((item["metadata"]["labels"]["kimideploy.io/calibration-id"], calibration))
+    return sorted(found, key=lambda pair: (pair[1].measured_at, pair[0]))

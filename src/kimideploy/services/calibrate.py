@@ -1,0 +1,410 @@
+"""`kimideploy run calibrate`: measure the step cost C(k, c) before any drafter is trained.
+
+Order of work (each model load is ~25 minutes on the real target):
+1. render everything first: the non-speculative baseline and one calibration revision per k
+   (the resolver refuses an image without synthetic rejection sampling here, before any write);
+   say how many loads and bench passes that is, and how long it may take; confirm once;
+2. resume: a stored partial calibration of the same plan (cluster, image, serve configuration,
+   bench settings, drafter and grid) keeps its measured k and its baseline;
+3. baseline: the newest comparable non-speculative bench run if there is one (as the gate picks
+   it), else the serving revision when it is that configuration, else one more load;
+4. per k: deploy the calibration revision (k drafts, synthetic acceptance, the control
+   extension), bench every acceptance length at every concurrency in one Job, store the points
+   and the fit after each k;
+5. restore the revision that served before (or take the release down if nothing did), also
+   after a failure; an interrupt leaves the calibration revision and says how to restore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from kimideploy.cluster.bench_results import StoredBench
+from kimideploy.cluster.records import ReleaseRecord
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.config.loading import LoadedProject
+from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.plan.calibration import Calibration, Point
+from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.services import deploy
+from kimideploy.services.gate import (
+    GateContext,
+    GateOptions,
+    bench_revision,
+    gate_context,
+    serves_like,
+    serving_record,
+)
+from kimideploy.services.gate_verdict import GateMeasurementError, pick_baseline
+from kimideploy.services.preflight import require_prerequisites
+from kimideploy.services.rendering import Rendered, render_workload
+from kimideploy.services.reporting import Reporter
+
+DEFAULT_KS = (1, 2, 3, 4)
+DEFAULT_LENGTHS = (1.5, 2.0, 2.5, 3.0)
+ACCEPTANCE_TOLERANCE = 0.15
+"""How far vLLM's measured mean acceptance length may sit from the requested synthetic one
+before the run says so (the fit uses the measured length either way)."""
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    ks: tuple[int, ...] = DEFAULT_KS
+    lengths: tuple[float, ...] = DEFAULT_LENGTHS
+    concurrency: tuple[int, ...] | None = None
+    image: str | None = None
+    again: bool = False
+    bench_poll_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    cluster: str
+    drafter: str
+    release: str
+    baseline: Rendered
+    revisions: dict[int, Rendered]
+    lengths: dict[int, tuple[float, ...]]
+    gate: GateContext
+    image: str
+    serve_fingerprint: str
+    gpus: str
+    calibration_id: str
+
+    def describe(self, baseline_load: bool, done: set[int]) -> str:
+        todo = [k for k in self.revisions if k not in done]
+        loads = len(todo) + (1 if baseline_load else 0)
+        levels = len(self.gate.needed)
+        passes = sum(len(self.lengths[k]) for k in todo) * levels
+        budget_s = self.revisions[next(iter(self.revisions))].plan.facts
+        startup = next((v for key, v in budget_s if key == "startup budget"), "?")
+        resumed = f"; resuming, k={sorted(done)} already measured" if done else ""
+        return (
+            f"calibrate {self.cluster} on {self.image}: {loads} model load(s) "
+            f"({'baseline, ' if baseline_load else ''}k={','.join(map(str, todo)) or 'none'}), "
+            f"{passes} bench levels ({levels} per acceptance length); each load may take up to "
+            f"the startup budget ({startup}){resumed}"
+        )
+
+
+def _now() -> str:
+    return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def lengths_for(k: int, lengths: tuple[float, ...]) -> tuple[float, ...]:
+    """The requested lengths vLLM accepts for k ([1, k+1]); k+1 itself when none fits."""
+    fitting = tuple(sorted({length for length in lengths if 1 <= length <= k + 1}))
+    return fitting or (float(k + 1),)
+
+
+def plan_calibration(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    cluster: str | None,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    options: CalibrateOptions,
+) -> CalibrationPlan:
+    """Render every revision and bench before anything is created (the resolver's refusals)."""
+    project = loaded.project
+    cluster_name = cluster or project.default_cluster
+    if cluster_name in project.clusters and drafter is None:
+        drafter = project.clusters[cluster_name].workloads.train.drafter
+    if drafter in (None, NO_DRAFTER):
+        raise UsageError(
+            "calibration serves a drafter's draft passes; --drafter none has none",
+            hint="any drafter of the target's shape will do (an untrained one too)",
+        )
+    if not options.ks or not options.lengths:
+        raise UsageError("--k and --acceptance-length need at least one value each")
+    lengths = {k: lengths_for(k, options.lengths) for k in sorted(set(options.ks))}
+    revisions = {}
+    for k, ks_lengths in lengths.items():
+        request = PlanRequest("serve", cluster, drafter, overrides, namespace=session.namespace,
+                              image=options.image,
+                              synthetic=SyntheticAcceptance(k, ks_lengths))  # fmt: skip
+        revisions[k] = render_workload(loaded, request)
+    base_request = PlanRequest("serve", cluster, NO_DRAFTER, overrides,
+                               namespace=session.namespace, image=options.image)  # fmt: skip
+    baseline = render_workload(loaded, base_request)
+    gate = gate_context(session, loaded, base_request, GateOptions(concurrency=options.concurrency))
+    plan = baseline.plan
+    gpu = project.clusters[plan.cluster].gpu
+    key = {
+        "cluster": plan.cluster, "image": plan.image, "serve": plan.inputs["serve_fingerprint"],
+        "bench": gate.bench_print, "drafter": drafter, "lengths": {str(k): list(v) for k, v in
+        lengths.items()}, "levels": sorted(c for _, c in gate.needed),
+    }  # fmt: skip
+    calibration_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return CalibrationPlan(
+        cluster=plan.cluster,
+        drafter=drafter,
+        release=plan.release,
+        baseline=baseline,
+        revisions=revisions,
+        lengths=lengths,
+        gate=gate,
+        image=plan.image,
+        serve_fingerprint=plan.inputs["serve_fingerprint"],
+        gpus=f"{gpu.per_node} x {gpu.product} per replica",
+        calibration_id=calibration_id,
+    )
+
+
+def calibrate(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    cluster: str | None,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    options: CalibrateOptions,
+    change: deploy.ChangeOptions,
+    wait: deploy.WaitOptions,
+    reporter: Reporter,
+) -> Calibration:
+    plan = plan_calibration(session, loaded, cluster, drafter, overrides, options)
+    stored = dict(session.calibrations(plan.cluster)).get(plan.calibration_id)
+    if stored is not None and stored.complete and not options.again:
+        reporter.info(
+            f"calibration {plan.calibration_id} of this plan was measured on {stored.date}; "
+            "nothing to do (--again measures it anew)"
+        )
+        return stored
+    if stored is not None and options.again:
+        stored = None
+    calibration = stored or _fresh(plan)
+    found = serving_record(session, plan.release)
+    baseline = _stored_baseline(session, plan, calibration)
+    needs_load = baseline is None and not (
+        found is not None and serves_like(found, plan.gate.serve_print)
+    )
+    reporter.info(plan.describe(needs_load, {int(k) for k in calibration.runs}))
+    for rendered in (plan.baseline, *plan.revisions.values()):  # before the first write
+        require_prerequisites(session, rendered.objects, plan.cluster)
+    if session.ensure_namespace():
+        reporter.info(f"created namespace {session.namespace}")
+    before = f"revision {found.revision} ({found.drafter})" if found else "nothing"
+    if not (change.yes or reporter.confirm(f"calibrate, then restore {before}?")):
+        raise KimiDeployError("cancelled; nothing was changed", hint="pass --yes to skip this")
+    change = replace(change, yes=True)
+    latest: int | None = None
+    try:
+        if baseline is None:
+            baseline, latest = _measure_baseline(session, loaded, plan, found, options, change,
+                                                 wait, reporter)  # fmt: skip
+            calibration = replace(calibration, baseline_run=baseline.run_id)
+        for k, rendered in plan.revisions.items():
+            if str(k) in calibration.runs:
+                continue
+            latest = _deploy(session, loaded, rendered, change, wait, reporter, f"k={k}")
+            calibration = _measure_k(session, loaded, plan, k, latest, baseline, calibration,
+                                     options, reporter)  # fmt: skip
+            session.store_calibration(plan.calibration_id, calibration)
+        calibration = replace(calibration, complete=True, measured_at=_now())
+        session.store_calibration(plan.calibration_id, calibration)
+    except KeyboardInterrupt:
+        reporter.info(_interrupted(plan, found, calibration))
+        raise
+    except KimiDeployError as exc:
+        session.store_calibration(plan.calibration_id, calibration)
+        restored = _restore(session, plan, found, latest, change, wait, reporter)
+        raise RolloutError(
+            f"calibration stopped: {exc.message}; {restored}",
+            hint="run the same `kimideploy run calibrate` again to resume at the next k "
+            f"(measured so far: k={sorted(int(k) for k in calibration.runs) or 'none'})",
+        ) from exc
+    reporter.info(_restore(session, plan, found, latest, change, wait, reporter))
+    return calibration
+
+
+def _fresh(plan: CalibrationPlan) -> Calibration:
+    return Calibration(
+        cluster=plan.cluster,
+        image=plan.image,
+        serve_fingerprint=plan.serve_fingerprint,
+        bench_fingerprint=plan.gate.bench_print,
+        gpus=plan.gpus,
+        drafter=plan.drafter,
+        measured_at=_now(),
+        ks=sorted(plan.revisions),
+        lengths=sorted({length for ls in plan.lengths.values() for length in ls}),
+        concurrency=sorted({c for _, c in plan.gate.needed}),
+        baseline_run="",
+        points=[],
+    )
+
+
+def _stored_baseline(
+    session: ClusterSession, plan: CalibrationPlan, calibration: Calibration
+) -> StoredBench | None:
+    """A resumed calibration keeps its baseline (its points were measured against it)."""
+    stored = session.bench_results(plan.release)
+    if calibration.baseline_run:
+        same = next((b for b in stored if b.run_id == calibration.baseline_run), None)
+        if same is not None:
+            return same
+    chosen, _ = pick_baseline(
+        stored,
+        cluster=plan.cluster,
+        serve_print=plan.gate.serve_print,
+        bench_print=plan.gate.bench_print,
+        needed=plan.gate.needed,
+        max_age_h=plan.gate.settings.baseline_max_age_h,
+        now=datetime.now(UTC).replace(microsecond=0),
+    )
+    return chosen if not calibration.points else None
+
+
+def _deploy(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    rendered: Rendered,
+    change: deploy.ChangeOptions,
+    wait: deploy.WaitOptions,
+    reporter: Reporter,
+    what: str,
+) -> int:
+    revision = deploy.revision_from_render(loaded, rendered, note=f"calibration revision ({what})")
+    reporter.info(f"calibrate: deploying the {what} revision")
+    return deploy.deploy(session, revision, change, wait, reporter, "calibrate").revision
+
+
+def _measure_baseline(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    plan: CalibrationPlan,
+    found: ReleaseRecord | None,
+    options: CalibrateOptions,
+    change: deploy.ChangeOptions,
+    wait: deploy.WaitOptions,
+    reporter: Reporter,
+) -> tuple[StoredBench, int | None]:
+    latest = None
+    if found is not None and serves_like(found, plan.gate.serve_print):
+        revision = found.revision
+        reporter.info(f"calibrate: revision {revision} already serves without a drafter")
+    else:
+        latest = revision = _deploy(session, loaded, plan.baseline, change, wait, reporter,
+                                    "non-speculative baseline")  # fmt: skip
+    request = PlanRequest("serve", plan.cluster, NO_DRAFTER, plan.baseline.plan.inputs["overrides"])
+    try:
+        stored = bench_revision(session, loaded, request, revision,
+                                GateOptions(bench_poll_s=options.bench_poll_s), plan.gate,
+                                reporter)  # fmt: skip
+    except GateMeasurementError as exc:
+        raise RolloutError(f"the non-speculative baseline could not be measured: {exc}") from exc
+    return stored, latest
+
+
+def _measure_k(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    plan: CalibrationPlan,
+    k: int,
+    revision: int,
+    baseline: StoredBench,
+    calibration: Calibration,
+    options: CalibrateOptions,
+    reporter: Reporter,
+) -> Calibration:
+    request = PlanRequest("serve", plan.cluster, plan.drafter,
+                          tuple(plan.revisions[k].plan.inputs["overrides"]),
+                          synthetic=SyntheticAcceptance(k, plan.lengths[k]))  # fmt: skip
+    try:
+        stored = bench_revision(session, loaded, request, revision,
+                                GateOptions(bench_poll_s=options.bench_poll_s), plan.gate,
+                                reporter)  # fmt: skip
+    except GateMeasurementError as exc:
+        raise RolloutError(f"k={k}: {exc}") from exc
+    points = points_from(k, stored.result, baseline.result)
+    if not points:
+        raise RolloutError(
+            f"k={k}: bench run {stored.run_id} measured no synthetic level that the baseline "
+            "has too (were the bench settings changed meanwhile?)"
+        )
+    for point in points:
+        if point.measured_length is None:
+            reporter.info(f"note: k={k} c={point.concurrency}: vLLM's counters were not scraped")
+        elif abs(point.measured_length - point.requested_length) > ACCEPTANCE_TOLERANCE:
+            reporter.info(
+                f"note: k={k} c={point.concurrency} asked acceptance length "
+                f"{point.requested_length}, vLLM counted {point.measured_length:.2f}; the fit "
+                "uses what vLLM counted"
+            )
+    return replace(calibration, points=[*calibration.points, *points],
+                   runs={**calibration.runs, str(k): stored.run_id})  # fmt: skip
+
+
+def points_from(k: int, result: dict[str, Any], baseline: dict[str, Any]) -> list[Point]:
+    """The bench's synthetic levels, each over the baseline's level of the same prompt set and
+    concurrency; levels that failed or have no baseline are left out."""
+    base = {(lv["prompt_set"], int(lv["concurrency"])): lv for lv in baseline.get("levels", [])}
+    points = []
+    for level in result.get("levels", []):
+        key = (level.get("prompt_set"), int(level.get("concurrency", 0)))
+        plain = base.get(key)
+        requested = level.get("synthetic_acceptance_length")
+        if plain is None or requested is None or not level.get("output_tokens_per_s"):
+            continue
+        if not plain.get("output_tokens_per_s"):
+            continue
+        points.append(
+            Point(
+                k=k,
+                concurrency=key[1],
+                prompt_set=str(key[0]),
+                requested_length=float(requested),
+                measured_length=level.get("mean_acceptance_length"),
+                tokens_per_s=float(level["output_tokens_per_s"]),
+                baseline_tokens_per_s=float(plain["output_tokens_per_s"]),
+            )
+        )
+    return points
+
+
+def _restore(
+    session: ClusterSession,
+    plan: CalibrationPlan,
+    found: ReleaseRecord | None,
+    latest: int | None,
+    change: deploy.ChangeOptions,
+    wait: deploy.WaitOptions,
+    reporter: Reporter,
+) -> str:
+    """Put back what served before the calibration; say what was done."""
+    if latest is None:
+        return "nothing was deployed, nothing to restore"
+    try:
+        if found is None:
+            deploy.down(session, plan.release, change, reporter)
+            return "nothing served before the calibration, so the release was taken down again"
+        deploy.rollback(session, plan.release, found.revision, False,
+                        replace(change, auto_rollback=False), wait, reporter,
+                        note=f"restored after calibration {plan.calibration_id}",
+                        expect_serving=latest)  # fmt: skip
+    except deploy.StaleRollbackError as exc:
+        return f"not restored: {exc.message}"
+    except KimiDeployError as exc:
+        return (
+            f"restoring revision {found.revision if found else '-'} failed: {exc.message}; "
+            f"`kimideploy rollback serve --to {found.revision if found else 'N'}` retries it"
+        )
+    return f"restored revision {found.revision} ({found.drafter}), which served before"
+
+
+def _interrupted(plan: CalibrationPlan, found: ReleaseRecord | None, cal: Calibration) -> str:
+    measured = sorted(int(k) for k in cal.runs)
+    back = (
+        f"`kimideploy rollback serve --to {found.revision}` restores what served before"
+        if found
+        else "`kimideploy down serve` removes the calibration revision"
+    )
+    return (
+        f"interrupted: measured k={measured or 'none'} (stored); the calibration revision may "
+        f"still serve: {back}; the same `run calibrate` resumes"
+    )

@@ -1,0 +1,127 @@
+"""`run calibrate` on the real control plane: the planned revisions and bench Jobs, the stored
+calibration, resume after a failed k, the serving revision restored, predictions switching.
+
+Bench results arrive as a real bench pod delivers them (the `result` line in its log, served by
+KWOK): the calibration benches' levels are what a cluster with the step cost COST would measure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.conftest import harness
+from tests.integration.test_gate import BENCH_PODS, FAST, QUICK_BENCH, bench_level, history
+
+pytestmark = pytest.mark.integration
+BASE = {1: 60.0, 8: 400.0}
+COST = {(1, 1): 1.2, (1, 8): 1.5, (2, 1): 1.4, (2, 8): 2.1}
+CALIBRATE = (
+    "run", "calibrate", "--image", "vllm-0.32-kimi", "--drafter", "v3", "--k", "1,2",
+    "--acceptance-length", "1.5,2,3", "--concurrency", "1,8", "--set", QUICK_BENCH, "--yes",
+    "--poll", "0.2", "--scheduling-grace", "2",
+)  # fmt: skip
+
+
+def write_log(path: Path, levels: list[dict[str, Any]]) -> Path:
+    result = {"event": "result", "stage": "bench", "run_id": "x", "levels": levels}
+    return harness.write_container_log(path, ["(human line)", json.dumps(result)])
+
+
+def calibration_logs(where: Path) -> dict[str, Path]:
+    files = {"none": write_log(where / "none.log", [
+        bench_level(p, c, BASE[c], None) for p in ("chat", "reasoning") for c in BASE
+    ])}  # fmt: skip
+    for k, lengths in ((1, (1.5, 2.0)), (2, (1.5, 2.0, 3.0))):
+        levels = []
+        for length in lengths:
+            for p in ("chat", "reasoning"):
+                for c in BASE:
+                    level = bench_level(p, c, round(BASE[c] * length / COST[(k, c)], 3), 0.5)
+                    level.update(mean_acceptance_length=length, synthetic_acceptance_length=length)
+                    levels.append(level)
+        files[str(k)] = write_log(where / f"k{k}.log", levels)
+    return files
+
+
+def by_k(files: dict[str, Path], fail: set[str]) -> Callable[[dict[str, Any]], harness.PodChoice]:
+    def choose(pod: dict[str, Any]) -> harness.PodChoice:
+        k = pod["metadata"]["labels"].get("kimideploy.io/calibration-k", "none")
+        extra = {"kimideploy.test/fail-index": "0"} if k in fail else {}
+        return files[k], extra
+
+    return choose
+
+
+def test_calibrate_measures_stores_resumes_and_restores_what_served(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KIMIDEPLOY_CALIBRATION_CACHE", str(tmp_path / "calibrations"))
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0  # revision 1, vLLM 0.16
+
+    code, _, err = kd(*[a for a in CALIBRATE if a not in ("--image", "vllm-0.32-kimi")])
+    assert code == 2, err
+    assert "vllm-0.16-kimi (vLLM 0.16.0), which has no synthetic rejection sampling" in err
+    assert "--image vllm-0.32-kimi" in err
+    assert len(history(kd)) == 1  # refused before anything was created
+
+    files = calibration_logs(tmp_path)
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_k(files, {"2"})):
+        code, _, err = kd(*CALIBRATE)
+    assert code == 4, err
+    assert "3 model load(s) (baseline, k=1,2)" in err
+    assert "calibration stopped: k=2: bench run" in err
+    assert "measured so far: k=[1]" in err
+    rows = history(kd)
+    assert [(r["drafter"], r["status"]) for r in rows] == [
+        ("none", "superseded"), ("none", "superseded"), ("v3", "superseded"),
+        ("v3", "rolled-back"), ("none", "deployed"),
+    ]  # fmt: skip
+    assert rows[-1]["note"].startswith("restored after calibration")
+
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_k(files, set())):
+        code, out, err = kd(*CALIBRATE)
+    assert code == 0, err
+    assert "1 model load(s) (k=2)" in err and "resuming, k=[1] already measured" in err
+    assert "at c=8 no k pays below acceptance length 1.50" in out
+    rows = history(kd)
+    assert [(r["drafter"], r["status"]) for r in rows[5:]] == [
+        ("v3", "rolled-back"), ("none", "deployed"),
+    ]  # fmt: skip
+    deployment = json.loads(
+        testcluster.kubectl("-n", namespace, "get", "deployment", "kimi-k25-serve", "-o", "json")
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--speculative-config" not in container["args"]
+    assert rows[0]["image"] in container["image"]  # revision 1s vLLM 0.16 is back
+    assert not any(e["name"] == "VLLM_SERVER_DEV_MODE" for e in container.get("env", []))
+
+    code, out, _ = kd("calibrate", "show", "-o", "json")
+    assert code == 0
+    shown = json.loads(out)
+    costs = {(p["k"], p["concurrency"]) for p in shown["points"]}
+    assert costs == set(COST) and shown["complete"] is True
+    assert shown["table"][0]["break-even k=2"] == pytest.approx(1.4, abs=0.01)
+    code, _, err = kd(*CALIBRATE)
+    assert code == 0 and "nothing to do (--again measures it anew)" in err
+
+    # Predictions: the stored calibration was measured on vLLM 0.32, so rtx6000 as configured
+    # (0.16) keeps the default constant and says why; moved to 0.32 it predicts with it.
+    code, out, _ = kd("up", "serve", "--drafter", "v3", "--dry-run")
+    assert code == 0
+    assert "default constant step_cost_per_token" in out and "so not used" in out
+    moved = tmp_path / "moved.yaml"
+    text = (REPO / "kimideploy.yaml").read_text()
+    moved.write_text(text.replace("serve: vllm-0.16-kimi", "serve: vllm-0.32-kimi", 1))
+    code, out, _ = kd("up", "serve", "--drafter", "v3", "--dry-run", config=moved)
+    assert code == 0, out
+    assert "step cost" in out and "measured on 20" in out

@@ -1,0 +1,252 @@
+"""The calibration model: the fit, the predictions that use it, and the plans `run calibrate` makes."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from kimideploy.config.loading import LoadedProject
+from kimideploy.errors import UsageError
+from kimideploy.plan import calibration as cal
+from kimideploy.plan.k_schedule import choose_schedule
+from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.resolve import resolve
+from kimideploy.services.calibrate import lengths_for, points_from
+from kimideploy.services.calibration_report import cannot_pay, rows
+from kimideploy.workloads.synthetic_acceptance import (
+    conditional_rates,
+    rates_for_length,
+    validate_rates,
+)
+
+TRUE_COST = {(1, 1): 1.18, (2, 1): 1.34, (3, 1): 1.52, (1, 32): 1.9, (2, 32): 2.7, (3, 32): 3.4}
+BASE = {1: 60.0, 32: 900.0}
+
+
+def measured(noise: float = 0.02, seed: int = 7) -> list[cal.Point]:
+    """What a calibration run would measure if the step cost were TRUE_COST (with noise)."""
+    rng = random.Random(seed)
+    points = []
+    for (k, c), cost in TRUE_COST.items():
+        for length in lengths_for(k, (1.5, 2.0, 2.5, 3.0, 3.5)):
+            got = length * (1 + rng.uniform(-0.03, 0.03))  # vLLM's counters vs the request
+            tokens = BASE[c] * got / cost * (1 + rng.uniform(-noise, noise))
+            points.append(cal.Point(k, c, "chat", length, round(got, 3), tokens, BASE[c]))
+    return points
+
+
+def calibration_of(points: list[cal.Point], **changes: object) -> cal.Calibration:
+    base = cal.Calibration(
+        cluster="b200", image="img@sha256:1", serve_fingerprint="f" * 16, bench_fingerprint="b",
+        gpus="8 x B200", drafter="v3", measured_at="2026-12-01T10:00:00+0000", ks=[1, 2, 3],
+        lengths=[1.5, 2.0, 2.5, 3.0, 3.5], concurrency=[1, 32], baseline_run="abc123",
+        points=points, complete=True,
+    )  # fmt: skip
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_fit_recovers_a_known_step_cost_from_noisy_measurements() -> None:
+    fitted = {(s.k, s.concurrency): s for s in cal.fit(measured())}
+    assert set(fitted) == set(TRUE_COST)
+    for key, cost in TRUE_COST.items():
+        assert fitted[key].cost == pytest.approx(cost, rel=0.03), key
+        assert fitted[key].residual < 0.04
+    exact = {(s.k, s.concurrency): s.cost for s in cal.fit(measured(noise=0.0))}
+    assert all(exact[key] == pytest.approx(cost, rel=0.005) for key, cost in TRUE_COST.items())
+
+
+def test_a_bad_model_shows_in_the_residual() -> None:
+    """If speedup did not scale with acceptance length the fit says so instead of hiding it."""
+    flat = [cal.Point(2, 1, "chat", length, length, 70.0, 60.0) for length in (1.5, 2.0, 3.0)]
+    assert cal.fit_step_cost(flat).residual > 0.15
+
+
+def test_measured_costs_interpolate_and_extrapolate_in_k_and_concurrency() -> None:
+    costs = cal.MeasuredCost(calibration_of(measured(noise=0.0)))
+    assert costs.cost(2, 1) == pytest.approx(1.34, rel=0.01)
+    between = costs.cost(2, 8)  # log2 8 is 3/5 of the way from 1 to 32
+    assert between == pytest.approx(1.34 + 0.6 * (2.7 - 1.34), rel=0.02)
+    assert costs.cost(2, 64) == pytest.approx(costs.cost(2, 32))
+    assert costs.cost(5, 1) == pytest.approx(1 + 5 * costs.per_token(1), rel=1e-6)
+    assert 0.15 < costs.per_token(1) < 0.2  # the measured counterpart of step_cost_per_token
+    assert cal.break_even_length(costs, 3, 32) == pytest.approx(3.4, rel=0.01)
+    assert cal.speedup(costs, 3, 3.4, 32) == pytest.approx(1.0, rel=0.01)
+
+
+def test_show_names_break_even_best_k_and_where_nothing_pays() -> None:
+    calibration = calibration_of(measured(noise=0.0))
+    table = {r["concurrency"]: r for r in rows(calibration, (0.5, 0.8))}
+    assert table[1]["break-even k=3"] == pytest.approx(1.52, abs=0.02)
+    assert table[32]["best k @a=0.5"] == "none pays"
+    assert table[1]["best k @a=0.8"].startswith("k=3 ")
+    lines = cannot_pay(calibration)
+    assert lines[0] == "at c=1 no k pays below acceptance length 1.18"
+    assert "at c=32 no k pays below acceptance length 1.90" in lines
+    assert lines[-1] == "at c >= 32 no k pays below acceptance length 1.90"
+
+
+def test_the_stored_form_round_trips_and_rejects_another_schema() -> None:
+    calibration = calibration_of(measured())
+    again = cal.Calibration.from_dict(json.loads(json.dumps(calibration.to_dict())))
+    assert again == calibration
+    with pytest.raises(ValueError, match="unknown calibration schema"):
+        cal.Calibration.from_dict({**calibration.to_dict(), "schema": "other"})
+
+
+def test_rates_match_vllms_minimum_variance_schedule_and_rules() -> None:
+    assert rates_for_length(2.5, 3) == [1.0, 0.5, 0.0]
+    assert rates_for_length(4.0, 3) == [1.0, 1.0, 1.0]
+    assert rates_for_length(1.0, 2) == [0.0, 0.0]
+    assert conditional_rates([0.6, 0.3, 0.1]) == pytest.approx([0.6, 0.5, 1 / 3])
+    assert conditional_rates([1.0, 0.0, 0.0]) == [1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match=r"\[1, 4\]"):
+        rates_for_length(4.5, 3)
+    with pytest.raises(ValueError, match="non-increasing"):
+        validate_rates([0.5, 0.6], 2)
+    assert lengths_for(1, (1.5, 2.0, 3.0)) == (1.5, 2.0)
+    assert lengths_for(1, (3.0,)) == (2.0,)
+
+
+def test_points_pair_each_synthetic_level_with_the_baselines_level() -> None:
+    result = {"levels": [
+        {"prompt_set": "chat", "concurrency": 8, "output_tokens_per_s": 500.0,
+         "synthetic_acceptance_length": 2.0, "mean_acceptance_length": 1.98},
+        {"prompt_set": "chat", "concurrency": 4, "output_tokens_per_s": 300.0,
+         "synthetic_acceptance_length": 2.0, "mean_acceptance_length": 2.01},
+        {"prompt_set": "chat", "concurrency": 8, "output_tokens_per_s": 0.0,
+         "synthetic_acceptance_length": 3.0, "mean_acceptance_length": None},
+    ]}  # fmt: skip
+    baseline = {"levels": [{"prompt_set": "chat", "concurrency": 8, "output_tokens_per_s": 400.0}]}
+    (point,) = points_from(2, result, baseline)
+    assert (point.k, point.concurrency, point.length) == (2, 8, 1.98)
+    assert point.speedup == pytest.approx(1.25)
+
+
+def serve_plan(example: LoadedProject, **request: object) -> object:
+    return resolve(example, PlanRequest("serve", **request))  # type: ignore[arg-type]
+
+
+def facts(plan: object) -> dict[str, str]:
+    return dict(plan.facts)  # type: ignore[attr-defined]
+
+
+def calibration_for(example: LoadedProject, cluster: str, **changes: object) -> cal.Calibration:
+    plan = resolve(example, PlanRequest("serve", cluster, "none"))
+    return calibration_of(measured(noise=0.0), cluster=cluster, image=plan.image,
+                          serve_fingerprint=plan.inputs["serve_fingerprint"],
+                          **changes)  # fmt: skip
+
+
+def test_predictions_switch_to_the_stored_calibration_and_say_which(
+    example: LoadedProject,
+) -> None:
+    before = facts(serve_plan(example, cluster="b200", drafter="v3"))
+    assert before["step cost"].startswith("default constant step_cost_per_token")
+    stored = calibration_for(example, "b200")
+    plan = serve_plan(example, cluster="b200", drafter="v3", calibrations=(stored,))
+    after = facts(plan)
+    assert after["step cost"] == "measured on 2026-12-01 (`kimideploy calibrate show`)"
+    assert after["predicted"] != before["predicted"]
+    assert plan.break_even["measured"] is True  # type: ignore[attr-defined]
+    k = example.project.drafters["v3"].num_speculative_tokens
+    level = min(plan.break_even["length"], key=int)  # type: ignore[attr-defined]
+    assert plan.break_even["length"][level] == pytest.approx(  # type: ignore[attr-defined]
+        cal.MeasuredCost(stored).cost(k, int(level)), abs=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"image": "ghcr.io/other@sha256:2"}, "was measured on image ghcr.io/other@sha256:2"),
+        ({"serve_fingerprint": "0" * 16}, "another serve configuration"),
+        ({"cluster": "b300"}, None),
+    ],
+)
+def test_a_calibration_of_another_image_or_configuration_is_not_used(
+    example: LoadedProject, changes: dict[str, object], reason: str | None
+) -> None:
+    stored = replace(calibration_for(example, "b200"), **changes)  # type: ignore[arg-type]
+    plan = serve_plan(example, cluster="b200", drafter="v3", calibrations=(stored,))
+    step = facts(plan)["step cost"]
+    assert step.startswith("default constant")
+    if reason:
+        assert reason in step and step.endswith("so not used")
+    changed = serve_plan(example, cluster="b200", drafter="v3",
+                         overrides=("serve.max_num_seqs=17",),
+                         calibrations=(calibration_for(example, "b200"),))  # fmt: skip
+    assert "another serve configuration" in facts(changed)["step cost"]
+
+
+def test_the_calibration_revision_serves_synthetic_acceptance_with_the_control_extension(
+    example: LoadedProject,
+) -> None:
+    plan = serve_plan(example, cluster="b200", drafter="v3",
+                      synthetic=SyntheticAcceptance(2, (1.5, 2.0, 3.0)))  # fmt: skip
+    deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
+    args = deployment["args"]
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 2
+    assert spec["rejection_sample_method"] == "synthetic"
+    assert spec["synthetic_acceptance_length"] == 1.5
+    extension = args[args.index("--worker-extension-cls") + 1]
+    assert extension == "kimideploy.workloads.synthetic_acceptance.SyntheticAcceptanceControl"
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in deployment["env"]
+    assert deployment["pod_labels"]["kimideploy.io/calibration-k"] == "2"
+    plain = serve_plan(example, cluster="b200", drafter="v3")
+    plain_args = next(o.values for o in plain.objects if o.template == "deployment-serve")["args"]
+    assert "--worker-extension-cls" not in plain_args
+    bench = resolve(example, PlanRequest("bench", "b200", "v3",
+                                         synthetic=SyntheticAcceptance(2, (1.5, 2.0))))  # fmt: skip
+    spec_map = next(o.values for o in bench.objects if o.template == "configmap-spec")
+    sweep = json.loads(spec_map["data"]["spec.json"])["synthetic"]
+    assert sweep["acceptance_lengths"] == [1.5, 2.0] and sweep["num_speculative_tokens"] == 2
+    assert sweep["control_url"].endswith(":8000/collective_rpc")
+
+
+def test_an_image_without_synthetic_rejection_sampling_is_refused_naming_one_that_has_it(
+    example: LoadedProject,
+) -> None:
+    with pytest.raises(UsageError) as refused:
+        serve_plan(example, cluster="rtx6000", drafter="v3",
+                   synthetic=SyntheticAcceptance(3, (2.0,)))  # fmt: skip
+    assert "vllm-0.16-kimi (vLLM 0.16.0)" in refused.value.message
+    assert "vllm-0.32-kimi has it" in refused.value.message
+    assert refused.value.hint == "--image vllm-0.32-kimi calibrates that stack instead"
+    moved = serve_plan(example, cluster="rtx6000", drafter="v3", image="vllm-0.32-kimi",
+                       synthetic=SyntheticAcceptance(3, (2.0,)))  # fmt: skip
+    assert moved.inputs["image_name"] == "vllm-0.32-kimi"  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match=r"outside \[1, 2\]"):
+        serve_plan(example, cluster="b200", drafter="v3", synthetic=SyntheticAcceptance(1, (2.5,)))
+
+
+def test_the_k_schedule_stops_drafting_where_it_cannot_pay() -> None:
+    costs = cal.MeasuredCost(calibration_of(measured(noise=0.0)))
+    good = [0.8, 0.7, 0.6]
+    schedule = choose_schedule("auto", costs, good, 3, 64, "0.32.0")
+    assert schedule.ranges[0][:2] == (1, 5) and schedule.ranges[0][2] >= 2
+    assert schedule.ranges[-1] == (6, 64, 0) or schedule.ranges[-1][2] < schedule.ranges[0][2]
+    assert schedule.ranges[-1][1] == 64
+    predicted = {c: (k, s) for c, k, s in schedule.predicted}
+    assert predicted[32][1] >= 1.0
+    assert "k by batch size 1-5" in schedule.describe()
+    assert choose_schedule("fixed", costs, good, 3, 64, "0.32.0").ranges == ()
+    old = choose_schedule("auto", costs, good, 3, 64, "0.16.0")
+    assert old.ranges == () and "needs >= 0.32" in old.note
+    default = choose_schedule("auto", cal.DefaultCost(0.14, "b200"), good, 3, 64, "0.32.0")
+    assert default.ranges == () and "needs a calibration" in default.note
+
+
+def test_training_plans_say_what_acceptance_the_gate_needs(example: LoadedProject) -> None:
+    plan = resolve(example, PlanRequest("train", "b200"))
+    needed = dict(plan.facts)["acceptance needed"]
+    assert needed.startswith("to pass the gate (") and "default constant" in needed
+    stored = calibration_for(example, "b200")
+    expensive = replace(stored, points=[replace(p, tokens_per_s=p.tokens_per_s / 3)
+                                        for p in stored.points])  # fmt: skip
+    slow = resolve(example, PlanRequest("train", "b200", calibrations=(expensive,)))
+    assert "measured on 2026-12-01" in dict(slow.facts)["acceptance needed"]
+    assert any("no acceptance length up to k+1" in w for w in slow.warnings)
