@@ -13,6 +13,15 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "kimideploy.yaml"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_calibration_copies(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Commands leave a local copy of the cluster's calibrations; tests keep theirs to themselves
+    (and never predict with a copy a real `run calibrate` left in the home cache)."""
+    import os
+
+    os.environ["KIMIDEPLOY_CALIBRATION_CACHE"] = str(tmp_path_factory.mktemp("calibrations"))
+
+
 @pytest.fixture(scope="session")
 def example() -> LoadedProject:
     return load_project(EXAMPLE)

@@ -73,12 +73,17 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     assert "vllm-0.16-kimi (vLLM 0.16.0), which has no synthetic rejection sampling" in err
     assert "--image vllm-0.32-kimi" in err
     assert len(history(kd)) == 1  # refused before anything was created
+    wide = [a if a != "1,8" else "1,4096" for a in CALIBRATE]
+    code, _, err = kd(*wide)
+    assert code == 2 and "--concurrency 4096: above serve.max_num_seqs" in err
+    assert len(history(kd)) == 1
 
     files = calibration_logs(tmp_path)
     with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_k(files, {"2"})):
         code, _, err = kd(*CALIBRATE)
     assert code == 4, err
-    assert "3 model load(s) (baseline, k=1,2)" in err
+    assert "3 model load(s) (baseline, k=1, k=2, each up to the startup budget" in err
+    assert "acceptance lengths k=1 at 1.5, 2.0; k=2 at 1.5, 2.0, 3.0" in err
     assert "calibration stopped: k=2: bench run" in err
     assert "measured so far: k=[1]" in err
     rows = history(kd)
@@ -91,7 +96,8 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_k(files, set())):
         code, out, err = kd(*CALIBRATE)
     assert code == 0, err
-    assert "1 model load(s) (k=2)" in err and "resuming, k=[1] already measured" in err
+    assert "1 model load(s) (k=2, each up to the startup budget" in err
+    assert "at the baseline's tokens/s; resuming, k=[1] already measured" in err
     assert "at c=8 no k pays below acceptance length 1.50" in out
     rows = history(kd)
     assert [(r["drafter"], r["status"]) for r in rows[5:]] == [
@@ -125,3 +131,20 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     code, out, _ = kd("up", "serve", "--drafter", "v3", "--dry-run", config=moved)
     assert code == 0, out
     assert "step cost" in out and "measured on 20" in out
+    # status and the gate judge a served drafter's acceptance against the measured break-even.
+    assert kd("up", "serve", "--drafter", "v3", *FAST, config=moved)[0] == 0
+    code, out, _ = kd("status", "-o", "json")
+    assert code == 0
+    serving = json.loads(out)["serving"]
+    assert serving["break_even_from"].startswith("measured on 20"), serving
+    # v3 drafts k=3, which was not measured: C(3, 1) = 1 + 3 a with a fitted through k=1 and k=2
+    # at c=1, and the break-even rate (C - 1) / k is then a itself (the default would be 0.1433).
+    per_token = (1 * (COST[(1, 1)] - 1) + 2 * (COST[(2, 1)] - 1)) / (1 + 4)
+    assert serving["break_even_rate"] == pytest.approx(per_token, abs=0.002)
+    # Before training: what the drafter must reach here to pass the gate, from the measured cost
+    # (the serve release goes first: on this one-host cluster it holds every GPU).
+    assert kd("down", "serve", "--yes")[0] == 0
+    quick = "train.pod_annotations=" + json.dumps({"kimideploy.test/run-duration": "1s"})
+    code, _, err = kd("run", "train", "--set", quick, "--poll", "0.2", config=moved)
+    assert code == 0, err
+    assert "acceptance needed: to pass the gate (" in err and "measured on 20" in err

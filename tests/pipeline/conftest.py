@@ -26,12 +26,12 @@ from typing import Any
 import pytest
 from tests.pipeline import pods
 from tests.pipeline.corpus import prompts
+from tests.pipeline.figures import FIGURES
 
 from kimideploy.config.loading import LoadedProject, load_project
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "kimideploy.yaml"
-FIGURES: dict[str, Any] = {}
 
 
 def _require() -> bool:

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from tests.pipeline import pods
-from tests.pipeline.conftest import FIGURES, Served, Volumes, service_urls
+from tests.pipeline.conftest import Served, Volumes, service_urls
+from tests.pipeline.figures import FIGURES
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.plan.calibration import fit

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from tests.conftest import REPO
 from tests.pipeline import pods
-from tests.pipeline.conftest import CONFIG, FIGURES, HERE, Served, copy_drafter
+from tests.pipeline.conftest import CONFIG, HERE, Served, copy_drafter
+from tests.pipeline.figures import FIGURES
 
 from kimideploy.chat_template import SAMPLE_FORMAT, generated_turn
 from kimideploy.services.gate_verdict import GateMeasurementError, judge

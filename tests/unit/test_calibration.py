@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from kimideploy.config.loading import LoadedProject
+from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.errors import UsageError
 from kimideploy.plan import calibration as cal
 from kimideploy.plan.k_schedule import choose_schedule
@@ -250,3 +253,30 @@ def test_training_plans_say_what_acceptance_the_gate_needs(example: LoadedProjec
     slow = resolve(example, PlanRequest("train", "b200", calibrations=(expensive,)))
     assert "measured on 2026-12-01" in dict(slow.facts)["acceptance needed"]
     assert any("no acceptance length up to k+1" in w for w in slow.warnings)
+
+
+def test_k_schedule_auto_renders_the_batch_size_schedule_from_the_calibration(
+    edited_config: Callable[..., Path],
+) -> None:
+    path = edited_config((
+        "      dataset: datasets/synthetic-v3\n",
+        "      dataset: datasets/synthetic-v3\n    k_schedule: auto\n"
+        "    acceptance: [0.8, 0.7, 0.6]\n",
+    ))  # fmt: skip
+    loaded = load_project(path)
+    plain = serve_plan(loaded, cluster="b200", drafter="v3")
+    assert "needs a calibration" in facts(plain)["k schedule"]
+    assert "num_speculative_tokens_per_batch_size" not in json.dumps(
+        [o.values for o in plain.objects]  # type: ignore[attr-defined]
+    )
+    stored = calibration_for(loaded, "b200")
+    plan = serve_plan(loaded, cluster="b200", drafter="v3", calibrations=(stored,))
+    objects = plan.objects  # type: ignore[attr-defined]
+    args = next(o.values for o in objects if o.template == "deployment-serve")["args"]
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    schedule = spec["num_speculative_tokens_per_batch_size"]
+    seqs = loaded.project.clusters["b200"].workloads.serve.max_num_seqs
+    assert schedule[0][0] == 1 and schedule[-1][1] == seqs
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(schedule))
+    shown = facts(plan)["k schedule"]
+    assert shown.startswith("k by batch size 1-") and "predicted c=1 k=" in shown

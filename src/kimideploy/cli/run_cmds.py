@@ -100,7 +100,11 @@ def run(
     loaded = state.project(f"run {workload} creates a Job on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    request = PlanRequest(workload, cluster, drafter, overrides)
+    from kimideploy.services.calibrations import stored
+
+    cluster_name = cluster or loaded.project.default_cluster
+    request = PlanRequest(workload, cluster, drafter, overrides,
+                          calibrations=stored(session, loaded, cluster_name))  # fmt: skip
     chosen = None
     if baseline is not None:
         from kimideploy.services.gate import choose_bench_baseline

@@ -97,6 +97,8 @@ class Calibration:
     runs: dict[str, str] = field(default_factory=dict)
     """k -> the bench run id that measured it (a k present here is done: resume skips it)."""
     complete: bool = False
+    bench_settings: dict[str, Any] = field(default_factory=dict)
+    """The bench settings the levels were measured with (bench_fingerprint is their hash)."""
 
     @property
     def costs(self) -> list[StepCost]:

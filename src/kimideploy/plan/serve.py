@@ -64,7 +64,7 @@ def k_schedule(ctx: Context) -> KSchedule:
 
 def config_fingerprint(ctx: Context) -> str:
     """What a calibration must have been measured on to predict for this serve configuration: the
-    image and the non-speculative `vllm serve` arguments, replicas and GPUs."""
+    image, the non-speculative `vllm serve` arguments, replicas, GPUs and the pods' NCCL env."""
     plain = dataclasses.replace(ctx, workload="serve", drafter_name=NO_DRAFTER, drafter=None,
                                 run_id=None, synthetic_k=None, synthetic_lengths=())  # fmt: skip
     serve = ctx.cluster.workloads.serve
@@ -73,6 +73,7 @@ def config_fingerprint(ctx: Context) -> str:
         "args": vllm_args(plain),
         "replicas": serve.replicas,
         "gpus": f"{ctx.cluster.gpu.per_node} x {ctx.cluster.gpu.product}",
+        "env": dict(sorted(ctx.cluster.env.items())),  # NCCL settings change the verify step
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 

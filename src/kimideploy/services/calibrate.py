@@ -75,21 +75,38 @@ class CalibrationPlan:
     serve_fingerprint: str
     gpus: str
     calibration_id: str
+    startup_budget_s: int
+    num_prompts: int
+    max_tokens: int
 
-    def describe(self, baseline_load: bool, done: set[int]) -> str:
+    def describe(self, baseline_load: bool, done: set[int], baseline: StoredBench | None) -> str:
+        """The loads and bench levels still to do, and how long they may take: every load up to
+        the startup budget, and the bench at the baseline's tokens/s when one is known."""
         todo = [k for k in self.revisions if k not in done]
         loads = len(todo) + (1 if baseline_load else 0)
-        levels = len(self.gate.needed)
-        passes = sum(len(self.lengths[k]) for k in todo) * levels
-        budget_s = self.revisions[next(iter(self.revisions))].plan.facts
-        startup = next((v for key, v in budget_s if key == "startup budget"), "?")
+        per_pass = len(self.gate.needed)
+        passes = sum(len(self.lengths[k]) for k in todo)
+        load_s = loads * self.startup_budget_s
+        bench = f"{passes * per_pass} bench levels ({per_pass} per acceptance length)"
+        if baseline is not None:
+            rates = {(lv["prompt_set"], int(lv["concurrency"])): lv["output_tokens_per_s"]
+                     for lv in baseline.result.get("levels", [])}  # fmt: skip
+            tokens = self.num_prompts * self.max_tokens
+            level_s = sum(tokens / rates[key] for key in self.gate.needed if rates.get(key))
+            bench += f", about {_minutes(level_s * passes)} at the baseline's tokens/s"
         resumed = f"; resuming, k={sorted(done)} already measured" if done else ""
+        grid = "; ".join(f"k={k} at {', '.join(map(str, self.lengths[k]))}" for k in todo)
+        resumed += f"; acceptance lengths {grid}" if grid else ""
+        which = ", ".join([*(["baseline"] if baseline_load else []), *(f"k={k}" for k in todo)])
         return (
-            f"calibrate {self.cluster} on {self.image}: {loads} model load(s) "
-            f"({'baseline, ' if baseline_load else ''}k={','.join(map(str, todo)) or 'none'}), "
-            f"{passes} bench levels ({levels} per acceptance length); each load may take up to "
-            f"the startup budget ({startup}){resumed}"
+            f"calibrate {self.cluster} on {self.image}: {loads} model load(s) ({which or 'none'}, "
+            f"each up to the startup budget: {_minutes(load_s)} at most), {bench}{resumed}"
         )
+
+
+def _minutes(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
 def _now() -> str:
@@ -134,7 +151,16 @@ def plan_calibration(
     baseline = render_workload(loaded, base_request)
     gate = gate_context(session, loaded, base_request, GateOptions(concurrency=options.concurrency))
     plan = baseline.plan
-    gpu = project.clusters[plan.cluster].gpu
+    profile = project.clusters[plan.cluster]
+    gpu = profile.gpu
+    seqs = profile.workloads.serve.max_num_seqs
+    beyond = sorted({c for _, c in gate.needed if c > seqs})
+    if beyond:
+        raise UsageError(
+            f"--concurrency {','.join(map(str, beyond))}: above serve.max_num_seqs ({seqs}) vLLM "
+            "queues the extra requests, so the step cost there would be the queue's",
+            hint=f"calibrate at concurrencies up to {seqs}",
+        )
     key = {
         "cluster": plan.cluster, "image": plan.image, "serve": plan.inputs["serve_fingerprint"],
         "bench": gate.bench_print, "drafter": drafter, "lengths": {str(k): list(v) for k, v in
@@ -153,6 +179,9 @@ def plan_calibration(
         serve_fingerprint=plan.inputs["serve_fingerprint"],
         gpus=f"{gpu.per_node} x {gpu.product} per replica",
         calibration_id=calibration_id,
+        startup_budget_s=profile.workloads.serve.startup_budget_s,
+        num_prompts=profile.workloads.bench.num_prompts,
+        max_tokens=profile.workloads.bench.max_tokens,
     )
 
 
@@ -183,7 +212,7 @@ def calibrate(
     needs_load = baseline is None and not (
         found is not None and serves_like(found, plan.gate.serve_print)
     )
-    reporter.info(plan.describe(needs_load, {int(k) for k in calibration.runs}))
+    reporter.info(plan.describe(needs_load, {int(k) for k in calibration.runs}, baseline))
     for rendered in (plan.baseline, *plan.revisions.values()):  # before the first write
         require_prerequisites(session, rendered.objects, plan.cluster)
     if session.ensure_namespace():
@@ -236,6 +265,11 @@ def _fresh(plan: CalibrationPlan) -> Calibration:
         concurrency=sorted({c for _, c in plan.gate.needed}),
         baseline_run="",
         points=[],
+        bench_settings={
+            "prompt_sets": sorted({p for p, _ in plan.gate.needed}),
+            "num_prompts": plan.num_prompts,
+            "max_tokens": plan.max_tokens,
+        },
     )
 
 

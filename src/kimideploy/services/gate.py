@@ -131,6 +131,10 @@ def up_gated(
         f"gate: keep {drafter} only with >= {gate.settings.min_speedup:.2f}x output tokens/s "
         f"over no drafter at {levels} ({', '.join(sorted({p for p, _ in gate.needed}))})"
     )
+    even = render_workload(loaded, replace(request, namespace=session.namespace)).plan.break_even
+    if even:
+        at = ", ".join(f"c={c} {r:.1%}" for c, r in even["rate"].items())
+        reporter.info(f"gate: break-even acceptance rate {at} (step cost: {even['source']})")
     baseline, note = _baseline(session, loaded, request, change, wait, options, gate, reporter)
     outcome = deploy.up(session, loaded, request, change, wait, reporter)
     verdict = _measure_and_judge(

@@ -183,7 +183,8 @@ def watch_release(
     reporter.info(
         f"watching revision {serving.revision} ({serving.drafter}, k="
         f"{facts.num_speculative_tokens}) every {interval:g}s; break-even acceptance "
-        f"{facts.break_even:.1%}; on {settings.windows_below} windows below it: {settings.action}"
+        f"{facts.break_even:.1%} (step cost: {facts.break_even_source}); on "
+        f"{settings.windows_below} windows below it: {settings.action}"
     )
     windows = 0
     while max_windows is None or windows < max_windows:

@@ -45,8 +45,8 @@ def start_run(
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     for key, value in rendered.plan.facts:
-        if key == "datasets":
-            reporter.info(f"datasets: {value}")
+        if key in ("datasets", "acceptance needed"):
+            reporter.info(f"{key}: {value}")
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)
     # The same policy as `up`: a missing namespace is created when the user may (after the render
     # validated, so a bad config creates nothing), otherwise the refusal says who can.
