@@ -146,6 +146,8 @@ def test_the_032_image_needs_no_patch_and_accepts_everything_rendered_for_it(
         *(f"vLLM accepts: {c} --drafter {d}" for c in ("b200", "b300") for d in drafters),
         *(f"vLLM accepts: rtx6000 --drafter {d} (after images.serve: vllm-0.32-kimi)"
           for d in drafters),
+        *(f"vLLM accepts: {c} calibration k={k} (synthetic acceptance)"
+          for c in ("b200", "b300", "rtx6000") for k in (1, 4)),
         *(f"vLLM accepts: {c} extraction at vLLM layers [2, 30, 58, 61]"
           for c in ("b200", "b300", "rtx6000")),
     ]  # fmt: skip
@@ -237,13 +239,24 @@ def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(
     """What `run calibrate` serves (k drafts, synthetic acceptance, the control extension) for each
     default k, and a k-by-batch-size schedule, pass vLLM 0.32's own engine configuration; its
     length rule and schedule parser are the ones kimideploy's checks mirror."""
-    from dataclasses import replace
 
     from kimideploy.images.cpu_vllm import engine_python
-    from kimideploy.plan.k_schedule import KSchedule
+    from kimideploy.plan.calibration import (
+        DEFAULT_KS,
+        DEFAULT_LENGTHS,
+        Calibration,
+        MeasuredCost,
+        Point,
+        lengths_for,
+    )
+    from kimideploy.plan.k_schedule import choose_schedule
+
+    def replace_calibration(points: list[Point]) -> Calibration:
+        return Calibration("b200", "img", "f", "b", "8 x B200", "v1", "2026-12-01T00:00:00+0000",
+                           [1, 2, 3], [1.5, 2.5], [1, 8, 64], "base", points)  # fmt: skip
+
     from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
     from kimideploy.plan.resolve import resolve
-    from kimideploy.services.calibrate import DEFAULT_KS, DEFAULT_LENGTHS, lengths_for
 
     target, drafters = tiny
     base = serve_cases(example, "vllm-0.32-kimi", target, drafters)[1]["argv"]  # b200, v1
@@ -263,7 +276,13 @@ def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(
             "num_speculative_tokens", "rejection_sample_method", "synthetic_acceptance_length")}}  # fmt: skip
         cases.append({"name": f"k={k}", "argv": [*base[: at + 1], json.dumps(calibrated),
                                                  *base[at + 2 :], *extension]})  # fmt: skip
-    schedule = KSchedule(((1, 4, 3), (5, 16, 1), (17, 256, 0)))
+    # A schedule as kimideploy chooses it: cost rising with concurrency, a good drafter.
+    points = [Point(k, c, "chat", length, length, 100.0 * length / (1 + k * a), 100.0)
+              for c, a in ((1, 0.15), (8, 0.4), (64, 1.2)) for k in (1, 2, 3)
+              for length in (1.5, 2.5)]  # fmt: skip
+    measured = MeasuredCost(replace_calibration(points))
+    schedule = choose_schedule("auto", measured, [0.8, 0.7, 0.6], 3, 256, "0.32.0")
+    assert len({k for _, _, k in schedule.ranges}) > 1, schedule  # k changes with batch size
     cases.append({"name": "schedule", "argv": [*base[: at + 1], json.dumps(
         {**spec, "num_speculative_tokens_per_batch_size": [list(r) for r in schedule.ranges]}
     ), *base[at + 2 :]]})  # fmt: skip
@@ -275,7 +294,6 @@ def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(
     assert results["schedule"]["ok"], results["schedule"]
     assert not results["length past k+1"]["ok"]
     assert "synthetic_acceptance_length must be in [1, 2]" in results["length past k+1"]["error"]
-    assert replace(schedule).ranges[0] == (1, 4, 3)
     # vLLM's own parser of the schedule, and its length -> rates rule, against ours.
     import subprocess
 

@@ -141,6 +141,20 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     # at c=1, and the break-even rate (C - 1) / k is then a itself (the default would be 0.1433).
     per_token = (1 * (COST[(1, 1)] - 1) + 2 * (COST[(2, 1)] - 1)) / (1 + 4)
     assert serving["break_even_rate"] == pytest.approx(per_token, abs=0.002)
+    # A speculative revision serving before a calibration is what comes back after it.
+    serving_before = history(kd)[-1]["revision"]
+    small = [*CALIBRATE[:7], "1", "--acceptance-length", "1.5", *CALIBRATE[10:]]
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_k(files, set())):
+        code, _, err = kd(*small)
+    assert code == 0, err
+    assert "1 model load(s) (k=1," in err  # the stored baseline is reused: no baseline load
+    assert f"restored revision {serving_before} (v3), which served before" in err
+    back = json.loads(
+        testcluster.kubectl("-n", namespace, "get", "deployment", "kimi-k25-serve", "-o", "json")
+    )["spec"]["template"]["spec"]["containers"][0]
+    spec = json.loads(back["args"][back["args"].index("--speculative-config") + 1])
+    assert "rejection_sample_method" not in spec and spec["num_speculative_tokens"] == 3
+    assert "--worker-extension-cls" not in back["args"]
     # Before training: what the drafter must reach here to pass the gate, from the measured cost
     # (the serve release goes first: on this one-host cluster it holds every GPU).
     assert kd("down", "serve", "--yes")[0] == 0

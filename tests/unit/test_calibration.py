@@ -14,10 +14,11 @@ import pytest
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.errors import UsageError
 from kimideploy.plan import calibration as cal
+from kimideploy.plan.calibration import lengths_for
 from kimideploy.plan.k_schedule import choose_schedule
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
-from kimideploy.services.calibrate import lengths_for, points_from
+from kimideploy.services.calibrate import points_from
 from kimideploy.services.calibration_report import cannot_pay, rows
 from kimideploy.workloads.synthetic_acceptance import (
     conditional_rates,

@@ -78,8 +78,9 @@ def run(
     if workload == "calibrate":
         if detach or baseline is not None:
             raise UsageError("run calibrate follows its runs to the end; drop --detach/--baseline")
+        from kimideploy.plan.calibration import DEFAULT_KS, DEFAULT_LENGTHS
         from kimideploy.services import deploy
-        from kimideploy.services.calibrate import DEFAULT_KS, DEFAULT_LENGTHS, CalibrateOptions
+        from kimideploy.services.calibrate import CalibrateOptions
 
         options = CalibrateOptions(ks=ks or DEFAULT_KS, lengths=lengths or DEFAULT_LENGTHS,
                                    concurrency=levels, image=image, again=again,

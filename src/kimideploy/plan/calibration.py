@@ -22,6 +22,14 @@ from typing import Any, Protocol
 from kimideploy.plan import speedup as model
 
 CALIBRATION_SCHEMA = "kimideploy.calibration.v1"
+DEFAULT_KS = (1, 2, 3, 4)
+DEFAULT_LENGTHS = (1.5, 2.0, 2.5, 3.0)
+
+
+def lengths_for(k: int, lengths: tuple[float, ...]) -> tuple[float, ...]:
+    """The requested lengths vLLM accepts for k ([1, k+1]); k+1 itself when none fits."""
+    fitting = tuple(sorted({length for length in lengths if 1 <= length <= k + 1}))
+    return fitting or (float(k + 1),)
 
 
 @dataclass(frozen=True)

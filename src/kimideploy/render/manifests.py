@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,33 @@ def sort_for_apply(objects: list[Manifest]) -> list[Manifest]:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the spec JSON in ConfigMaps) as readable block literals."""
+    """Multi-line strings (the spec JSON in ConfigMaps) as readable block literals; strings that
+    Go's YAML would read as something else, quoted."""
+
+
+# What kubectl, Argo CD and Flux (Go: sigs.k8s.io/yaml over go-yaml) resolve as a number, a bool
+# or null where PyYAML, which follows YAML 1.1's narrower patterns, writes a plain string: a run id
+# such as `286e07` (a float to Go, a string to PyYAML) would reach the API server as a number and
+# fail ("cannot unmarshal number into ... labels of type string"). PyYAML quotes what its own
+# resolver would misread; these are quoted in addition.
+GO_NON_STRINGS = re.compile(
+    r"""^(?:
+        [-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?   # ints and floats
+      | [-+]?0[xX][0-9a-fA-F_]+ | [-+]?0[oO][0-7_]+ | [-+]?0[bB][01_]+       # prefixed ints
+      | [-+]?\.(?:inf|Inf|INF) | \.(?:nan|NaN|NAN)
+      | y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE
+      | on|On|ON|off|Off|OFF|~|null|Null|NULL
+    )$""",
+    re.VERBOSE,
+)
+
+
+def needs_quotes_for_go(value: str) -> bool:
+    return value == "" or GO_NON_STRINGS.match(value) is not None
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
+    style = "|" if "\n" in value else ("'" if needs_quotes_for_go(value) else None)
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 

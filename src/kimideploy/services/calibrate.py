@@ -29,7 +29,13 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
-from kimideploy.plan.calibration import Calibration, Point
+from kimideploy.plan.calibration import (
+    DEFAULT_KS,
+    DEFAULT_LENGTHS,
+    Calibration,
+    Point,
+    lengths_for,
+)
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.services import deploy
 from kimideploy.services.gate import (
@@ -45,8 +51,6 @@ from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 
-DEFAULT_KS = (1, 2, 3, 4)
-DEFAULT_LENGTHS = (1.5, 2.0, 2.5, 3.0)
 ACCEPTANCE_TOLERANCE = 0.15
 """How far vLLM's measured mean acceptance length may sit from the requested synthetic one
 before the run says so (the fit uses the measured length either way)."""
@@ -111,12 +115,6 @@ def _minutes(seconds: float) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def lengths_for(k: int, lengths: tuple[float, ...]) -> tuple[float, ...]:
-    """The requested lengths vLLM accepts for k ([1, k+1]); k+1 itself when none fits."""
-    fitting = tuple(sorted({length for length in lengths if 1 <= length <= k + 1}))
-    return fitting or (float(k + 1),)
 
 
 def plan_calibration(

@@ -21,8 +21,9 @@ from kimideploy.images.cpu_vllm import engine_python
 from kimideploy.images.dockerfile import get_image, render_dockerfile
 from kimideploy.images.lock import lock_digest
 from kimideploy.paths import repository_root
+from kimideploy.plan.calibration import DEFAULT_LENGTHS, lengths_for
 from kimideploy.plan.context import drafter_path, target_model_path
-from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.reporting import Reporter
 
@@ -107,6 +108,37 @@ def _serve_cases_for(
     return cases
 
 
+CALIBRATION_KS = (1, 4)
+"""The smallest and largest default k `run calibrate` serves (the others differ only in k)."""
+
+
+def calibration_cases(
+    loaded: LoadedProject, name: str, target: Path, drafters: Path
+) -> list[dict[str, Any]]:
+    """What `run calibrate --image NAME` serves on every cluster this image could run on: k
+    drafts with synthetic acceptance and the control extension (vLLM >= 0.32 only)."""
+    project, image = loaded.project, loaded.project.images[name]
+    if image.role != "serve" or image.vllm is None or version_tuple(image.vllm) < (0, 32):
+        return []
+    cases = []
+    for cluster_name, cluster in sorted(project.clusters.items()):
+        if cluster.gpu.arch not in image.cuda_archs:
+            continue
+        drafter = cluster.workloads.train.drafter
+        record = project.drafters[drafter]
+        for k in CALIBRATION_KS:
+            synthetic = SyntheticAcceptance(k, lengths_for(k, DEFAULT_LENGTHS))
+            plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter, image=name,
+                                               synthetic=synthetic))  # fmt: skip
+            deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
+            args = [a.replace(target_model_path(project), str(target))
+                    .replace(drafter_path(drafter, record), str(drafters / drafter))
+                    for a in deployment["args"]]  # fmt: skip
+            cases.append({"name": f"{cluster_name} calibration k={k} (synthetic acceptance)",
+                          "argv": ["--model", str(target), *args]})  # fmt: skip
+    return cases
+
+
 def extraction_cases(
     loaded: LoadedProject, name: str, target: Path, storage: Path
 ) -> list[dict[str, Any]]:
@@ -188,6 +220,7 @@ def _engine_steps(
     with tempfile.TemporaryDirectory() as tmp:
         target, drafters = write_tiny_models(loaded.project, Path(tmp))
         cases = serve_cases(loaded, name, target, drafters)
+        cases += calibration_cases(loaded, name, target, drafters)
         cases += extraction_cases(loaded, name, target, Path(tmp) / "hidden-states")
         if not cases:
             return [checks.Step("serve flags", True, "no cluster serves with this image")]
