@@ -214,3 +214,30 @@ def test_build_context_only_and_lock_through_the_cli(
     assert main(["--config", str(config), "image", "lock", "tools", "--digest", digest]) == 0
     assert f"images.tools.digest = {digest}" in capsys.readouterr().out
     assert load_project(config).project.images["tools"].digest == digest
+
+
+def test_lock_changes_only_the_digest_whatever_the_layout(tmp_path: Path) -> None:
+    """Another indentation, a flow mapping, a quoted digest and comments everywhere: the file
+    after `image lock` differs from the one before in the digest alone."""
+    text = EXAMPLE.read_text()
+    start, end = text.index("  vllm-0.16-kimi:\n"), text.index("  # vLLM 0.32: EAGLE-3")
+    original = "sha256:0dc1628e8fbee99f666db0fc41760bfbc04182b0c0db5ebe3e8864a5183c7fa8"
+    base = text[start:end].split("base: ")[1].split()[0]
+    flow = (
+        "  vllm-0.16-kimi: {role: serve,   # odd but valid\n"
+        "      repository: ghcr.io/kimideploy/vllm,\n"
+        f'      digest: "{original}",  # pinned by hand\n'
+        f"      base: '{base}', python: '3.12', cuda: '12.9', torch: 2.9.1,\n"
+        "      vllm: 0.16.0, speculators: 0.4.0.1, cuda_archs: [sm_100, sm_103, sm_120],\n"
+        "      patches: [0001-eagle3-allow-kimi-k25-target.patch,\n"
+        "                0002-kimi-k25-media-placeholder-in-drafter.patch,\n"
+        "                0003-kimi-k25-supports-eagle3.patch]}\n"
+    )
+    edited = text[:start] + flow + text[end:]
+    config = tmp_path / "kimideploy.yaml"
+    config.write_text(edited)
+    load_project(config)  # the edited layout is itself valid
+    digest = "sha256:" + "c" * 64
+    lock_digest(config, "vllm-0.16-kimi", digest)
+    assert config.read_text() == edited.replace(f'"{original}"', f'"{digest}"', 1)
+    assert load_project(config).project.images["vllm-0.16-kimi"].digest == digest

@@ -1,40 +1,49 @@
-"""`image lock`: write a pushed digest into kimideploy.yaml, keeping the file's comments."""
+"""`image lock`: write a pushed digest into kimideploy.yaml, changing nothing else in the file.
+
+The digest's scalar is found with PyYAML's composer, whose nodes carry their exact character span
+in the text, and only that span is replaced: comments, blank lines, key order, indentation, flow
+or block style and quoting stay byte for byte (a round trip through even a comment-preserving
+library re-emits the document and may reflow it). The one other edit is dropping an
+`# EXAMPLE PIN` comment on the same line, since the pin is then real.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import yaml
+
 from kimideploy.config.loading import load_project_text
 from kimideploy.errors import UsageError
+
+EXAMPLE_PIN = re.compile(r"\s*#\s*EXAMPLE PIN\s*$")
+
+
+def _value(mapping: yaml.Node | None, key: str) -> yaml.Node | None:
+    if not isinstance(mapping, yaml.MappingNode):
+        return None
+    return next((v for k, v in mapping.value if getattr(k, "value", None) == key), None)
 
 
 def lock_digest(config: Path, name: str, digest: str) -> str:
     """Replace images.<name>.digest in the file's text; validate before writing."""
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         raise UsageError(f"{digest!r} is not a sha256 digest")
-    lines = config.read_text().splitlines(keepends=True)
-    in_images, in_image, replaced = False, False, False
-    for index, line in enumerate(lines):
-        if re.match(r"^images:\s*(#.*)?$", line):
-            in_images = True
-            continue
-        if in_images and re.match(r"^\S", line):
-            break
-        if in_images and re.match(rf"^  {re.escape(name)}:\s*(#.*)?$", line):
-            in_image = True
-            continue
-        if in_image and re.match(r"^  \S", line):
-            break
-        match = re.match(r"^(    digest:\s*)(\S+)(.*)$", line) if in_image else None
-        if match:
-            comment = re.sub(r"#\s*EXAMPLE PIN\s*", "", match.group(3)).rstrip()
-            lines[index] = f"{match.group(1)}{digest}{comment}\n"
-            replaced = True
-            break
-    if not replaced:
+    text = config.read_text()
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{config} is not valid YAML: {exc}") from exc
+    node = _value(_value(_value(root, "images"), name), "digest")
+    if not isinstance(node, yaml.ScalarNode):
         raise UsageError(f"no images.{name}.digest line in {config}", hint="add the image first")
-    text = "".join(lines)
+    start, end = node.start_mark.index, node.end_mark.index
+    quote = text[start] if text[start] in "'\"" else ""
+    line_end = text.find("\n", end)
+    line_end = len(text) if line_end < 0 else line_end
+    rest = EXAMPLE_PIN.sub("", text[end:line_end])
+    text = f"{text[:start]}{quote}{digest}{quote}{rest}{text[line_end:]}"
     load_project_text(text, config)  # never write a file that no longer validates
     config.write_text(text)
     return text
