@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from kimideploy.cli.context import CliState
-from kimideploy.cli.table import format_table
+from kimideploy.cli.table import format_table, machine, output_option
 from kimideploy.cli.terminal import cluster_options
 
 cluster_option = click.option("--cluster", help="Cluster profile (default: default_cluster).")
@@ -22,7 +21,7 @@ def bench() -> None:
 @bench.command("list")
 @cluster_option
 @cluster_options
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 @click.pass_obj
 def list_runs(
     state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
@@ -34,7 +33,7 @@ def list_runs(
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
     rows = list_rows(session, f"{loaded.project.name}-serve")
-    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+    click.echo(machine(rows, output) or format_table(rows))
 
 
 @bench.command()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
 
 from kimideploy.cli.context import CliState
-from kimideploy.cli.table import format_table
+from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 
 
@@ -62,10 +61,7 @@ def calibrate() -> None:
 @calibrate.command()
 @click.option("--cluster", help="Cluster profile (default: default_cluster).")
 @cluster_options
-@click.option(
-    "-o", "--output", type=click.Choice(["table", "json", "png"]), default="table",
-    help="png: speedup against acceptance length per concurrency, with the 1.0x line.",
-)  # fmt: skip
+@output_option("table", "png")
 @click.option("--file", "png_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Where -o png writes (default: calibration-CLUSTER.png).")  # fmt: skip
 @click.option(
@@ -101,14 +97,14 @@ def show(
         )
     calibration_id, calibration = measured[-1]
     rates = per_token or report.DEFAULT_PER_TOKEN
-    if output == "json":
+    if output in MACHINE_FORMATS:
         document = {
             "id": calibration_id,
             **calibration.to_dict(),
             "table": report.rows(calibration, rates),
             "cannot_pay": report.cannot_pay(calibration),
         }
-        click.echo(json.dumps(document, indent=2))
+        click.echo(machine(document, output))
         return
     click.echo(report.header(calibration_id, calibration))
     click.echo(format_table(report.rows(calibration, rates)))

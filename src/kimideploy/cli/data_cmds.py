@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
+
+from kimideploy.cli.table import MACHINE_FORMATS, machine, output_option
 
 
 @click.group()
@@ -15,7 +16,7 @@ def data() -> None:
 
 @data.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@output_option("text")
 @click.option(
     "--sample",
     "number",
@@ -38,8 +39,8 @@ def inspect(path: Path, output: str, number: int | None, model: Path | None) -> 
 
     if number is not None:
         view = sample_view(path, number, model)
-        if output == "json":
-            click.echo(json.dumps(view, indent=2))
+        if output in MACHINE_FORMATS:
+            click.echo(machine(view, output))
             return
         for key, value in view.items():
             if key in ("text", "token ids"):
@@ -48,8 +49,8 @@ def inspect(path: Path, output: str, number: int | None, model: Path | None) -> 
                 click.echo(f"{key:16} {value}")
         return
     report = summary(run(path))
-    if output == "json":
-        click.echo(json.dumps(report, indent=2))
+    if output in MACHINE_FORMATS:
+        click.echo(machine(report, output))
     else:
         for key, value in report.items():
             if key != "problems" and value is not None:

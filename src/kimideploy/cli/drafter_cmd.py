@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from kimideploy.cli.context import CliState
-from kimideploy.cli.table import format_table
+from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
 
 
 @click.group()
@@ -17,15 +16,15 @@ def drafter() -> None:
 
 
 @drafter.command("list")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 @click.pass_obj
 def list_drafters(state: CliState, output: str) -> None:
     """Name, method, source, tokens, layer ids with their convention, and status."""
     from kimideploy.services.drafters import drafter_rows
 
     rows = drafter_rows(state.project().project)
-    if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+    if output in MACHINE_FORMATS:
+        click.echo(machine(rows, output))
         return
     click.echo(format_table(rows))
 
@@ -43,7 +42,7 @@ def list_drafters(state: CliState, output: str) -> None:
     default=None,
     help="Judge for serving there: its serve image's vLLM and its step cost (default cluster).",
 )
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 @click.pass_obj
 def check(
     state: CliState, name: str, folder: Path | None, cluster: str | None, output: str
@@ -71,7 +70,7 @@ def check(
         {"check": f.check, "status": f.status, "detail": f.detail, "fix": "" if f.ok else f.fix}
         for f in findings
     ]
-    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+    click.echo(machine(rows, output) or format_table(rows))
     if folder is None:
         click.echo(
             "(registry checks only: pass --dir with a copy of the drafter to check its files)",

@@ -7,7 +7,7 @@ import json
 import click
 
 from kimideploy.cli.context import CliState
-from kimideploy.cli.table import format_table
+from kimideploy.cli.table import format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter
 
 
@@ -19,7 +19,7 @@ def host() -> None:
 @host.command("check")
 @click.argument("cluster")
 @click.option("--host", "only", help="Only this host of the cluster.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 @click.pass_obj
 def check(state: CliState, cluster: str, only: str | None, output: str) -> None:
     """Is the host ready? GPUs, driver, CUDA, disk, runtime, k3s, device plugin, fabric."""
@@ -28,7 +28,7 @@ def check(state: CliState, cluster: str, only: str | None, output: str) -> None:
 
     results = check_hosts(state.project().project, cluster, only=only)
     rows = check_rows(results)
-    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+    click.echo(machine(rows, output) or format_table(rows))
     blocking = [r for r in rows if r["status"] == "FAIL"]
     if blocking:
         raise KimiDeployError(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from kimideploy.cli.context import CliState
-from kimideploy.cli.table import format_table
+from kimideploy.cli.table import format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter
 
 
@@ -18,14 +17,14 @@ def image() -> None:
 
 
 @image.command("list")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 @click.pass_obj
 def list_images(state: CliState, output: str) -> None:
     """Name, base, vLLM, torch, speculators, patches, digest, and which clusters use it."""
     from kimideploy.services.images import image_rows
 
     rows = image_rows(state.project().project)
-    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+    click.echo(machine(rows, output) or format_table(rows))
 
 
 @image.command()

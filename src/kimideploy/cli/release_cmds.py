@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from kimideploy.cli.context import CliState
-from kimideploy.cli.table import format_table
+from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 
 RELEASE = click.Choice(["serve"])
@@ -78,7 +76,7 @@ def rollback(
 @click.argument("workload", type=RELEASE)
 @cluster_option
 @cluster_options
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 @click.pass_obj
 def history(
     state: CliState,
@@ -92,13 +90,13 @@ def history(
     from kimideploy.services.deploy import history_rows
 
     rows = history_rows(_session(state, cluster, context, namespace), _release(state, workload))
-    click.echo(json.dumps(rows, indent=2) if output == "json" else format_table(rows))
+    click.echo(machine(rows, output) or format_table(rows))
 
 
 @click.command()
 @cluster_option
 @cluster_options
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 @click.pass_obj
 def status(
     state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
@@ -111,8 +109,8 @@ def status(
         _release(state, "serve"),
         state.project().project.name,
     )
-    if output == "json":
-        click.echo(json.dumps(report, indent=2))
+    if output in MACHINE_FORMATS:
+        click.echo(machine(report, output))
         return
     width = max(len(key) for key in report["serving"])
     for key, value in report["serving"].items():

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import click
+from click.decorators import FC
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -24,3 +27,32 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value))
     return str(value)
+
+
+MACHINE_FORMATS = ("json", "yaml")
+"""`-o json` and `-o yaml` carry the same document: what a script reads, stable across releases."""
+
+
+def output_option(human: str = "table", *more: str) -> Callable[[FC], FC]:
+    """`-o/--output`: the human form first (the default), then json and yaml, then `more`."""
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice([human, *MACHINE_FORMATS, *more]),
+        default=human,
+        show_default=True,
+        help="json and yaml print the same document, for scripts.",
+    )
+
+
+def machine(document: Any, output: str) -> str | None:
+    """The document as `-o json` or `-o yaml` prints it; None for the human forms."""
+    if output == "json":
+        import json
+
+        return json.dumps(document, indent=2)
+    if output == "yaml":
+        import yaml
+
+        return yaml.safe_dump(document, sort_keys=False, allow_unicode=True).rstrip("\n")
+    return None

@@ -1,0 +1,55 @@
+"""`-o yaml` wherever `-o json` exists, the same document; shell completion through click's own
+mechanism, as the README documents it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kimideploy.cli.main import main
+
+KIMIDEPLOY = Path(sys.executable).parent / "kimideploy"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("drafter", "list"), ("image", "list"), ("drafter", "check", "v3")],
+)
+def test_yaml_and_json_print_the_same_document(
+    capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
+) -> None:
+    code_json, as_json = run(capsys, *command, "-o", "json")
+    code_yaml, as_yaml = run(capsys, *command, "-o", "yaml")
+    assert code_json == code_yaml
+    assert yaml.safe_load(as_yaml) == json.loads(as_json)
+    assert not as_yaml.lstrip().startswith(("{", "["))  # block YAML, not JSON
+
+
+def complete(*words: str) -> list[str]:
+    env = {**os.environ, "COMP_WORDS": " ".join(words), "COMP_CWORD": str(len(words) - 1),
+           "_KIMIDEPLOY_COMPLETE": "bash_complete"}  # fmt: skip
+    done = subprocess.run([str(KIMIDEPLOY)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [line.split(",", 1)[1] for line in done.stdout.splitlines() if "," in line]
+
+
+def test_shell_completion_offers_commands_workloads_and_choices() -> None:
+    script = subprocess.run([str(KIMIDEPLOY)], env={**os.environ, "_KIMIDEPLOY_COMPLETE":
+                            "bash_source"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "_kimideploy_completion()" in script.stdout and "complete -o" in script.stdout
+    assert {"up", "run", "rollback", "calibrate", "status"} <= set(complete("kimideploy", ""))
+    assert complete("kimideploy", "run", "") == [
+        "datagen", "extract", "vocab", "train", "bench", "calibrate",
+    ]  # fmt: skip
+    assert complete("kimideploy", "calibrate", "show", "-o", "") == ["table", "json", "yaml", "png"]
