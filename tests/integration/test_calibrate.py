@@ -46,14 +46,17 @@ def calibration_logs(where: Path) -> dict[str, Path]:
                     level.update(mean_acceptance_length=length, synthetic_acceptance_length=length)
                     levels.append(level)
         files[str(k)] = write_log(where / f"k{k}.log", levels)
+    files["no-result"] = harness.write_container_log(where / "broken.log", ["(human line)"])
     return files
 
 
-def by_k(files: dict[str, Path], fail: set[str]) -> Callable[[dict[str, Any]], harness.PodChoice]:
+def by_k(files: dict[str, Path], broken: set[str]) -> Callable[[dict[str, Any]], harness.PodChoice]:
+    """Each bench pod gets the log of the k it measures; a `broken` k's pod prints no result line
+    (deterministic, unlike failing a pod that may already have finished)."""
+
     def choose(pod: dict[str, Any]) -> harness.PodChoice:
         k = pod["metadata"]["labels"].get("kimideploy.io/calibration-k", "none")
-        extra = {"kimideploy.test/fail-index": "0"} if k in fail else {}
-        return files[k], extra
+        return (files["no-result"] if k in broken else files[k]), {}
 
     return choose
 
@@ -84,7 +87,7 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     assert code == 4, err
     assert "3 model load(s) (baseline, k=1, k=2, each up to the startup budget" in err
     assert "acceptance lengths k=1 at 1.5, 2.0; k=2 at 1.5, 2.0, 3.0" in err
-    assert "calibration stopped: k=2: bench run" in err
+    assert "calibration stopped: k=2: bench run" in err and "without a result line" in err
     assert "measured so far: k=[1]" in err
     rows = history(kd)
     assert [(r["drafter"], r["status"]) for r in rows] == [
@@ -119,6 +122,13 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     assert shown["table"][0]["break-even k=2"] == pytest.approx(1.4, abs=0.01)
     code, _, err = kd(*CALIBRATE)
     assert code == 0 and "nothing to do (--again measures it anew)" in err
+    # --again measures next to the stored one, which stays (and predicts) until the new is done.
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_k(files, {"1"})):
+        code, _, err = kd(*CALIBRATE, "--again")
+    assert code == 4, err
+    stored = testcluster.kubectl("-n", namespace, "get", "configmaps", "-l",
+                                 "kimideploy.io/calibration=rtx6000", "-o", "name").split()  # fmt: skip
+    assert len(stored) == 2 and any(name.endswith("-1") for name in stored), stored
 
     # Predictions: the stored calibration was measured on vLLM 0.32, so rtx6000 as configured
     # (0.16) keeps the default constant and says why; moved to 0.32 it predicts with it.

@@ -281,3 +281,11 @@ def test_k_schedule_auto_renders_the_batch_size_schedule_from_the_calibration(
     assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(schedule))
     shown = facts(plan)["k schedule"]
     assert shown.startswith("k by batch size 1-") and "predicted c=1 k=" in shown
+
+
+def test_a_complete_calibration_predicts_before_a_newer_partial_one(example: LoadedProject) -> None:
+    complete = calibration_for(example, "b200")
+    partial = replace(complete, complete=False, measured_at="2026-12-02T10:00:00+0000",
+                      points=[replace(p, tokens_per_s=p.tokens_per_s / 2) for p in complete.points])  # fmt: skip
+    plan = serve_plan(example, cluster="b200", drafter="v3", calibrations=(complete, partial))
+    assert facts(plan)["step cost"] == "measured on 2026-12-01 (`kimideploy calibrate show`)"

@@ -147,7 +147,9 @@ def _serve_view(ctx: Context) -> Context:
 def _cost_model(ctx: Context, request: PlanRequest) -> tuple[CostModel | None, str]:
     """The newest stored calibration measured on this serve configuration; else the default
     constant, with the reason the newest one of the cluster does not apply."""
-    mine = [c for c in request.calibrations if c.cluster == ctx.cluster_name]
+    # Complete calibrations before partial ones (a new one being measured, or interrupted).
+    mine = sorted((c for c in request.calibrations if c.cluster == ctx.cluster_name),
+                  key=lambda c: (c.complete, c.measured_at))  # fmt: skip
     if not mine:
         return None, ""
     view = _serve_view(ctx)

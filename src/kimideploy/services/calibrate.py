@@ -195,15 +195,22 @@ def calibrate(
     reporter: Reporter,
 ) -> Calibration:
     plan = plan_calibration(session, loaded, cluster, drafter, overrides, options)
-    stored = dict(session.calibrations(plan.cluster)).get(plan.calibration_id)
+    earlier = [(cid, c) for cid, c in session.calibrations(plan.cluster)
+               if cid.split("-")[0] == plan.calibration_id]  # fmt: skip
+    stored = earlier[-1][1] if earlier else None
     if stored is not None and stored.complete and not options.again:
         reporter.info(
-            f"calibration {plan.calibration_id} of this plan was measured on {stored.date}; "
+            f"calibration {earlier[-1][0]} of this plan was measured on {stored.date}; "
             "nothing to do (--again measures it anew)"
         )
         return stored
-    if stored is not None and options.again:
+    if stored is not None and (stored.complete or options.again):
+        # A new measurement is stored next to the old one, which predictions keep using until
+        # the new one is complete.
+        plan = replace(plan, calibration_id=f"{plan.calibration_id}-{len(earlier)}")
         stored = None
+    elif earlier:
+        plan = replace(plan, calibration_id=earlier[-1][0])
     calibration = stored or _fresh(plan)
     found = serving_record(session, plan.release)
     baseline = _stored_baseline(session, plan, calibration)
