@@ -38,15 +38,15 @@ def run_calibrate(
     wait: Any,
 ) -> None:
     from kimideploy.services import calibrations
-    from kimideploy.services.calibrate import calibrate
+    from kimideploy.services.calibrate import calibrate, plan_calibration
     from kimideploy.services.calibration_report import cannot_pay
     from kimideploy.services.connection import open_session
 
     loaded = state.project("run calibrate deploys serve revisions on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    result = calibrate(session, loaded, cluster, drafter, overrides, options, change, wait,
-                       reporter)  # fmt: skip
+    plan = plan_calibration(session, loaded, cluster, drafter, overrides, options)
+    result = calibrate(session, loaded, plan, options, change, wait, reporter)
     calibrations.stored(session, loaded, result.cluster)  # refresh the local copy
     for line in cannot_pay(result):
         click.echo(line)

@@ -133,6 +133,12 @@ class TrainSpec(WorkloadSpec):
     online: OnlineTrainSpec | None = None
 
 
+SYNTHETIC_CONTROL_EXTENSION = "kimideploy.workloads.synthetic_acceptance.SyntheticAcceptanceControl"
+"""The vLLM worker extension a calibration revision serves with (`--worker-extension-cls`)."""
+SYNTHETIC_CONTROL_METHOD = "kimideploy_set_synthetic_acceptance"
+"""Its method, which the bench calls through `/collective_rpc`."""
+
+
 class SyntheticSweep(SpecModel):
     """`run calibrate`: the bench measures every level at each synthetic acceptance length,
     setting it through the calibration revision's control endpoint before each pass."""

@@ -63,7 +63,7 @@ def _break_even(ctx: Context) -> dict[str, Any]:
     if ctx.workload != "serve" or ctx.drafter is None or ctx.synthetic_k is not None:
         return {}
     k = ctx.drafter.num_speculative_tokens
-    levels = ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency
+    levels = gated_levels(ctx)
     costs = ctx.cost_model
     return {
         "source": _cost_source(ctx),
@@ -119,8 +119,13 @@ def serve_cost_model(
     """The cost model serving on `cluster` predicts with, where it comes from, and the lowest
     gated concurrency (what `drafter check` predicts at)."""
     ctx = _context(loaded, PlanRequest("serve", cluster, NO_DRAFTER, calibrations=calibrations))
-    levels = ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency
+    levels = gated_levels(ctx)
     return ctx.cost_model, _cost_source(ctx), min(levels)
+
+
+def gated_levels(ctx: Context) -> list[int]:
+    """The concurrencies the gate decides at (gate.concurrency, else the bench's)."""
+    return list(ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency)
 
 
 def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
@@ -317,7 +322,7 @@ def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
     facts += [("speculative", json.dumps(spec)), ("aux layers", aux)]
     k = ctx.synthetic_k or drafter.num_speculative_tokens
     gate = ctx.cluster.gate
-    gated = list(gate.concurrency or ctx.cluster.workloads.bench.concurrency)
+    gated = gated_levels(ctx)
     levels = ",".join(map(str, gated))
     policy = (
         f"with --gate: keep only at >= {gate.min_speedup:.2f}x output tokens/s over no drafter "
@@ -364,7 +369,7 @@ def _training_target_fact(ctx: Context) -> tuple[str, str, str | None]:
     drafter = ctx.drafter
     assert drafter is not None
     gate, k = ctx.cluster.gate, drafter.num_speculative_tokens
-    levels = list(gate.concurrency or ctx.cluster.workloads.bench.concurrency)
+    levels = gated_levels(ctx)
     costs = ctx.cost_model
     needed = {c: calibration.required_length(costs, k, c, gate.min_speedup) for c in levels}
     text = (

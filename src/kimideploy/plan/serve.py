@@ -9,7 +9,12 @@ import math
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, Drafter
-from kimideploy.config.specs import SPEC_FILE_NAME, SPEC_PATH, ServeSpec
+from kimideploy.config.specs import (
+    SPEC_FILE_NAME,
+    SPEC_PATH,
+    SYNTHETIC_CONTROL_EXTENSION,
+    ServeSpec,
+)
 from kimideploy.plan import pods
 from kimideploy.plan.context import Context, drafter_path, is_speculative, target_model_path
 from kimideploy.plan.k_schedule import KSchedule, choose_schedule
@@ -17,7 +22,6 @@ from kimideploy.plan.model import ObjectPlan
 
 # The worker extension `run calibrate` serves with (kimideploy is in every serve image), and the
 # environment that opens vLLM's /collective_rpc for it; only calibration revisions get either.
-SYNTHETIC_EXTENSION = "kimideploy.workloads.synthetic_acceptance.SyntheticAcceptanceControl"
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 HEALTH_PATH = "/health"
@@ -100,7 +104,7 @@ def vllm_args(ctx: Context) -> list[str]:
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec)]
     if ctx.synthetic_k is not None:
-        args += ["--worker-extension-cls", SYNTHETIC_EXTENSION]
+        args += ["--worker-extension-cls", SYNTHETIC_CONTROL_EXTENSION]
     # Every value here is the user's or derived from it; none refers to a pod variable.
     return [pods.literal(a) for a in [*args, *serve.extra_args]]
 

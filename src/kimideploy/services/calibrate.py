@@ -186,15 +186,13 @@ def plan_calibration(
 def calibrate(
     session: ClusterSession,
     loaded: LoadedProject,
-    cluster: str | None,
-    drafter: str | None,
-    overrides: tuple[str, ...],
+    plan: CalibrationPlan,
     options: CalibrateOptions,
     change: deploy.ChangeOptions,
     wait: deploy.WaitOptions,
     reporter: Reporter,
 ) -> Calibration:
-    plan = plan_calibration(session, loaded, cluster, drafter, overrides, options)
+    """Carry out a plan from plan_calibration (which has refused everything it could)."""
     earlier = [(cid, c) for cid, c in session.calibrations(plan.cluster)
                if cid.split("-")[0] == plan.calibration_id]  # fmt: skip
     stored = earlier[-1][1] if earlier else None

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kimideploy.config.specs import BenchSpec, SyntheticSweep
+from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
 from kimideploy.vllm_metrics import acceptance
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
@@ -33,7 +33,7 @@ from kimideploy.workloads.runtime import (
     json_request_headers,
     log,
 )
-from kimideploy.workloads.synthetic_acceptance import CONTROL_METHOD, rates_for_length
+from kimideploy.workloads.synthetic_acceptance import rates_for_length
 
 TOPICS = [
     "tensor parallelism",
@@ -196,7 +196,7 @@ def set_synthetic_acceptance(sweep: SyntheticSweep, length: float) -> list[float
     """Set the server's synthetic acceptance length; a server that cannot is a bad input (it was
     not deployed as a calibration revision), not a measurement to report."""
     rates = rates_for_length(length, sweep.num_speculative_tokens)
-    body = {"method": CONTROL_METHOD, "args": [json.dumps(rates)], "timeout": 60}
+    body = {"method": SYNTHETIC_CONTROL_METHOD, "args": [json.dumps(rates)], "timeout": 60}
     try:
         answer = _post(sweep.control_url, body)
         _post(sweep.reset_prefix_cache_url)

@@ -18,8 +18,6 @@ import itertools
 import json
 from typing import Any
 
-CONTROL_METHOD = "kimideploy_set_synthetic_acceptance"
-EXTENSION_CLASS = "kimideploy.workloads.synthetic_acceptance.SyntheticAcceptanceControl"
 RATE_ATTRIBUTE = "synthetic_conditional_rates"
 
 
@@ -56,7 +54,7 @@ def conditional_rates(unconditional: list[float]) -> list[float]:
     return out
 
 
-class SyntheticAcceptanceControl:
+class SyntheticAcceptanceControl:  # named in config/specs.py (SYNTHETIC_CONTROL_*)
     """Mixed into vLLM's worker class by `--worker-extension-cls`; no state of its own."""
 
     model_runner: Any
