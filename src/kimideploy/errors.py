@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -21,10 +22,15 @@ class KimiDeployError(Exception):
 
     exit_code: ExitCode = ExitCode.RUNTIME
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, hint: str | None = None, outcome: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # What a failure leaves behind, for `-o json` outcomes: the failed revision, what serves
+        # now, a gate verdict, a run's state (keys of kimideploy.outcome.v1).
+        self.outcome = outcome or {}
 
 
 class ConfigError(KimiDeployError):

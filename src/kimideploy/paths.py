@@ -23,5 +23,10 @@ def templates_dir() -> Path:
     return repository_root() / "templates" / "k8s"
 
 
+def dashboard_path() -> Path:
+    """The shipped Grafana dashboard that every serve release's dashboard ConfigMap specialises."""
+    return repository_root() / "k8s" / "base" / "dashboards" / "kimideploy-vllm.json"
+
+
 def example_config_path() -> Path:
     return repository_root() / "kimideploy.yaml"

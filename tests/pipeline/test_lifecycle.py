@@ -152,6 +152,11 @@ def test_the_gate_judges_the_real_counters_with_the_code_up_gate_uses(
         length(served["good"], "chat"),
         length(served["good"], "reasoning"),
     ]
+    # The serve plan asked vLLM 0.32 for each response's own acceptance, and the bench counted
+    # those; with no other traffic in a level's window they equal what /metrics counted.
+    for level in served["good"].bench["levels"]:
+        assert level["metrics"] == "requests", level
+        assert level["acceptance_rate"] == pytest.approx(level["scraped_acceptance_rate"]), level
     # A server without a drafter has no spec-decode counters: the gate refuses to guess.
     with pytest.raises(GateMeasurementError, match="counters are missing"):
         judge(baseline, baseline, [("chat", 1)], 1.0)

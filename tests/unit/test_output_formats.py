@@ -53,3 +53,37 @@ def test_shell_completion_offers_commands_workloads_and_choices() -> None:
         "datagen", "extract", "vocab", "train", "bench", "calibrate",
     ]  # fmt: skip
     assert complete("kimideploy", "calibrate", "show", "-o", "") == ["table", "json", "yaml", "png"]
+    assert complete("kimideploy", "up", "serve", "-o", "") == ["prose", "json", "yaml"]
+
+
+def test_an_outcome_has_every_key_of_its_command_and_refuses_others() -> None:
+    from kimideploy.cli.outcome import RELEASE_KEYS, RUN_KEYS, expect
+
+    assert expect("up serve", "prose", RELEASE_KEYS) is None
+    pending = expect("run train", "json", RUN_KEYS)
+    assert pending is not None
+    document = pending.document(0, "complete", "done", None, {"run": {"id": "abc123"}})
+    assert list(document)[7:] == list(RUN_KEYS)
+    assert document["comparison"] is None and document["run"] == {"id": "abc123"}
+    with pytest.raises(ValueError, match="revision"):
+        pending.document(4, "failed", "x", None, {"revision": 3})
+
+
+def test_a_failure_before_the_command_ran_prints_no_outcome(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = run(capsys, "up", "serve", "--drafter", "v3", "--bogus", "-o", "json")
+    assert code == 2 and out == ""  # click refused the line: no command, so no outcome
+
+
+def test_a_refusal_is_an_outcome_document_with_its_exit_code(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./kimideploy.yaml: the implicit example, which up refuses
+    monkeypatch.delenv("KIMIDEPLOY_CONFIG", raising=False)
+    code, out = run(capsys, "up", "serve", "--drafter", "v3", "-o", "json")
+    document = json.loads(out)
+    assert code == 2 and document["exit_code"] == 2 and document["ok"] is False
+    assert document["status"] == "refused" and "built-in example" in document["reason"]
+    assert document["hint"].startswith("create ./kimideploy.yaml")
+    assert document["revision"] is None and document["command"] == "up serve"

@@ -36,7 +36,9 @@ def run_calibrate(
     options: Any,
     change: Any,
     wait: Any,
-) -> None:
+    quiet: bool = False,
+) -> Any:
+    """Measure and store; `quiet` leaves stdout to the caller's outcome document."""
     from kimideploy.services import calibrations
     from kimideploy.services.calibrate import calibrate, plan_calibration
     from kimideploy.services.calibration_report import cannot_pay
@@ -48,9 +50,12 @@ def run_calibrate(
     plan = plan_calibration(session, loaded, cluster, drafter, overrides, options)
     result = calibrate(session, loaded, plan, options, change, wait, reporter)
     calibrations.stored(session, loaded, result.cluster)  # refresh the local copy
+    if quiet:
+        return result
     for line in cannot_pay(result):
         click.echo(line)
     click.echo("`kimideploy calibrate show` prints the whole curve")
+    return result
 
 
 @click.group()

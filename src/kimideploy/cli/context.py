@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from kimideploy.cli.outcome import PendingOutcome
     from kimideploy.config.loading import LoadedProject
 
 WORKLOAD_CHOICE = click.Choice(["datagen", "extract", "vocab", "train", "bench", "serve"])
@@ -20,6 +21,8 @@ class CliState:
     debug: bool
     _loaded: LoadedProject | None = field(default=None, repr=False)
     _noted: bool = field(default=False, repr=False)
+    outcome: PendingOutcome | None = None
+    """Set by a command run with `-o json|yaml`; main prints it when the command fails."""
 
     def project(self, changes: str | None = None) -> LoadedProject:
         """Load (once) the --config / KIMIDEPLOY_CONFIG file, ./kimideploy.yaml, or the built-in

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,6 +23,7 @@ from kimideploy.cli import (
     up_cmd,
 )
 from kimideploy.cli.context import CliState
+from kimideploy.cli.outcome import failure_status
 from kimideploy.errors import ExitCode, KimiDeployError
 
 
@@ -43,7 +45,10 @@ def cli(ctx: click.Context, config_path: Path | None, debug: bool) -> None:
     Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 cluster unreachable or
     forbidden, 4 rollout or job failed (or the gate rolled a drafter back), 130 interrupted.
     """
-    ctx.obj = CliState(config_path=config_path, debug=debug)
+    if isinstance(ctx.obj, CliState):  # main() made it, to read a pending outcome on failure
+        ctx.obj.config_path, ctx.obj.debug = config_path, debug
+    else:
+        ctx.obj = CliState(config_path=config_path, debug=debug)
 
 
 cli.add_command(render_cmd.render)
@@ -65,29 +70,39 @@ cli.add_command(calibrate_cmds.calibrate)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; KimiDeployError becomes a message, a hint and its documented exit code."""
+    """Run the CLI; KimiDeployError becomes a message, a hint and its documented exit code (and,
+    where the command was asked for `-o json|yaml`, the outcome document on stdout)."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    state = CliState(config_path=None, debug=debug)
     try:
-        cli.main(args=argv, prog_name="kimideploy", standalone_mode=False)
+        cli.main(args=argv, prog_name="kimideploy", standalone_mode=False, obj=state)
     except KimiDeployError as exc:
         if debug:
             raise
         click.echo(f"error: {exc.message}", err=True)
         if exc.hint:
             click.echo(f"hint: {exc.hint}", err=True)
-        return int(exc.exit_code)
-    except click.exceptions.Abort:
+        return _failed(state, exc.exit_code, exc.message, exc.hint, exc.outcome)
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
-        return int(ExitCode.INTERRUPTED)
+        return _failed(state, ExitCode.INTERRUPTED, "interrupted", None, {})
     except click.ClickException as exc:
         exc.show()
         return int(ExitCode.USAGE)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return int(ExitCode.INTERRUPTED)
     return int(ExitCode.OK)
+
+
+def _failed(
+    state: CliState, code: ExitCode, reason: str, hint: str | None, facts: dict[str, Any]
+) -> int:
+    pending = state.outcome
+    if pending is not None:
+        status = failure_status(code, facts)
+        known = {k: v for k, v in facts.items() if k in pending.keys}
+        pending.print(code, status, reason, hint, known)
+    return int(code)
 
 
 def entrypoint() -> None:

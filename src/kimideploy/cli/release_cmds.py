@@ -5,8 +5,10 @@ from __future__ import annotations
 import click
 
 from kimideploy.cli.context import CliState
+from kimideploy.cli.outcome import DOWN_KEYS, RELEASE_KEYS, expect, outcome_option, print_release
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
+from kimideploy.errors import ExitCode
 
 RELEASE = click.Choice(["serve"])
 cluster_option = click.option("--cluster", help="Cluster profile (default: default_cluster).")
@@ -39,6 +41,7 @@ def _release(state: CliState, workload: str) -> str:
 @click.option("--timeout", default=3600, show_default=True, type=click.IntRange(min=1))
 @click.option("--scheduling-grace", default=120, hidden=True)
 @click.option("--poll", default=2.0, hidden=True)
+@outcome_option
 @click.pass_obj
 def rollback(
     state: CliState,
@@ -53,6 +56,7 @@ def rollback(
     timeout: int,
     scheduling_grace: int,
     poll: float,
+    output: str,
 ) -> None:
     """Return to the previous good revision, to --to N, or to non-speculative serving (--no-spec).
 
@@ -61,6 +65,7 @@ def rollback(
     from kimideploy.errors import UsageError
     from kimideploy.services import deploy
 
+    state.outcome = pending = expect(f"rollback {workload}", output, RELEASE_KEYS)
     if no_spec and to is not None:
         raise UsageError("--no-spec and --to exclude each other")
     session = _session(state, cluster, context, namespace, "rollback changes a cluster")
@@ -69,6 +74,9 @@ def rollback(
     outcome = deploy.rollback(
         session, _release(state, workload), to, no_spec, change, wait, TerminalReporter()
     )
+    if pending:
+        print_release(pending, outcome)
+        return
     click.echo(outcome.message)
 
 
@@ -124,6 +132,7 @@ def status(
 @cluster_option
 @cluster_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@outcome_option
 @click.pass_obj
 def down(
     state: CliState,
@@ -132,15 +141,26 @@ def down(
     context: str | None,
     namespace: str | None,
     yes: bool,
+    output: str,
 ) -> None:
     """Remove the release. PersistentVolumeClaims (models, data) and history are kept."""
     from kimideploy.services import deploy
 
+    state.outcome = pending = expect(f"down {workload}", output, DOWN_KEYS)
     session = _session(state, cluster, context, namespace, "down changes a cluster")
     removed = deploy.down(
         session, _release(state, workload), deploy.ChangeOptions(yes=yes), TerminalReporter()
     )
-    click.echo(f"removed {len(removed)} objects")
+    message = f"removed {len(removed)} objects"
+    if pending:
+        pending.print(
+            ExitCode.OK,
+            "removed" if removed else "nothing-to-remove",
+            message,
+            facts={"release": _release(state, workload), "removed": [str(r) for r in removed]},
+        )
+        return
+    click.echo(message)
 
 
 @click.command()

@@ -6,7 +6,10 @@ import click
 
 from kimideploy.cli.calibrate_cmds import numbers, run_calibrate
 from kimideploy.cli.context import CliState, plan_options
+from kimideploy.cli.outcome import RUN_KEYS, expect, outcome_option
+from kimideploy.cli.table import format_table
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
+from kimideploy.errors import ExitCode
 
 JOB_WORKLOADS = click.Choice(["datagen", "extract", "vocab", "train", "bench", "calibrate"])
 CALIBRATE_ONLY = ("--k", "--acceptance-length", "--concurrency", "--image", "--again", "--yes")
@@ -40,6 +43,7 @@ CALIBRATE_ONLY = ("--k", "--acceptance-length", "--concurrency", "--image", "--a
 @click.option("--timeout", default=3600, type=click.IntRange(min=1), hidden=True)
 @click.option("--scheduling-grace", default=120, hidden=True)
 @click.option("--poll", default=2.0, hidden=True)
+@outcome_option
 @click.pass_obj
 def run(
     state: CliState,
@@ -60,6 +64,7 @@ def run(
     timeout: int,
     scheduling_grace: int,
     poll: float,
+    output: str,
 ) -> None:
     """Start WORKLOAD as a new Job and follow its progress (Ctrl-C detaches; the Job runs on).
 
@@ -72,6 +77,7 @@ def run(
     from kimideploy.services import runs
     from kimideploy.services.connection import open_session
 
+    state.outcome = pending = expect(f"run {workload}", output, RUN_KEYS)
     given = [name for name, value in zip(CALIBRATE_ONLY, (ks, lengths, levels, image, again or None,
                                                            yes or None), strict=True)
              if value is not None]  # fmt: skip
@@ -87,8 +93,12 @@ def run(
                                    bench_poll_s=poll)  # fmt: skip
         change = deploy.ChangeOptions(yes=yes)
         wait = deploy.WaitOptions(True, timeout, poll, scheduling_grace)
-        run_calibrate(state, cluster, drafter, overrides, context, namespace, options, change,
-                      wait)  # fmt: skip
+        result = run_calibrate(state, cluster, drafter, overrides, context, namespace, options,
+                               change, wait, quiet=pending is not None)  # fmt: skip
+        if pending:
+            done = "complete" if result.complete else "incomplete"
+            pending.print(ExitCode.OK, done, f"calibration of {result.cluster} is {done}",
+                          facts={"calibration": result.to_dict()})  # fmt: skip
         return
     if given:
         raise UsageError(f"{', '.join(given)} only apply to `run calibrate`")
@@ -115,12 +125,18 @@ def run(
     started = runs.start_run(session, loaded, request, reporter)
     follow_hint = f"kimideploy logs {started.run_id} --follow"
     if detach:
+        if pending:
+            snapshot = session.job(started.job)
+            pending.print(ExitCode.OK, "started", f"run {started.run_id} started",
+                          f"follow with: {follow_hint}",
+                          {"run": runs.run_facts(snapshot, started.run_id)})  # fmt: skip
+            return
         click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
         return
     try:
         snapshot = runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll)
+        rows = None
         if workload == "bench":
-            from kimideploy.cli.table import format_table
             from kimideploy.services.gate import bench_comparison, record_bench_run
 
             record_bench_run(session, started, snapshot, reporter)
@@ -128,6 +144,11 @@ def run(
             if chosen is None:
                 rows = [{k: v for k, v in r.items() if "baseline" not in k and k != "speedup"}
                         for r in rows]  # fmt: skip
+        if pending:
+            facts = {"run": runs.run_facts(snapshot, started.run_id),
+                     "results": runs.run_results(snapshot), "comparison": rows}  # fmt: skip
+            pending.print(ExitCode.OK, "complete", f"run {started.run_id} complete", None, facts)
+        elif rows is not None:
             click.echo(format_table(rows))
     except KeyboardInterrupt:
         reporter.info(f"detached; Job {started.job} keeps running. Re-attach: {follow_hint}")

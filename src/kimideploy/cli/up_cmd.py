@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from kimideploy.cli.context import CliState, plan_options
+from kimideploy.cli.outcome import RELEASE_KEYS, expect, outcome_option, print_release
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 
 
@@ -65,6 +66,7 @@ from kimideploy.cli.terminal import TerminalReporter, cluster_options
 @click.option("--scheduling-grace", default=120, show_default=True, hidden=True)
 @click.option("--poll", default=2.0, show_default=True, hidden=True)
 @click.option("--watch-windows", type=int, default=None, hidden=True)
+@outcome_option
 @click.pass_obj
 def up(
     state: CliState,
@@ -88,6 +90,7 @@ def up(
     scheduling_grace: int,
     poll: float,
     watch_windows: int | None,
+    output: str,
 ) -> None:
     """Deploy the serve release as a new revision, follow it to Ready, roll back if it fails."""
     from kimideploy.errors import UsageError
@@ -97,6 +100,13 @@ def up(
     from kimideploy.services.preflight import require_prerequisites
     from kimideploy.services.rendering import describe_plan, render_workload
 
+    state.outcome = pending = expect(f"up {workload}", output, RELEASE_KEYS)
+    if pending and (dry_run or watch_after):
+        raise UsageError(
+            f"-o {output} reports what up changed, once; "
+            + ("--dry-run changes nothing" if dry_run else "--watch streams prose"),
+            hint="`kimideploy render serve` prints the objects; `kimideploy watch serve` watches",
+        )
     loaded = state.project(None if dry_run == "client" else "up changes a cluster")
     request = PlanRequest(workload, cluster, drafter, overrides, namespace=namespace)
     gate_only = [
@@ -139,6 +149,9 @@ def up(
     reporter = TerminalReporter()
     if not gate:
         outcome = deploy.up(session, loaded, request, change, wait, reporter)
+        if pending:
+            print_release(pending, outcome)
+            return
         click.echo(outcome.message)
         if watch_after:
             _watch(session, loaded, reporter, watch_windows)
@@ -147,6 +160,9 @@ def up(
 
     options = GateOptions(min_speedup, at_concurrency, gate_fail_open, bench_poll_s=poll)
     outcome, verdict = up_gated(session, loaded, request, change, wait, options, reporter)
+    if pending:
+        print_release(pending, outcome, verdict)
+        return
     click.echo(f"{outcome.message}; gate: {verdict.summary()}")
     if watch_after:
         _watch(session, loaded, reporter, watch_windows)

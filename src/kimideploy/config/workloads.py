@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kimideploy.config.base import Name, Port, QualifiedName, Quantity, StrictModel
+from kimideploy.config.base import LabelValue, Name, Port, QualifiedName, Quantity, StrictModel
 from kimideploy.config.target import SecretRef
 
 
@@ -22,6 +22,15 @@ class WorkloadSettings(StrictModel):
     pod_annotations: dict[QualifiedName, str] = Field(
         default_factory=dict, description="Extra pod annotations (scrape configs, meshes, tests)."
     )
+
+
+class GrafanaDashboard(StrictModel):
+    """A ConfigMap per serve release holding its dashboard, labelled for Grafana's dashboard
+    sidecar (kube-prometheus-stack: sidecar.dashboards.label / labelValue)."""
+
+    enabled: bool = True
+    label: QualifiedName = "grafana_dashboard"
+    label_value: LabelValue = "1"
 
 
 class ServeSettings(WorkloadSettings):
@@ -45,6 +54,16 @@ class ServeSettings(WorkloadSettings):
         "when the cluster serves monitoring.coreos.com/v1 podmonitors.",
     )
     scrape_interval_s: Annotated[int, Field(ge=5, le=600)] = 15
+    grafana_dashboard: GrafanaDashboard = Field(
+        default_factory=lambda: GrafanaDashboard(),
+        description="The release's Grafana dashboard as a ConfigMap for Grafana's sidecar.",
+    )
+    per_request_spec_metrics: bool = Field(
+        default=True,
+        description="Where the image's vLLM has them (>= 0.32), per-request acceptance in each "
+        "response (--per-request-spec-decode-metrics summary): the bench and the gate then count "
+        "only their own requests, not other traffic on the release.",
+    )
     api_key: SecretRef | None = Field(
         default=None,
         description="A Secret key holding the API key vLLM requires on /v1 (VLLM_API_KEY); the "

@@ -80,6 +80,11 @@ class Context:
         )
 
 
+def gated_levels(ctx: Context) -> list[int]:
+    """The concurrencies the gate decides at (gate.concurrency, else the bench's)."""
+    return list(ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency)
+
+
 def target_model_path(project: Project) -> str:
     """Where `host sync-model` puts the pinned revision on the models volume."""
     return f"{MODELS_MOUNT}/hub/{project.model.repo}/{project.model.revision}"

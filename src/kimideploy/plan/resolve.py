@@ -17,7 +17,7 @@ from kimideploy.errors import UsageError
 from kimideploy.plan import calibration, jobs, online, serve
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
-from kimideploy.plan.context import Context, deterministic_run_id, drafter_path
+from kimideploy.plan.context import Context, deterministic_run_id, drafter_path, gated_levels
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
@@ -121,11 +121,6 @@ def serve_cost_model(
     ctx = _context(loaded, PlanRequest("serve", cluster, NO_DRAFTER, calibrations=calibrations))
     levels = gated_levels(ctx)
     return ctx.cost_model, _cost_source(ctx), min(levels)
-
-
-def gated_levels(ctx: Context) -> list[int]:
-    """The concurrencies the gate decides at (gate.concurrency, else the bench's)."""
-    return list(ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency)
 
 
 def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
@@ -319,7 +314,16 @@ def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
     assert drafter is not None
     vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
     aux = f"{drafter.aux_layer_ids} ({drafter.layer_id_convention}) = {vllm_ids} in vLLM"
-    facts += [("speculative", json.dumps(spec)), ("aux layers", aux)]
+    counted = (
+        "per request: the bench counts only its own requests (--per-request-spec-decode-metrics)"
+        if serve.counts_per_request(ctx)
+        else "server counters: the bench's window includes any other traffic on the release"
+    )
+    facts += [
+        ("speculative", json.dumps(spec)),
+        ("aux layers", aux),
+        ("acceptance counted", counted),
+    ]
     k = ctx.synthetic_k or drafter.num_speculative_tokens
     gate = ctx.cluster.gate
     gated = gated_levels(ctx)

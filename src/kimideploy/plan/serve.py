@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, Drafter
+from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.specs import (
     SPEC_FILE_NAME,
     SPEC_PATH,
@@ -17,6 +18,7 @@ from kimideploy.config.specs import (
 )
 from kimideploy.plan import pods
 from kimideploy.plan.context import Context, drafter_path, is_speculative, target_model_path
+from kimideploy.plan.dashboard import dashboard_object
 from kimideploy.plan.k_schedule import KSchedule, choose_schedule
 from kimideploy.plan.model import ObjectPlan
 
@@ -105,8 +107,25 @@ def vllm_args(ctx: Context) -> list[str]:
         args += ["--speculative-config", json.dumps(spec)]
     if ctx.synthetic_k is not None:
         args += ["--worker-extension-cls", SYNTHETIC_CONTROL_EXTENSION]
+    if spec is not None and counts_per_request(ctx):
+        args += ["--per-request-spec-decode-metrics", "summary"]
     # Every value here is the user's or derived from it; none refers to a pod variable.
     return [pods.literal(a) for a in [*args, *serve.extra_args]]
+
+
+PER_REQUEST_SPEC_METRICS_VLLM = (0, 32)
+"""The first vLLM with `metrics.speculative_decoding` in its responses."""
+
+
+def counts_per_request(ctx: Context) -> bool:
+    """Whether the responses carry each request's own acceptance (serve.per_request_spec_metrics
+    on an image whose vLLM has them)."""
+    vllm = ctx.image.vllm
+    return bool(
+        ctx.cluster.workloads.serve.per_request_spec_metrics
+        and vllm
+        and version_tuple(vllm) >= PER_REQUEST_SPEC_METRICS_VLLM
+    )
 
 
 def rollout_strategy(ctx: Context) -> tuple[dict[str, Any], str]:
@@ -279,6 +298,9 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         ingress = pods.serve_ingress(ctx, serve.port)
         policy = pods.network_policy(ctx, pods.selector_labels(ctx), ingress)
         objects.append(ObjectPlan("networkpolicy", policy))
+    dashboard = dashboard_object(ctx, common)
+    if dashboard is not None:
+        objects.append(dashboard)
     if wants_pod_monitor(ctx):
         monitor = {
             **common,

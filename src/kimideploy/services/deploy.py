@@ -45,6 +45,8 @@ class Outcome:
     revision: int
     status: str
     message: str
+    release: str
+    waited: bool
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,9 @@ def deploy(
     live, existing = _existing(session, revision)
     if not _confirm(session, revision, number, live, existing, change, reporter):
         raise KimiDeployError(
-            "cancelled; nothing was changed", hint="pass --yes to skip the question"
+            "cancelled; nothing was changed",
+            hint="pass --yes to skip the question",
+            outcome={"status": "cancelled", "release": revision.release},
         )
     lock.renew()  # the confirmation may have outlasted the Lease
     record = _new_record(session, revision, number)
@@ -169,7 +173,8 @@ def deploy(
         )
         session.trim_history(revision.release, change.keep_history)
         how = "applied (not waited for)" if state is None else "ready"
-        return Outcome(number, "deployed", f"revision {number} of {revision.release} is {how}")
+        message = f"revision {number} of {revision.release} is {how}"
+        return Outcome(number, "deployed", message, revision.release, state is not None)
     record.status, record.details = (
         "failed",
         {"failure": state.failure, "reason": state.message},
@@ -181,14 +186,18 @@ def deploy(
     failure = f"revision {number} failed: {state.message}"
     if log_tail.strip():
         failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
+    failed = {"status": "failed", "release": revision.release, "revision": number}
     if not change.auto_rollback or action == "auto-rollback":
         raise RolloutError(
-            failure, hint="`kimideploy rollback serve` returns to the last good revision"
+            failure,
+            hint="`kimideploy rollback serve` returns to the last good revision",
+            outcome=failed,
         )
     good = [r for r in history if r.good]
     if not good:
         raise RolloutError(
-            failure + "\nno earlier good revision to roll back to; nothing is serving"
+            failure + "\nno earlier good revision to roll back to; nothing is serving",
+            outcome=failed,
         )
     target = good[-1]
     reporter.info(
@@ -206,6 +215,7 @@ def deploy(
         f"{failure}\nrolled back automatically: revision {outcome.revision} (a copy of revision "
         f"{target.revision}, drafter {target.drafter}) is now serving",
         hint="`kimideploy history serve` shows both revisions",
+        outcome={**failed, "status": "rolled-back", "serving_revision": outcome.revision},
     )
 
 
@@ -274,6 +284,12 @@ def _apply_or_restore(
             f"revision {record.revision} was rejected while being applied: {exc.message}\n"
             f"{restored}",
             hint=exc.hint,
+            outcome={
+                "status": "failed",
+                "release": revision.release,
+                "revision": record.revision,
+                "serving_revision": serving.revision if serving else None,
+            },
         ) from exc
     for pruned in session.prune(revision.release, keep=written):
         reporter.info(f"pruned {pruned}")
@@ -514,7 +530,9 @@ def down(
         )
         if not (change.yes or reporter.confirm(f"remove {release}?")):
             raise KimiDeployError(
-                "cancelled; nothing was removed", hint="pass --yes to skip the question"
+                "cancelled; nothing was removed",
+                hint="pass --yes to skip the question",
+                outcome={"status": "cancelled", "release": release},
             )
         lock.renew()  # a Lease that expired during the question may now be another run's
         for target in reversed(targets):

@@ -144,11 +144,14 @@ def up_gated(
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
     if verdict.decision == KEEP:
         return outcome, verdict
-    _roll_back(session, gate.release, outcome.revision, verdict, change, wait, reporter)
+    judged = {"release": gate.release, "revision": outcome.revision, "verdict": verdict.details()}
+    back = _roll_back(session, gate.release, outcome.revision, verdict, change, wait, reporter,
+                      judged)  # fmt: skip
     raise GateRejectedError(
         f"drafter {drafter} was rolled back by the gate: {verdict.reason}",
         hint="`kimideploy history serve` shows the verdict; --gate-fail-open keeps a drafter "
         "when the gate itself fails",
+        outcome={**judged, "status": "gate-rolled-back", "serving_revision": back.revision},
     )
 
 
@@ -430,9 +433,10 @@ def _roll_back(
     change: deploy.ChangeOptions,
     wait: deploy.WaitOptions,
     reporter: Reporter,
-) -> None:
+    judged: dict[str, Any],
+) -> deploy.Outcome:
     try:
-        deploy.rollback(
+        return deploy.rollback(
             session,
             release,
             None,
@@ -444,10 +448,20 @@ def _roll_back(
             expect_serving=revision,
         )
     except deploy.StaleRollbackError as exc:
-        raise GateRejectedError(f"gate: {verdict.reason}; but {exc.message}", exc.hint) from exc
+        # Someone else's revision serves now: the drafter's revision is gone all the same.
+        raise GateRejectedError(
+            f"gate: {verdict.reason}; but {exc.message}",
+            exc.hint,
+            outcome={**judged, "status": "gate-rejected-superseded"},
+        ) from exc
     except KimiDeployError as exc:
         raise RolloutError(
             f"gate: {verdict.reason}; the rollback to non-speculative serving failed too: "
             f"{exc.message}",
             hint="`kimideploy rollback serve --no-spec` retries it",
+            outcome={
+                **judged,
+                "status": "gate-rollback-failed",
+                "serving_revision": exc.outcome.get("serving_revision"),
+            },
         ) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.session import ClusterSession
@@ -104,6 +105,27 @@ def follow_run(
         time.sleep(poll_s)
 
 
+def run_facts(snapshot: JobSnapshot, run_id: str) -> dict[str, Any]:
+    """A run's state as `-o json` outcomes carry it (the `run` key of kimideploy.outcome.v1)."""
+    return {
+        "id": run_id,
+        "job": snapshot.name,
+        "phase": snapshot.phase,
+        "completions": snapshot.completions,
+        "succeeded": snapshot.succeeded,
+        "failed_indexes": list(snapshot.failed_indexes),
+        "index_failures": {str(i): why for i, why in sorted(snapshot.index_failures.items())},
+    }
+
+
+def run_results(snapshot: JobSnapshot) -> dict[str, Any]:
+    """Each index's result line (without its event tag), keyed by index."""
+    return {
+        str(index): {k: v for k, v in result.items() if k != "event"}
+        for index, result in sorted(progress.results(snapshot.logs).items())
+    }
+
+
 def _finish(snapshot: JobSnapshot, run_id: str, reporter: Reporter) -> JobSnapshot:
     for index, result in sorted(progress.results(snapshot.logs).items()):
         fields = ", ".join(f"{k}={_short(v)}" for k, v in result.items() if k != "event")
@@ -114,6 +136,11 @@ def _finish(snapshot: JobSnapshot, run_id: str, reporter: Reporter) -> JobSnapsh
         raise RolloutError(
             f"run {run_id} ({snapshot.name}) failed: {reason}; failed indexes: {failed}",
             hint=f"`kimideploy logs {run_id}` shows each index's log; the Job is kept",
+            outcome={
+                "status": "failed",
+                "run": run_facts(snapshot, run_id),
+                "results": run_results(snapshot),
+            },
         )
     done = f"{snapshot.succeeded}/{snapshot.completions}"
     reporter.info(f"run {run_id} ({snapshot.name}) complete: {done} indexes")

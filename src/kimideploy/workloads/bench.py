@@ -2,8 +2,11 @@
 
 Fixed, deterministic prompt sets (chat and reasoning) at each configured concurrency; every
 request streams, so TTFT and TPOT are measured per request. vLLM's /metrics is scraped before and
-after each level for acceptance rate, mean acceptance length and per-position acceptance. With a
-baseline (a non-speculative run's result.json) the speedup per level is reported.
+after each level for acceptance rate, mean acceptance length and per-position acceptance; where
+every response carries its own acceptance (vLLM >= 0.32, --per-request-spec-decode-metrics, which
+the serve plan sets), those are summed instead, so traffic from others on the release does not
+skew the level (`metrics: requests`; the scraped rate stays next to it). With a baseline (a
+non-speculative run's result.json) the speedup per level is reported.
 
 For `run calibrate` (spec.synthetic) the levels are measured once per synthetic acceptance length,
 each pass after setting that length on the server (synthetic_acceptance.py) and emptying its
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
-from kimideploy.vllm_metrics import acceptance
+from kimideploy.vllm_metrics import acceptance, from_requests, parse_with_client
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
     EXIT_OK,
@@ -79,7 +82,7 @@ def request(spec: BenchSpec, messages: list[dict[str, str]]) -> dict[str, Any]:
     )
     start = time.perf_counter()
     first: float | None = None
-    chunks, usage = 0, None
+    chunks, usage, spec_decode = 0, None, None
     try:
         with urllib.request.urlopen(req, timeout=600) as response:
             for raw in response:
@@ -88,6 +91,10 @@ def request(spec: BenchSpec, messages: list[dict[str, str]]) -> dict[str, Any]:
                     continue
                 event = json.loads(line[5:])
                 usage = event.get("usage") or usage
+                # The final usage chunk carries the request's own acceptance (vLLM >= 0.32).
+                spec_decode = (event.get("metrics") or {}).get(
+                    "speculative_decoding"
+                ) or spec_decode
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     if (
@@ -103,7 +110,7 @@ def request(spec: BenchSpec, messages: list[dict[str, str]]) -> dict[str, Any]:
     tokens = int((usage or {}).get("completion_tokens") or chunks)
     ttft = (first or end) - start
     tpot = (end - (first or end)) / (tokens - 1) if tokens > 1 else None
-    return {"ok": True, "tokens": tokens, "ttft": ttft, "tpot": tpot}
+    return {"ok": True, "tokens": tokens, "ttft": ttft, "tpot": tpot, "spec_decode": spec_decode}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -134,7 +141,13 @@ def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any
     tokens = sum(r["tokens"] for r in done)
     ttfts = [r["ttft"] for r in done]
     tpots = [r["tpot"] for r in done if r["tpot"] is not None]
-    accepted = acceptance(before, after) if before is not None and after is not None else None
+    # prometheus_client (in the vLLM image) reads the exposition the way it wrote it.
+    scraped = before is not None and after is not None
+    counted = acceptance(before or "", after or "", parse_with_client) if scraped else None
+    own = [r["spec_decode"] for r in done if r.get("spec_decode")]
+    # Every request's own figures, or none: a mix would weigh the reporting requests only.
+    accepted = from_requests(own) if done and len(own) == len(done) else counted
+    source = "requests" if accepted is not None and accepted is not counted else None
     return {
         "prompt_set": prompt_set,
         "concurrency": concurrency,
@@ -147,10 +160,12 @@ def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any
         "ttft_p99_s": percentile(ttfts, 99),
         "tpot_p50_s": percentile(tpots, 50),
         "tpot_p99_s": percentile(tpots, 99),
-        "metrics": "scraped" if before is not None and after is not None else "unavailable",
+        # requests: each response's own acceptance; scraped: /metrics over the level's window.
+        "metrics": source or ("scraped" if scraped else "unavailable"),
         "acceptance_rate": accepted.rate if accepted else None,
         "mean_acceptance_length": accepted.mean_acceptance_length if accepted else None,
         "per_position_acceptance": list(accepted.per_position_rate) if accepted else None,
+        "scraped_acceptance_rate": counted.rate if counted else None,
         "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
     }
 
