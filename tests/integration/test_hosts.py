@@ -164,7 +164,10 @@ def test_gpu_host_playbook_in_check_mode_changes_nothing(host_config: Path, tmp_
                           check=True, tags=[], on_line=lambda kind, text: lines.append((kind, text)))  # fmt: skip
     assert result.ok, result.failures
     recap = result.recap["gpu-host"]
-    assert recap["failed"] == 0 and recap["changed"] > 0
+    assert recap["failed"] == 0 and recap["changed"] > 0 and recap["ok"] >= recap["changed"]
+    assert set(recap) == {"ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored"}
+    kinds = {kind for kind, _ in lines}
+    assert {"task", "ok", "changed"} <= kinds and not kinds & {"fatal", "unreachable"}
     assert (
         "task",
         "gpu_host : Install the pinned k3s binary, verified against the release checksums",
@@ -201,6 +204,12 @@ def test_nvl8_playbook_stops_on_a_node_without_a_driver(
     _, err = capsys.readouterr()
     assert code == 4
     assert "this node has no working NVIDIA driver; the provider must install it" in err
+    # ansible-runner's events name the host, the task (with its role) and Ansible's own message.
+    assert (
+        "fatal: [b300-0]: nvl8_node : Require a working NVIDIA driver: nvidia-smi did not run"
+        in err
+    )
+    assert "unreachable: [b300-1]: Gathering Facts: " in err  # a documentation address
 
 
 # --- host check and sync-model over SSH ---------------------------------------------------------

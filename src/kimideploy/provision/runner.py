@@ -1,10 +1,10 @@
-"""Running a playbook as a subprocess: per-task progress as it streams, and the PLAY RECAP."""
+"""Running a playbook through ansible-runner: per-task progress from its events, and the recap."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,11 +18,10 @@ from kimideploy.errors import KimiDeployError
 from kimideploy.paths import repository_root
 from kimideploy.provision.inventory import inventory_yaml
 
-TASK = re.compile(r"^TASK \[(?P<name>.+?)\] \*+$")
-HOST_LINE = re.compile(
-    r"^(?P<status>ok|changed|skipping|fatal|failed|unreachable): \[(?P<host>[^\]]+)\]"
-)
-RECAP = re.compile(r"^(?P<host>\S+)\s*:\s*(?P<counts>(?:\w+=\d+\s*)+)$")
+try:
+    import ansible_runner
+except ImportError:  # the `provision` extra is not installed; run_playbook says how to get it
+    ansible_runner = None
 
 
 @dataclass
@@ -43,7 +42,9 @@ def ansible_playbook() -> str:
         Path(sys.executable).with_name("ansible-playbook")
     )
     if not Path(found).exists():
-        raise KimiDeployError("ansible-playbook is not installed", hint="pip install ansible-core")
+        raise KimiDeployError(
+            "ansible-playbook is not installed", hint="pip install 'kimideploy[provision]'"
+        )
     return found
 
 
@@ -74,49 +75,100 @@ def run_playbook(
     tags: list[str],
     on_line: Callable[[str, str], None],
 ) -> PlaybookResult:
-    """Run it, calling on_line(kind, text) for each task start and host result; parse the recap."""
+    """Run it through ansible-runner, calling on_line(kind, text) for each task start and host
+    result as its events arrive; the recap is the run's own stats event.
+
+    ansible-runner's structured events (what AWX and Ansible Navigator read) replace regular
+    expressions over Ansible's human output, which changes with callbacks, locales and versions.
+    """
+    if ansible_runner is None:
+        raise KimiDeployError(
+            "ansible-runner is not installed", hint="pip install 'kimideploy[provision]'"
+        )
     with tempfile.TemporaryDirectory(prefix="kimideploy-ansible-") as tmp:
         inventory_file = Path(tmp) / "inventory.yml"
         inventory_file.write_text(inventory_yaml(inventory))
         inventory_file.chmod(0o600)
-        command = [ansible_playbook(), "-i", str(inventory_file), str(playbook)]
-        if check:
-            command += ["--check", "--diff"]
+        options = ["--check", "--diff"] if check else []
         if tags:
-            command += ["--tags", ",".join(tags)]
-        env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(repository_root() / "ansible" / "ansible.cfg"),
-            "ANSIBLE_FORCE_COLOR": "0",
-            "ANSIBLE_NOCOLOR": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=repository_root() / "ansible",
-        )
-        assert process.stdout is not None
+            options += ["--tags", ",".join(tags)]
+        binary = ansible_playbook()
         result = PlaybookResult(exit_code=0)
-        for raw in process.stdout:
-            _consume(raw.rstrip("\n"), result, on_line)
-        result.exit_code = process.wait()
+        tasks: dict[str, str] = {}
+
+        def handle(event: dict[str, Any]) -> bool:
+            _consume(event, result, tasks, on_line)
+            return False  # nothing to keep on disk: every event was read here
+
+        finished = ansible_runner.run(
+            private_data_dir=tmp,
+            project_dir=str(repository_root() / "ansible"),
+            playbook=str(playbook),
+            inventory=str(inventory_file),
+            cmdline=shlex.join(options) if options else None,
+            envvars={
+                "ANSIBLE_CONFIG": str(repository_root() / "ansible" / "ansible.cfg"),
+                "ANSIBLE_NOCOLOR": "1",
+                # ansible-runner starts `ansible-playbook` from PATH; this one is the one found.
+                "PATH": os.pathsep.join([str(Path(binary).parent), os.environ.get("PATH", "")]),
+            },
+            event_handler=handle,
+            quiet=True,
+            suppress_env_files=True,  # the inventory names keys and hosts: no copies in env/
+            json_mode=False,
+        )
+        result.exit_code = int(finished.rc if finished.rc is not None else 1)
         return result
 
 
-def _consume(line: str, result: PlaybookResult, on_line: Callable[[str, str], None]) -> None:
-    if match := TASK.match(line):
-        on_line("task", match.group("name"))
-    elif match := HOST_LINE.match(line):
-        status = match.group("status")
-        on_line(status, f"{status}: {match.group('host')}")
+HOST_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_skipped": "skipping",
+    "runner_on_unreachable": "unreachable",
+}
+RECAP_KEYS = {"ok": "ok", "changed": "changed", "dark": "unreachable", "failures": "failed",
+              "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}  # fmt: skip
+"""ansible's stats keys -> the PLAY RECAP's words (what `host provision` prints)."""
+
+
+def _consume(
+    event: dict[str, Any],
+    result: PlaybookResult,
+    tasks: dict[str, str],
+    on_line: Callable[[str, str], None],
+) -> None:
+    kind, data = event.get("event", ""), event.get("event_data") or {}
+    if kind == "playbook_on_task_start":
+        # The name the human output shows: "role : task" for a role's tasks.
+        name = data.get("name") or data.get("task") or "?"
+        tasks[data.get("task_uuid", "")] = name
+        on_line("task", name)
+    elif kind in HOST_EVENTS:
+        host, response = data.get("host", "?"), data.get("res") or {}
+        status = HOST_EVENTS[kind]
+        if status == "ok" and response.get("changed"):
+            status = "changed"
+        if status == "failed" and data.get("ignore_errors"):
+            on_line("ignored", f"failed (ignored): [{host}]")
+            return
+        status = "fatal" if status == "failed" else status  # Ansible's word for a failed task
+        on_line(status, f"{status}: [{host}]")
         if status in ("fatal", "failed", "unreachable"):
-            result.failures.append(line)
-    elif (match := RECAP.match(line)) and "ok=" in line:
-        counts = dict(item.split("=") for item in match.group("counts").split())
-        result.recap[match.group("host")] = {k: int(v) for k, v in counts.items()}
-    elif result.failures and line.strip().startswith(("fatal", "msg", '"msg"')):
-        result.failures.append(line)
+            task = tasks.get(data.get("task_uuid", ""), data.get("task", "?"))
+            result.failures.append(f"{status}: [{host}]: {task}: {_reason(response)}")
+    elif kind == "playbook_on_stats":
+        for host in data.get("processed") or {}:
+            result.recap[host] = {
+                word: int((data.get(key) or {}).get(host, 0)) for key, word in RECAP_KEYS.items()
+            }
+
+
+def _reason(response: dict[str, Any]) -> str:
+    """What Ansible said went wrong: its msg, else the command's stderr, else the response."""
+    for key in ("msg", "stderr", "reason"):
+        value = response.get(key)
+        if value:
+            return str(value).strip()
+    shown = {k: v for k, v in response.items() if not k.startswith("_")}
+    return json.dumps(shown, sort_keys=True)[:400]
