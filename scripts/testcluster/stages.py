@@ -15,7 +15,11 @@ CRASH_LOOP = "kimideploy.test/crash-loop"  # "true": CrashLoopBackOff, restarts 
 IMAGE_PULL_ERROR = "kimideploy.test/image-pull-error"  # "true": ImagePullBackOff, stays Pending
 RUN_DURATION = "kimideploy.test/run-duration"  # Go duration a Job pod runs before it finishes
 FAIL_INDEX = "kimideploy.test/fail-index"  # Job completion index whose pods fail (exit 1)
+FAIL_AFTER = (
+    "kimideploy.test/fail-after"  # Go duration before that index fails (default: run-duration)
+)
 
+INDEX = "batch.kubernetes.io/job-completion-index"
 HOOK_WEIGHT = 1_000_000  # KWOK picks a weighted stage over the weight-0 upstream ones
 
 
@@ -132,7 +136,16 @@ phase: {{ if $failed }}Failed{{ else }}Succeeded{{ end }}
 """,
         delay={
             "durationMilliseconds": 0,
-            "durationFrom": {"jq": {"expression": f'.metadata.annotations["{RUN_DURATION}"]'}},
+            # The failing index may die early (a dead rank) while the others run on.
+            "durationFrom": {
+                "jq": {
+                    "expression": (
+                        f'.metadata.annotations as $a | if $a["{INDEX}"] == $a["{FAIL_INDEX}"] '
+                        f'then ($a["{FAIL_AFTER}"] // $a["{RUN_DURATION}"]) '
+                        f'else $a["{RUN_DURATION}"] end'
+                    )
+                }
+            },
         },
     ),
 ]

@@ -166,6 +166,8 @@ def _vocab_findings(
         and d2t["shape"] == [draft_vocab]
         and t2d["shape"] == [expected.vocab_size]
     )
+    full = draft_vocab == expected.vocab_size and d2t is None
+    maps = f"d2t {d2t['shape'] if d2t else 'missing'}, t2d {t2d['shape'] if t2d else 'missing'}"
     return [
         Finding(
             "draft vocab size",
@@ -175,9 +177,11 @@ def _vocab_findings(
         ),
         Finding(
             "vocab maps",
-            shapes_ok,
-            f"d2t {d2t['shape'] if d2t else 'missing'}, t2d {t2d['shape'] if t2d else 'missing'} "
-            f"(want [{draft_vocab}] and [{expected.vocab_size}])",
+            shapes_ok or full,
+            # vLLM builds no draft-to-target map when the draft vocabulary is the target's.
+            f"the target's whole vocabulary ({draft_vocab}): no maps needed"
+            if full
+            else f"{maps} (want [{draft_vocab}] and [{expected.vocab_size}])",
             "rebuild the maps for this target with `kimideploy run vocab`",
         ),
     ]

@@ -99,7 +99,7 @@ def test_patched_vllm_accepts_every_rendered_serve_argument_set(
     overlay = checks.patched_overlay(example.project.images[IMAGE])
     results = checks.run_engine_checks(venv_python, overlay, cases_for(example, tiny))
     assert [r["name"] for r in results] == [
-        f"rtx6000 --drafter {d}" for d in ("none", "v1", "v2", "v3")
+        f"rtx6000 --drafter {d}" for d in ("none", "k25", "v1", "v2", "v3")
     ]
     assert all(r["ok"] for r in results), results
 
@@ -108,7 +108,7 @@ def test_user_errors_come_back_with_vllms_own_message(
     example: LoadedProject, tiny: tuple[Path, Path], venv_python: Path
 ) -> None:
     _, drafters = tiny
-    base = cases_for(example, tiny)[1]["argv"]  # v1, speculative
+    base = cases_for(example, tiny)[2]["argv"]  # v1, speculative
     at = base.index("--speculative-config")
     spec = json.loads(base[at + 1])
 
@@ -141,7 +141,7 @@ def test_the_032_image_needs_no_patch_and_accepts_everything_rendered_for_it(
 
     steps = verify_image(example, "vllm-0.32-kimi", SilentReporter(), pins=False)
     names = [s.name for s in steps]
-    drafters = ("none", "v1", "v2", "v3")
+    drafters = ("none", "k25", "v1", "v2", "v3")
     assert names == [
         *(f"vLLM accepts: {c} --drafter {d}" for c in ("b200", "b300") for d in drafters),
         *(f"vLLM accepts: rtx6000 --drafter {d} (after images.serve: vllm-0.32-kimi)"

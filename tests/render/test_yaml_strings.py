@@ -4,6 +4,7 @@ back every value unchanged (the Go side is tests/integration/test_go_yaml.py, wi
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import yaml
@@ -32,3 +33,39 @@ def test_every_generated_value_reads_back_unchanged_in_pyyaml() -> None:
     back = list(yaml.safe_load_all(to_yaml(docs)))
     assert [d["data"]["v"] for d in back] == values
     assert [d["metadata"]["labels"]["v"] for d in back] == values
+
+
+def test_json_patch_turns_one_object_into_the_other() -> None:
+    from kimideploy.render.kustomize import json_patch
+
+    old = {"metadata": {"labels": {"a.io/x~y": "1", "gone": "x"}}, "spec": {"args": ["a", "b"],
+           "ports": [1, 2], "keep": True}}  # fmt: skip
+    new = {"metadata": {"labels": {"a.io/x~y": "2", "new": "y"}}, "spec": {"args": ["a", "b", "c"],
+           "ports": [1, 3], "keep": True}}  # fmt: skip
+    operations = json_patch(old, new)
+    assert {"op": "replace", "path": "/metadata/labels/a.io~1x~0y", "value": "2"} in operations
+    assert {"op": "remove", "path": "/metadata/labels/gone"} in operations
+    assert {"op": "replace", "path": "/spec/args", "value": ["a", "b", "c"]} in operations
+    assert {"op": "replace", "path": "/spec/ports/1", "value": 3} in operations
+    assert json_patch(old, old) == []
+    assert apply_patch(old, operations) == new
+
+
+def apply_patch(document: Any, operations: list[dict[str, Any]]) -> Any:
+    """A small RFC 6902 applier for the three operations json_patch writes."""
+    import copy
+
+    result = copy.deepcopy(document)
+    for op in operations:
+        *parents, last = [
+            p.replace("~1", "/").replace("~0", "~") for p in op["path"][1:].split("/")
+        ]
+        node = result
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key: Any = int(last) if isinstance(node, list) else last
+        if op["op"] == "remove":
+            del node[key]
+        else:
+            node[key] = op["value"]
+    return result

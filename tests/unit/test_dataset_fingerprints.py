@@ -69,9 +69,10 @@ def test_another_revision_sampling_or_shard_layout_makes_new_conversations(
     for changed in (
         folders(example, "datagen.temperature=1.0"),
         folders(example, "datagen.shards=7"),
+        # b200 serves the nvfp4 model variant: its revision is the one its data comes from.
         folders(load_project(edited_config((
-            "  revision: 3d2f1c0b9a8e7d6c5b4a39281706f5e4d3c2b1a0",
-            "  revision: 4d2f1c0b9a8e7d6c5b4a39281706f5e4d3c2b1a0",
+            "    revision: 9a8b7c6d5e4f30211f0e9d8c7b6a594837261504",
+            "    revision: 0a8b7c6d5e4f30211f0e9d8c7b6a594837261504",
         )))),
     ):  # fmt: skip
         assert changed["conversations"] != base["conversations"]

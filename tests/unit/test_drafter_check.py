@@ -236,3 +236,65 @@ def test_the_serve_pods_init_container_checks_the_copy_on_the_models_volume(
     none = render_workload(example, PlanRequest("serve", "b300", "none")).objects
     pod = next(o for o in none if o["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert "drafter-check" not in [c["name"] for c in pod["initContainers"]]
+
+
+def test_the_k25_native_drafter_passes_its_check_with_its_full_vocabulary(
+    example: LoadedProject, tmp_path: Path
+) -> None:
+    """lightseekorg/kimi-k2.5-eagle3 as the registry records it: vLLM-convention ids in its
+    config.json, the target's full 163840-token vocabulary (no d2t/t2d maps)."""
+    record = example.project.drafters["k25"]
+    assert (
+        record.source.hub is not None and record.source.hub.repo == "lightseekorg/kimi-k2.5-eagle3"
+    )
+    assert record.lineage.trained_for == example.project.model.repo
+    folder = tmp_path / "k25"
+    folder.mkdir()
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168,
+              "draft_vocab_size": record.draft_vocab_size,
+              "eagle_aux_hidden_state_layer_ids": list(record.aux_layer_ids)}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    write_safetensors(
+        folder / "model.safetensors", {"layers.0.self_attn.q_proj.weight": ("BF16", [8, 8])}
+    )
+    found = {f.check: f for f in check(example.project, "k25", folder, cluster="rtx6000")}
+    # A published drafter carries no kimideploy lineage file: a warning, its record's lineage stands.
+    assert [name for name, f in found.items() if not f.ok] == ["lineage file"]
+    assert "no maps needed" in found["vocab maps"].detail
+    shifted = {**config, "eagle_aux_hidden_state_layer_ids": [a - 1 for a in record.aux_layer_ids]}
+    (folder / "config.json").write_text(json.dumps(shifted))
+    failed = [f for f in check(example.project, "k25", folder, cluster="rtx6000") if not f.ok]
+    assert failed and failed[0].blocking
+
+
+def test_serving_a_drafter_on_another_checkpoint_is_a_warning_with_its_fix(
+    example: LoadedProject,
+) -> None:
+    project = example.project
+    assert project.clusters["b200"].model_variant == "nvfp4"
+    assert project.model_for("b200").repo == "nvidia/Kimi-K2.5-NVFP4"
+    assert project.model_for("rtx6000") == project.model
+    on_b200 = {f.check: f for f in check(project, "k25", None, cluster="b200")}
+    variant = on_b200["model variant"]
+    assert not variant.ok and not variant.blocking
+    assert "trained on the default checkpoint (moonshotai/Kimi-K2.5)" in variant.detail
+    assert "cluster b200 serves variant nvfp4 (nvidia/Kimi-K2.5-NVFP4)" in variant.detail
+    assert on_b200["trained for this target"].ok  # a variant is the same model
+    on_rtx = {f.check: f for f in check(project, "k25", None, cluster="rtx6000")}
+    assert on_rtx["model variant"].ok
+
+
+def test_a_published_prior_predicts_until_acceptance_is_measured(example: LoadedProject) -> None:
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.plan.resolve import resolve
+    from kimideploy.services.drafters import drafter_rows
+
+    rows = {r["name"]: r for r in drafter_rows(example.project)}
+    assert rows["k25"]["prior_length"] == "2.69-3.34 @k=3 (published)"
+    assert rows["k25"]["measured_length"] is None
+    assert rows["v1"]["prior_length"] is None
+    plan = resolve(example, PlanRequest("serve", "rtx6000", "k25"))
+    predicted = dict(plan.facts)["predicted"]
+    assert "prior: published mean acceptance length 3.13" in predicted and "x (k=3" in predicted
+    warnings = " ".join(resolve(example, PlanRequest("serve", "b200", "k25")).warnings)
+    assert "cluster b200 serves variant nvfp4" in warnings

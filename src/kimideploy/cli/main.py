@@ -15,6 +15,7 @@ from kimideploy.cli import (
     config_cmd,
     data_cmds,
     drafter_cmd,
+    gate_cmd,
     host_cmds,
     image_cmds,
     release_cmds,
@@ -67,6 +68,7 @@ cli.add_command(image_cmds.image)
 cli.add_command(data_cmds.data)
 cli.add_command(bench_cmds.bench)
 cli.add_command(calibrate_cmds.calibrate)
+cli.add_command(gate_cmd.gate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     state = CliState(config_path=None, debug=debug)
     try:
-        cli.main(args=argv, prog_name="kimideploy", standalone_mode=False, obj=state)
+        # A command's own exit status (`gate serve` says 4 without an error) comes back here.
+        status = cli.main(args=argv, prog_name="kimideploy", standalone_mode=False, obj=state)
     except KimiDeployError as exc:
         if debug:
             raise
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.USAGE)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    return int(ExitCode.OK)
+    return status if isinstance(status, int) else int(ExitCode.OK)
 
 
 def _failed(

@@ -18,6 +18,20 @@ from kimideploy.cli.context import WORKLOAD_CHOICE, CliState, plan_options
     type=click.Path(path_type=Path, file_okay=False),
     help="Write one file per object into this folder instead of stdout.",
 )
+@click.option(
+    "--kustomize",
+    "kustomize_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Write a Kustomize base and one overlay per cluster into this folder (for Argo CD / "
+    "Flux); --cluster is the base, --overlay limits the clusters.",
+)
+@click.option(
+    "--overlay",
+    "overlays",
+    multiple=True,
+    metavar="CLUSTER",
+    help="With --kustomize: only these clusters (repeatable; default: every cluster).",
+)
 @click.pass_obj
 def render(
     state: CliState,
@@ -26,14 +40,34 @@ def render(
     drafter: str | None,
     overrides: tuple[str, ...],
     output_dir: Path | None,
+    kustomize_dir: Path | None,
+    overlays: tuple[str, ...],
 ) -> None:
     """Render WORKLOAD's manifests, validated against the cluster's Kubernetes schema.
 
     Output is multi-document YAML, so `kimideploy render serve | kubectl apply -f -` works.
     """
+    from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
-    from kimideploy.services.rendering import render_workload, write_objects
+    from kimideploy.services.rendering import (
+        kustomize_files,
+        render_workload,
+        write_objects,
+        write_tree,
+    )
 
+    if overlays and kustomize_dir is None:
+        raise UsageError("--overlay only applies with --kustomize")
+    if kustomize_dir is not None:
+        if output_dir is not None:
+            raise UsageError("--kustomize and --output-dir exclude each other")
+        loaded = state.project()
+        base = cluster or loaded.project.default_cluster
+        others = [c for c in (overlays or sorted(loaded.project.clusters)) if c != base]
+        files = kustomize_files(loaded, workload, drafter, overrides, [base, *others])
+        for path in write_tree(files, kustomize_dir):
+            click.echo(str(path), err=True)
+        return
     rendered = render_workload(state.project(), PlanRequest(workload, cluster, drafter, overrides))
     if output_dir is None:
         click.echo(rendered.yaml, nl=False)

@@ -134,7 +134,10 @@ def run(
         click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
         return
     try:
-        snapshot = runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll)
+        resume = (f"kimideploy run train --set train.resume_run={started.run_id}"
+                  if workload == "train" else None)  # fmt: skip
+        snapshot = runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll,
+                                   resume=resume)  # fmt: skip
         rows = None
         if workload == "bench":
             from kimideploy.services.gate import bench_comparison, record_bench_run

@@ -6,10 +6,21 @@ from dataclasses import replace
 from typing import Any
 
 import click
+from click.decorators import FC
 
 from kimideploy.cli.context import CliState, plan_options
 from kimideploy.cli.outcome import RELEASE_KEYS, expect, outcome_option, print_release
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
+
+
+def levels_option(func: FC) -> FC:
+    """--at-concurrency: the gate's concurrency levels (up --gate and gate serve)."""
+    return click.option(
+        "--at-concurrency",
+        "at_concurrency",
+        callback=lambda _ctx, _param, value: _levels(value),
+        help="Comma-separated concurrency levels the gate decides on, e.g. 1,8.",
+    )(func)
 
 
 @click.command()
@@ -44,12 +55,7 @@ from kimideploy.cli.terminal import TerminalReporter, cluster_options
     "pays (clusters.<name>.gate); otherwise roll back to non-speculative serving.",
 )
 @click.option("--min-speedup", type=float, help="Gate threshold (default: gate.min_speedup).")
-@click.option(
-    "--at-concurrency",
-    "at_concurrency",
-    callback=lambda _ctx, _param, value: _levels(value),
-    help="Comma-separated concurrency levels the gate decides on, e.g. 1,8.",
-)
+@levels_option
 @click.option(
     "--gate-fail-open/--gate-fail-closed",
     "gate_fail_open",

@@ -16,7 +16,7 @@ LOG_TAIL_LINES = 200
 @dataclass(frozen=True)
 class JobSnapshot:
     name: str
-    phase: str  # pending, running, complete, failed
+    phase: str  # pending, suspended (Kueue has not admitted it), running, complete, failed
     completions: int
     succeeded: int
     failed_indexes: tuple[int, ...]
@@ -42,19 +42,30 @@ def parse_indexes(text: str | None) -> tuple[int, ...]:
     return tuple(found)
 
 
+def job_phase(job: dict[str, Any]) -> tuple[str, str]:
+    """(phase, why) of a Job from its conditions and spec: the one place a Job's phase is
+    decided (`run`, `logs --follow` and `status` all read it here)."""
+    status, spec = job.get("status", {}), job["spec"]
+    conditions = {c["type"]: c for c in status.get("conditions", []) if c.get("status") == "True"}
+    if "Complete" in conditions:
+        return "complete", ""
+    if "Failed" in conditions:
+        return "failed", conditions["Failed"].get("message", "")
+    if spec.get("suspend"):
+        queue = job["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name")
+        return "suspended", (
+            f"waiting for Kueue to admit it (LocalQueue {queue})" if queue else "suspended"
+        )
+    return ("running" if status.get("active") or status.get("ready") else "pending"), ""
+
+
 def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True) -> JobSnapshot:
     try:
         job = api.request("GET", path("Job", namespace, name))
     except NotFoundError:
         return JobSnapshot(name, "failed", 0, 0, (), message=f"Job {name} no longer exists")
     status, spec = job.get("status", {}), job["spec"]
-    conditions = {c["type"]: c for c in status.get("conditions", []) if c.get("status") == "True"}
-    phase = "running" if status.get("active") or status.get("ready") else "pending"
-    message = ""
-    if "Complete" in conditions:
-        phase = "complete"
-    elif "Failed" in conditions:
-        phase, message = "failed", conditions["Failed"].get("message", "")
+    phase, message = job_phase(job)
     pods = pod_reads.list_pods(api, namespace, f"batch.kubernetes.io/job-name={name}")
     latest: dict[int, dict[str, Any]] = {}
     for pod in pods:
@@ -64,6 +75,14 @@ def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True
         i: _failure(p) for i, p in latest.items() if p.get("status", {}).get("phase") == "Failed"
     }
     waiting = {i: w for i, p in latest.items() if (w := pod_waiting(p))}
+    failed_indexes = parse_indexes(status.get("failedIndexes"))
+    if phase == "failed" and not failed_indexes:
+        # A gang's FailJob records no failedIndexes: the failed ranks are the pods that failed
+        # on their own, not the ones the Job controller deleted after them.
+        failed_indexes = tuple(sorted(
+            i for i, p in latest.items() if i in failures
+            and not p["metadata"].get("deletionTimestamp")
+        ))  # fmt: skip
     logs = {}
     if with_logs:
         for index, pod in latest.items():
@@ -76,7 +95,7 @@ def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True
         phase=phase,
         completions=spec.get("completions", 1),
         succeeded=status.get("succeeded", 0),
-        failed_indexes=parse_indexes(status.get("failedIndexes")),
+        failed_indexes=failed_indexes,
         index_failures=failures,
         logs=logs,
         message=message,

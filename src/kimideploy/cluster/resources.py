@@ -27,6 +27,7 @@ KINDS: dict[str, Kind] = {
     "PodMonitor": Kind("apis/monitoring.coreos.com/v1", "podmonitors"),
     "NetworkPolicy": Kind("apis/networking.k8s.io/v1", "networkpolicies"),
     "PriorityClass": Kind("apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
+    "LocalQueue": Kind("apis/kueue.x-k8s.io/v1beta1", "localqueues"),
 }
 PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap", "PodMonitor", "NetworkPolicy")
 """Kinds a release owns and may prune; PersistentVolumeClaims are never among them."""

@@ -88,6 +88,17 @@ class PriorityClasses(StrictModel):
     batch: DnsSubdomain = "kimideploy-batch"
 
 
+class KueueSettings(StrictModel):
+    """Submit batch Jobs through Kueue: each is created suspended with the queue's label, and
+    Kueue starts it when the LocalQueue's ClusterQueue admits all of its pods at once (a
+    multi-node training Job is one workload: its ranks are admitted together or not at all)."""
+
+    local_queue: DnsSubdomain = Field(
+        description="LocalQueue in the cluster profile's namespace (kueue.x-k8s.io/queue-name); "
+        "`run` checks it exists before creating anything."
+    )
+
+
 class NetworkPolicySettings(StrictModel):
     """One NetworkPolicy per workload (ingress only; egress is left open: datagen calls the serve
     release, pods resolve DNS). Serve pods take traffic on the API port from pods of their own
@@ -189,6 +200,11 @@ class Cluster(StrictModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment for GPU pods (NCCL settings differ here)."
     )
+    model_variant: Name | None = Field(
+        default=None,
+        description="A model_variants entry this cluster serves and trains with instead of "
+        "`model:` (e.g. an NVFP4 checkpoint on Blackwell). Unset: `model:` itself.",
+    )
     storage: Storage
     images: WorkloadImages
     workloads: Workloads
@@ -204,6 +220,9 @@ class Cluster(StrictModel):
         "Unset: pods get the cluster's default priority.",
     )
     network_policy: NetworkPolicySettings = Field(default_factory=NetworkPolicySettings)
+    kueue: KueueSettings | None = Field(
+        default=None, description="Batch Jobs wait in this Kueue LocalQueue. Unset: no Kueue."
+    )
     hosts: list[SshHost] = Field(
         default_factory=list, description="SSH access to the GPU machines (for `kimideploy host`)."
     )

@@ -34,11 +34,33 @@ class DrafterSource(StrictModel):
         return self
 
 
+class PublishedAcceptance(StrictModel):
+    """What a drafter's publisher reported, kept as a prior until kimideploy measures it."""
+
+    mean_acceptance_length: dict[str, Annotated[float, Field(ge=1, le=17)]] = Field(
+        min_length=1, description="Benchmark name -> reported mean acceptance length."
+    )
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
+        description="The k those lengths were measured at."
+    )
+    source: str = Field(description="Where it was reported (model card, paper).")
+
+    @property
+    def mean_length(self) -> float:
+        values = list(self.mean_acceptance_length.values())
+        return sum(values) / len(values)
+
+
 class Lineage(StrictModel):
     """Where a drafter came from; `drafter check` compares it with the target."""
 
     trained_for: str = Field(description="Target repo id the drafter was trained against.")
     trained_for_revision: GitRevision | None = None
+    trained_for_variant: str | None = Field(
+        default=None,
+        description="The model_variants entry whose outputs it was trained on; unset: `model:` "
+        "itself. `drafter check` warns when a cluster serves another checkpoint.",
+    )
     base_drafter: str | None = None
     dataset: str | None = Field(default=None, description="Dataset path or name.")
     samples: Annotated[int, Field(ge=0)] | None = None
@@ -70,6 +92,11 @@ class Drafter(StrictModel):
         default_factory=list,
         description="Measured conditional acceptance per draft position (training or bench); "
         "feeds the speedup estimate.",
+    )
+    published: PublishedAcceptance | None = Field(
+        default=None,
+        description="Acceptance its publisher reported: a prior, shown next to the measured one "
+        "and used for predictions only until `acceptance` is measured.",
     )
     k_schedule: Literal["fixed", "auto"] = Field(
         default="fixed",

@@ -10,7 +10,7 @@ from kimideploy.config.base import Name, StrictModel
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
 from kimideploy.config.images import Image
-from kimideploy.config.target import TargetModel
+from kimideploy.config.target import ModelVariant, TargetModel
 from kimideploy.config.workloads import GPU_WORKLOADS
 
 Path = tuple[str | int, ...]
@@ -27,6 +27,23 @@ class Project(StrictModel):
     images: dict[Name, Image] = Field(min_length=1)
     clusters: dict[Name, Cluster] = Field(min_length=1)
     drafters: dict[Name, Drafter] = Field(default_factory=dict)
+    model_variants: dict[Name, ModelVariant] = Field(
+        default_factory=dict,
+        description="Other checkpoints of `model` (e.g. NVFP4) that clusters may name.",
+    )
+
+    def model_for(self, cluster: str | None) -> TargetModel:
+        """The checkpoint a cluster serves: its model_variant applied to `model`, else `model`."""
+        found = self.model_variants.get(self.variant_of(cluster) or "")
+        return found.applied_to(self.model) if found else self.model
+
+    def variant_of(self, cluster: str | None) -> str | None:
+        return self.clusters[cluster].model_variant if cluster in self.clusters else None
+
+    def model_repos(self) -> set[str]:
+        """`model:` and its variants: a drafter trained for any of them is trained for this
+        model (a variant mismatch is its own, milder finding)."""
+        return {self.model.repo, *(v.repo for v in self.model_variants.values())}
 
     @field_validator("drafters")
     @classmethod
@@ -52,6 +69,43 @@ def reference_issues(project: Project) -> list[Issue]:
     for drafter_name, drafter in project.drafters.items():
         issues += _drafter_issues(project, drafter_name, drafter)
     issues += _drafter_path_issues(project)
+    issues += _variant_issues(project)
+    return issues
+
+
+def variant_mismatch(project: Project, drafter: Drafter, cluster: str | None) -> str | None:
+    """What differs when a drafter trained on one checkpoint serves with another on `cluster`
+    (the one judgement `drafter check`, `up` and the plan share); None when they agree."""
+    trained, serving = drafter.lineage.trained_for_variant, project.variant_of(cluster)
+    if trained == serving:
+        return None
+
+    def named(variant: str | None) -> str:
+        if variant is None:
+            return f"the default checkpoint ({project.model.repo})"
+        found = project.model_variants.get(variant)
+        return f"variant {variant} ({found.repo if found else 'undefined'})"
+
+    return (
+        f"was trained on {named(trained)} but cluster {cluster} serves {named(serving)}: "
+        "its acceptance there is unmeasured (`kimideploy run bench` measures it)"
+    )
+
+
+def _variant_issues(project: Project) -> list[Issue]:
+    issues: list[Issue] = []
+    named: list[tuple[Path, str | None]] = [
+        (("clusters", c, "model_variant"), cluster.model_variant)
+        for c, cluster in project.clusters.items()
+    ]
+    named += [
+        (("drafters", d, "lineage", "trained_for_variant"), drafter.lineage.trained_for_variant)
+        for d, drafter in project.drafters.items()
+    ]
+    for where, variant in named:
+        if variant is not None and variant not in project.model_variants:
+            valid = _choices(project.model_variants) or "none defined under model_variants"
+            issues.append((where, f"unknown model variant '{variant}' (valid: {valid})"))
     return issues
 
 
@@ -139,9 +193,10 @@ def _cluster_issues(project: Project, name: str, cluster: Cluster) -> list[Issue
         message = f"a node has only {cluster.gpu.per_node} GPUs"
         issues.append((("clusters", name, "workloads", "extract", "gpus_per_shard"), message))
     usable = cluster.gpu.per_node * cluster.gpu.memory_gb * 0.9
-    if project.model.weights_gb > usable:
+    weights = project.model_for(name).weights_gb
+    if weights > usable:
         message = (
-            f"{project.model.weights_gb:g} GB of weights do not fit on one node "
+            f"{weights:g} GB of weights do not fit on one node "
             f"({cluster.gpu.per_node} x {cluster.gpu.memory_gb:g} GB, 90% usable)"
         )
         issues.append((("clusters", name, "gpu"), message))

@@ -16,6 +16,9 @@ class SecretRef(StrictModel):
     key: SecretKey = Field(description="Key inside the Secret.")
 
 
+Quantization = Literal["int4", "fp8", "nvfp4", "mxfp4", "bf16"]
+
+
 class TargetModel(StrictModel):
     """The model kimideploy serves, generates data with, and trains drafters for."""
 
@@ -23,9 +26,7 @@ class TargetModel(StrictModel):
         pattern=r"^[\w.-]+/[\w.-]+$", description="Hugging Face repository id, e.g. org/name."
     )
     revision: GitRevision = Field(description="Pinned commit of the repository (40 hex).")
-    quantization: Literal["int4", "fp8", "bf16"] = Field(
-        description="Weight format of the revision."
-    )
+    quantization: Quantization = Field(description="Weight format of the revision.")
     served_name: str = Field(description="Name the OpenAI-compatible API serves it under.")
     architecture: str = Field(description="config.json architectures[0] of the checkpoint.")
     model_type: str = Field(description="config.json model_type (kimi_k25 for the wrapper).")
@@ -48,3 +49,20 @@ class TargetModel(StrictModel):
     @property
     def short_revision(self) -> str:
         return self.revision[:12]
+
+
+class ModelVariant(StrictModel):
+    """Another checkpoint of the same model (e.g. NVIDIA's NVFP4 quantization for Blackwell, as
+    the published B200/B300 recipes serve): same architecture, layers and tokenizer; a cluster
+    names it with `model_variant`, and every workload there uses it instead of `model:`."""
+
+    description: str = ""
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="Hugging Face repository id.")
+    revision: GitRevision = Field(description="Pinned commit of the repository (40 hex).")
+    quantization: Quantization
+    weights_gb: Annotated[float, Field(gt=0, description="On-disk size of the weights in GB.")]
+
+    def applied_to(self, model: TargetModel) -> TargetModel:
+        changes = {"repo": self.repo, "revision": self.revision,
+                   "quantization": self.quantization, "weights_gb": self.weights_gb}  # fmt: skip
+        return model.model_copy(update=changes)

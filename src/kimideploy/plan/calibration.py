@@ -206,8 +206,7 @@ def speedup(costs: CostModel, k: int, length: float, concurrency: int) -> float:
 
 def drafter_speedup(costs: CostModel, per_position: list[float], k: int, concurrency: int) -> float:
     """From a drafter's measured conditional acceptance per position (the last one repeats)."""
-    measured = list(per_position[:k]) + [per_position[-1]] * max(0, k - len(per_position))
-    return model.tokens_per_step(measured) / costs.cost(k, concurrency)
+    return model.tokens_per_step(model.rates_at_k(per_position, k)) / costs.cost(k, concurrency)
 
 
 def break_even_length(costs: CostModel, k: int, concurrency: int) -> float:

@@ -57,7 +57,7 @@ def estimate_hidden_states(project: Project, ctx: Context) -> HiddenStateEstimat
     cluster = ctx.cluster
     drafter = project.drafters[cluster.workloads.train.drafter]
     per_token = hidden_state_bytes_per_token(
-        len(drafter.aux_layer_ids), project.model.hidden_size, cluster.workloads.extract.dtype
+        len(drafter.aux_layer_ids), ctx.model.hidden_size, cluster.workloads.extract.dtype
     )
     datagen = cluster.workloads.datagen
     total = hidden_state_bytes(datagen.samples, datagen.expected_tokens_per_sample, per_token)

@@ -11,6 +11,7 @@ from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
 from kimideploy.config.images import Image
 from kimideploy.config.project import Project
 from kimideploy.config.specs import LayerSelection, TargetRef
+from kimideploy.config.target import TargetModel
 from kimideploy.plan.calibration import CostModel, DefaultCost
 
 MODELS_MOUNT = "/models"
@@ -45,6 +46,11 @@ class Context:
         return self.costs or DefaultCost(self.cluster.step_cost_per_token, self.cluster_name)
 
     @property
+    def model(self) -> TargetModel:
+        """The checkpoint this cluster serves (its model_variant, else `model:`)."""
+        return self.project.model_for(self.cluster_name)
+
+    @property
     def namespace(self) -> str:
         return self.namespace_override or self.cluster.namespace
 
@@ -61,12 +67,12 @@ class Context:
         return f"{self.project.name}-{claim.replace('_', '-')}"
 
     def target_ref(self) -> TargetRef:
-        model = self.project.model
+        model = self.model
         return TargetRef(
             repo=model.repo,
             revision=model.revision,
             served_name=model.served_name,
-            path=target_model_path(self.project),
+            path=target_model_path(model),
             num_hidden_layers=model.num_hidden_layers,
             hidden_size=model.hidden_size,
             vocab_size=model.vocab_size,
@@ -85,9 +91,9 @@ def gated_levels(ctx: Context) -> list[int]:
     return list(ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency)
 
 
-def target_model_path(project: Project) -> str:
+def target_model_path(model: TargetModel) -> str:
     """Where `host sync-model` puts the pinned revision on the models volume."""
-    return f"{MODELS_MOUNT}/hub/{project.model.repo}/{project.model.revision}"
+    return f"{MODELS_MOUNT}/hub/{model.repo}/{model.revision}"
 
 
 def drafter_path(name: str, drafter: Drafter) -> str:

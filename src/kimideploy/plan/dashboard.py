@@ -43,7 +43,7 @@ def release_dashboard(ctx: Context, break_even_rate: float | None) -> dict[str, 
     dashboard["uid"] = "kimideploy-" + hashlib.sha256(where.encode()).hexdigest()[:16]
     dashboard["title"] = f"kimideploy: {ctx.release} on {ctx.cluster_name} ({ctx.namespace})"
     dashboard["tags"] = sorted({*dashboard.get("tags", []), ctx.cluster_name, ctx.release})
-    served = ctx.project.model.served_name
+    served = ctx.model.served_name
     for variable in dashboard["templating"]["list"]:
         if variable["name"] == "model":
             variable["current"] = {"text": [served], "value": [served]}

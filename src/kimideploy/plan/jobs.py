@@ -42,7 +42,7 @@ def dataset_fingerprints(ctx: Context) -> dict[str, dict[str, Any]]:
     `samples` is not part of the conversations' fingerprint: raising it adds samples to the same
     folder (each shard's prompts are a prefix of a larger run's). The features' includes the
     conversations' id, so new conversations also mean new features."""
-    model, workloads = ctx.project.model, ctx.cluster.workloads
+    model, workloads = ctx.model, ctx.cluster.workloads
     datagen, extract = workloads.datagen, workloads.extract
     drafter = ctx.project.drafters[workloads.train.drafter]
     target = {"repo": model.repo, "revision": model.revision}
@@ -216,11 +216,38 @@ class JobShape:
     port: int = 0
 
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+DISRUPTED = [{"type": "DisruptionTarget", "status": "True"}]
+
+
+def pod_failure_rules(container: str, gang: bool) -> list[dict[str, Any]]:
+    """How the Job controller treats a failed pod.
+
+    A gang (multi-node training: every rank in one collective) fails whole and at once: a rank
+    that died or was evicted cannot rejoin, and the others would wait out the NCCL timeout and
+    the start-up budget on rented GPUs; the next run resumes from the last checkpoint
+    (train.resume_run). Independent indexes retry alone (backoffLimitPerIndex); an eviction and
+    a checkpoint-then-exit on SIGTERM (RESUMABLE_EXIT_CODE) do not count as failures."""
+    if gang:
+        any_failure = {"containerName": container, "operator": "NotIn", "values": [0]}
+        return [
+            {"action": "FailJob", "onPodConditions": DISRUPTED},
+            {"action": "FailJob", "onExitCodes": any_failure},
+        ]
+    resumable = {"containerName": container, "operator": "In", "values": [RESUMABLE_EXIT_CODE]}
+    return [
+        {"action": "Ignore", "onPodConditions": DISRUPTED},
+        {"action": "Ignore", "onExitCodes": resumable},
+    ]
+
+
 def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[ObjectPlan]:
     """The spec ConfigMap, the Job, and for multi-node training its headless Service."""
     shape = _job_shape(ctx, spec)
     labels = pods.standard_labels(ctx)
     common = {"name": ctx.object_name, "namespace": ctx.namespace, "labels": labels}
+    # Kueue reads the queue from the Job (not its pods) and unsuspends it once admitted.
+    queue = {KUEUE_QUEUE_LABEL: ctx.cluster.kueue.local_queue} if ctx.cluster.kueue else {}
     claim_vols, claim_mounts = pods.claim_volumes(ctx, workload_claims(ctx))
     spec_vol, spec_mount = pods.spec_volume(f"{ctx.object_name}-spec")
     volumes, mounts = [*claim_vols, spec_vol], [*claim_mounts, spec_mount]
@@ -234,11 +261,13 @@ def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[Object
         init_containers.append(online.server_container(ctx, online.check(ctx)))
     job = {
         **common,
+        "labels": {**labels, **queue},
         "annotations": pods.object_annotations(ctx),
         "completions": shape.completions,
         "parallelism": shape.parallelism,
         "backoff_limit_per_index": shape.retries,
-        "resumable_exit_code": RESUMABLE_EXIT_CODE,
+        "pod_failure_rules": pod_failure_rules(ctx.workload, gang=bool(shape.subdomain)),
+        "suspend": ctx.cluster.kueue is not None,
         "ttl_s": FINISHED_JOB_TTL_S,
         "subdomain": shape.subdomain,
         "pod_labels": labels,

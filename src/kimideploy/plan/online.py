@@ -60,7 +60,7 @@ def _where(ctx: Context, field: str) -> str:
 def layout(ctx: Context) -> OnlineLayout:
     """The GPU split of one node, or a ConfigError that says why online training cannot fit."""
     online, gpu = ctx.cluster.workloads.train.online, ctx.cluster.gpu
-    weights = ctx.project.model.weights_gb
+    weights = ctx.model.weights_gb
     usable = gpu.memory_gb * online.gpu_memory_utilization
 
     def fits(tp: int) -> bool:
@@ -108,7 +108,7 @@ def check(ctx: Context) -> OnlineLayout:
             hint="online training needs Kubernetes >= 1.29; train offline on this cluster",
         )
     image_name = ctx.cluster.images.extract
-    model = ctx.project.model
+    model = ctx.model
     problem = extraction_engine.image_problem(
         server_image(ctx).vllm, model.text_model_type or model.model_type
     )
@@ -161,7 +161,7 @@ def server_args(
 
 
 def server_container(ctx: Context, split: OnlineLayout) -> dict[str, Any]:
-    train, model = ctx.cluster.workloads.train, ctx.project.model
+    train, model = ctx.cluster.workloads.train, ctx.model
     online = train.online
     image = server_image(ctx)
     args = server_args(
@@ -181,7 +181,7 @@ def server_container(ctx: Context, split: OnlineLayout) -> dict[str, Any]:
         "image": image.reference,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
-        "command": ["vllm", "serve", target_model_path(ctx.project)],
+        "command": ["vllm", "serve", target_model_path(ctx.model)],
         "args": args,
         "env": pods.env(ctx, split.server_gpus, {"HF_HUB_OFFLINE": "1"}),
         "ports": [{"name": "http", "containerPort": online.port, "protocol": "TCP"}],
@@ -223,7 +223,7 @@ def scratch_volume(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def online_spec(ctx: Context, conversations_dir: str) -> OnlineTrainSpec:
-    online, model = ctx.cluster.workloads.train.online, ctx.project.model
+    online, model = ctx.cluster.workloads.train.online, ctx.model
     return OnlineTrainSpec(
         endpoint=f"http://127.0.0.1:{online.port}/v1",
         storage_dir=SCRATCH_MOUNT,

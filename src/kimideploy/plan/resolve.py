@@ -10,7 +10,7 @@ from typing import Any
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
 from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.loading import LoadedProject
-from kimideploy.config.project import Project
+from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.config.workloads import GPU_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import UsageError
@@ -353,6 +353,13 @@ def prediction_facts(ctx: Context, k: int, levels: list[int]) -> list[tuple[str,
             for c in levels
         )
         predicted = f"{at} (k={k}, measured acceptance {list(drafter.acceptance)})"
+    elif drafter.published and drafter.published.num_speculative_tokens == k:
+        length = drafter.published.mean_length
+        at = ", ".join(f"c={c} {calibration.speedup(costs, k, length, c):.2f}x" for c in levels)
+        predicted = (
+            f"{at} (k={k}, prior: published mean acceptance length {length:.2f}, "
+            f"{drafter.published.source}; not measured here)"
+        )
     else:
         even = ", ".join(f"c={c} {calibration.break_even_length(costs, k, c):.2f}" for c in levels)
         predicted = f"unknown: no measured acceptance; break-even acceptance length {even} (k={k})"
@@ -397,11 +404,14 @@ def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
     drafter, project = ctx.drafter, ctx.project
     if drafter is not None and ctx.workload in ("serve", "train"):
         name = ctx.drafter_name
-        if drafter.lineage.trained_for != project.model.repo:
+        if drafter.lineage.trained_for not in project.model_repos():
             warnings.append(
                 f"drafter {name} was trained for {drafter.lineage.trained_for}, "
                 f"not {project.model.repo}"
             )
+        mismatch = variant_mismatch(project, drafter, ctx.cluster_name)
+        if mismatch:
+            warnings.append(f"drafter {name} {mismatch}")
         if ctx.workload == "serve" and drafter.layer_id_convention != "vllm":
             vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
             warnings.append(

@@ -86,7 +86,7 @@ def config_fingerprint(ctx: Context) -> str:
 
 def vllm_args(ctx: Context) -> list[str]:
     """`vllm serve` arguments after the model path; no speculative flag at all without a drafter."""
-    model, serve = ctx.project.model, ctx.cluster.workloads.serve
+    model, serve = ctx.model, ctx.cluster.workloads.serve
     args = [
         "--served-model-name", model.served_name,
         "--host", "0.0.0.0",
@@ -199,7 +199,7 @@ def init_containers(ctx: Context) -> list[dict[str, Any]]:
     """Seconds-long checks before a 25-minute load: GPU architecture and driver, synced model."""
     gpus = ctx.cluster.gpu.per_node
     hardened = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    model_dir = target_model_path(ctx.project)
+    model_dir = target_model_path(ctx.model)
     script = (
         f'test -f "$MODEL_DIR/{MODEL_MARKER}" || {{ echo "model not synced: $MODEL_DIR has no '
         f'{MODEL_MARKER}; run: kimideploy host sync-model {ctx.cluster_name}" >&2; exit 1; }}'
@@ -270,7 +270,7 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         "security": pods.pod_security(ctx),
         "priority_class": pods.priority_class(ctx),
         "image": ctx.image.reference,
-        "command": ["vllm", "serve", target_model_path(ctx.project)],
+        "command": ["vllm", "serve", target_model_path(ctx.model)],
         "args": vllm_args(ctx),
         "env": [
             *pods.env(

@@ -25,6 +25,11 @@ def tokens_per_step(per_position: list[float]) -> float:
     return expected
 
 
+def rates_at_k(per_position: list[float], k: int) -> list[float]:
+    """A drafter's conditional acceptance for k positions (the last measured one repeats)."""
+    return list(per_position[:k]) + [per_position[-1]] * max(0, k - len(per_position))
+
+
 def tokens_per_step_uniform(acceptance: float, k: int) -> float:
     if acceptance >= 1.0:
         return float(k + 1)

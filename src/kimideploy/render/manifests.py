@@ -48,7 +48,23 @@ def _render_one(env: jinja2.Environment, template: str, values: dict[str, Any]) 
         docs = [doc for doc in yaml.safe_load_all(text) if doc]
     except yaml.YAMLError as exc:
         raise ManifestError(f"template {name} produced invalid YAML: {exc}") from exc
+    for doc in docs:
+        _drop_empty_annotations(doc)
     return docs
+
+
+def _drop_empty_annotations(node: Any) -> None:
+    """`annotations: {}` means what no annotations mean, and Kustomize (so Argo CD and Flux)
+    drops it: leaving it out keeps `kubectl kustomize` and `up` byte-for-byte the same objects."""
+    if isinstance(node, dict):
+        metadata = node.get("metadata")
+        if isinstance(metadata, dict) and metadata.get("annotations") == {}:
+            del metadata["annotations"]
+        for value in node.values():
+            _drop_empty_annotations(value)
+    elif isinstance(node, list):
+        for value in node:
+            _drop_empty_annotations(value)
 
 
 def sort_for_apply(objects: list[Manifest]) -> list[Manifest]:
@@ -98,11 +114,13 @@ _Dumper.add_representer(str, _represent_str)
 
 def to_yaml(objects: list[Manifest]) -> str:
     """Multi-document YAML, byte-identical for identical objects, pipeable to kubectl apply."""
-    return "".join(
-        "---\n"
-        + yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
-        for obj in objects
-    )
+    return "".join("---\n" + yaml_document(obj) for obj in objects)
+
+
+def yaml_document(value: Any) -> str:
+    """One YAML document (no leading ---), strings quoted wherever Go's YAML would not read them
+    as strings."""
+    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
 
 
 def file_name(index: int, obj: Manifest) -> str:

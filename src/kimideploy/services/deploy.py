@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.cluster.apply import ObjectRef, ref
+from kimideploy.cluster.jobs import job_phase
 from kimideploy.cluster.lock import ReleaseLock
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.rollout import RolloutState
@@ -608,16 +609,8 @@ def status_report(session: ClusterSession, release: str, project_name: str) -> d
     for job in session.runs(
         f"app.kubernetes.io/name={project_name},app.kubernetes.io/managed-by=kimideploy"
     )[:10]:
-        labels, status = job["metadata"]["labels"], job.get("status", {})
-        state = (
-            "running"
-            if status.get("active")
-            else "complete"
-            if status.get("succeeded") == job["spec"].get("completions")
-            else "failed"
-            if status.get("failed")
-            else "pending"
-        )
+        labels = job["metadata"]["labels"]
+        state, _ = job_phase(job)
         runs.append(
             {
                 "run_id": labels.get("kimideploy.io/run-id"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
-from kimideploy.config.project import Project
+from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.drafter_files import Expected, Finding
 from kimideploy.drafter_files import folder_findings as files_findings
 from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup
@@ -23,7 +23,7 @@ def serving_vllm(project: Project, cluster: str | None) -> str:
 
 
 def expected_files(project: Project, drafter: Drafter, cluster: str | None = None) -> Expected:
-    model = project.model
+    model = project.model_for(cluster or project.default_cluster)
     return Expected(
         target_repo=model.repo,
         target_revision=model.revision,
@@ -48,10 +48,11 @@ def record_findings(
     concurrency: int = 1,
 ) -> list[Finding]:
     """What the registry alone says (no files needed)."""
-    model = project.model
+    cluster_name = cluster or project.default_cluster
+    model = project.model_for(cluster_name)
     findings = []
     trained_for = drafter.lineage.trained_for
-    same_model = trained_for == model.repo
+    same_model = trained_for in project.model_repos()
     findings.append(
         Finding(
             "trained for this target",
@@ -61,8 +62,18 @@ def record_findings(
             blocking=False,
         )
     )
+    mismatch = variant_mismatch(project, drafter, cluster_name)
+    findings.append(
+        Finding(
+            "model variant",
+            mismatch is None,
+            mismatch or f"trained and served on {model.repo}",
+            "measure it on this checkpoint (`kimideploy run bench`), or train on it",
+            blocking=False,
+        )
+    )
     revision = drafter.lineage.trained_for_revision
-    if same_model and revision and revision != model.revision:
+    if same_model and mismatch is None and revision and revision != model.revision:
         findings.append(
             Finding(
                 "target revision",

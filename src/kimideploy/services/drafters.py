@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimideploy.config.drafters import to_vllm_layer_ids
+from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
 from kimideploy.config.project import Project
+from kimideploy.plan.speedup import rates_at_k, tokens_per_step
 
 
 def drafter_rows(project: Project) -> list[dict[str, Any]]:
@@ -28,7 +29,27 @@ def drafter_rows(project: Project) -> list[dict[str, Any]]:
                 "vllm_ids": to_vllm_layer_ids(d.aux_layer_ids, d.layer_id_convention),
                 "draft_vocab": d.draft_vocab_size,
                 "trained_for": d.lineage.trained_for,
+                "variant": d.lineage.trained_for_variant or "default",
+                # The publisher's figure is a prior; the measured one (training or bench) wins.
+                "prior_length": _prior(d),
+                "measured_length": _measured(d),
                 "status": d.status,
             }
         )
     return rows
+
+
+def _prior(drafter: Drafter) -> str | None:
+    published = drafter.published
+    if published is None:
+        return None
+    values = published.mean_acceptance_length.values()
+    spread = f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else f"{min(values):.2f}"
+    return f"{spread} @k={published.num_speculative_tokens} (published)"
+
+
+def _measured(drafter: Drafter) -> str | None:
+    if not drafter.acceptance:
+        return None
+    k = drafter.num_speculative_tokens
+    return f"{tokens_per_step(rates_at_k(list(drafter.acceptance), k)):.2f} @k={k}"

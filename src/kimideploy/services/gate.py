@@ -165,15 +165,7 @@ def _baseline(
     gate: GateContext,
     reporter: Reporter,
 ) -> tuple[StoredBench | None, str]:
-    stored, why = pick_baseline(
-        session.bench_results(gate.release),
-        cluster=gate.cluster,
-        serve_print=gate.serve_print,
-        bench_print=gate.bench_print,
-        needed=gate.needed,
-        max_age_h=gate.settings.baseline_max_age_h,
-        now=_now(),
-    )
+    stored, why = stored_baseline(session, gate)
     if stored is not None:
         reporter.info(f"gate: comparing with {why}")
         return stored, why
@@ -204,6 +196,19 @@ def _baseline(
             hint="`kimideploy logs RUN_ID` shows the bench pod's log; --gate-fail-open deploys "
             "the drafter without a baseline",
         ) from exc
+
+
+def stored_baseline(session: ClusterSession, gate: GateContext) -> tuple[StoredBench | None, str]:
+    """The newest stored non-speculative bench result the gate may compare with, and why."""
+    return pick_baseline(
+        session.bench_results(gate.release),
+        cluster=gate.cluster,
+        serve_print=gate.serve_print,
+        bench_print=gate.bench_print,
+        needed=gate.needed,
+        max_age_h=gate.settings.baseline_max_age_h,
+        now=_now(),
+    )
 
 
 def serving_record(session: ClusterSession, release: str) -> ReleaseRecord | None:
@@ -465,3 +470,92 @@ def _roll_back(
                 "serving_revision": exc.outcome.get("serving_revision"),
             },
         ) from exc
+
+
+def judge_serving(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    options: GateOptions,
+    reporter: Reporter,
+) -> Verdict:
+    """The gate without applying anything (GitOps): the release that serves now, applied by Argo
+    CD or Flux from `render --kustomize`, must be request's render and rolled out; it is benched
+    and judged against the stored non-speculative baseline. Nothing is rolled back or recorded on
+    a revision: the caller (a pipeline) reverts the commit when the verdict says so."""
+    gate = gate_context(session, loaded, request, options)
+    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    _require_serving(session, rendered, gate.release)
+    baseline, why = stored_baseline(session, gate)
+    if baseline is None:
+        raise UsageError(
+            f"gate: {why}; there is nothing to compare {request.drafter} with",
+            hint="sync the non-speculative render (`render serve --drafter none --kustomize`) "
+            "and run `kimideploy gate serve --drafter none` (it measures the baseline), then "
+            "sync the drafter again",
+        )
+    reporter.info(f"gate: comparing with {why}")
+    record = serving_record(session, gate.release)
+    verdict = _measure_and_judge(session, loaded, request, record.revision if record else 0,
+                                 options, gate, baseline, why, reporter)  # fmt: skip
+    reporter.info(f"gate: {request.drafter} {verdict.summary()}")
+    return verdict
+
+
+def measure_serving_baseline(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    options: GateOptions,
+    reporter: Reporter,
+) -> StoredBench:
+    """`gate serve --drafter none`: bench the non-speculative release GitOps applied (it must be
+    this render, rolled out) and store the result as the gate's baseline."""
+    gate = gate_context(session, loaded, request, options)
+    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    _require_serving(session, rendered, gate.release)
+    record = serving_record(session, gate.release)
+    try:
+        stored = bench_revision(session, loaded, request, record.revision if record else 0,
+                                options, gate, reporter)  # fmt: skip
+    except GateMeasurementError as exc:
+        raise RolloutError(
+            f"gate: the baseline could not be measured: {exc}",
+            hint="`kimideploy logs RUN_ID` shows the bench pod's log",
+        ) from exc
+    reporter.info(f"gate: stored bench run {stored.run_id} as the non-speculative baseline")
+    return stored
+
+
+def _require_serving(session: ClusterSession, rendered: Rendered, release: str) -> None:
+    """The live Deployment is this render's (same spec hash) and fully rolled out."""
+    wanted = next(o for o in rendered.objects if o["kind"] == "Deployment")
+    # By name, not by field manager: Argo CD or Flux applied it, not kimideploy.
+    live = session.get("Deployment", wanted["metadata"]["name"])
+    if live is None:
+        raise UsageError(
+            f"{release} is not deployed in namespace {session.namespace}",
+            hint="sync the drafter's overlay first (`render serve --drafter D --kustomize`)",
+        )
+    key = "kimideploy.io/spec-sha256"
+    expected = wanted["spec"]["template"]["metadata"]["annotations"][key]
+    found = (live["spec"]["template"]["metadata"].get("annotations") or {}).get(key)
+    if found != expected:
+        raise UsageError(
+            f"{release} in namespace {session.namespace} is not this render (spec {str(found)[:12]}"
+            f", the render's is {expected[:12]}): benching it would judge another configuration",
+            hint="sync the commit that holds this render, or pass the --drafter/--set it was "
+            "rendered with",
+        )
+    status, replicas = live.get("status") or {}, live["spec"].get("replicas", 1)
+    rolled_out = (
+        status.get("observedGeneration", 0) >= live["metadata"].get("generation", 0)
+        and status.get("updatedReplicas", 0) >= replicas
+        and status.get("availableReplicas", 0) >= replicas
+    )
+    if not rolled_out:
+        raise UsageError(
+            f"{release} is still rolling out ({status.get('updatedReplicas', 0)}/{replicas} "
+            f"updated, {status.get('availableReplicas', 0)} available)",
+            hint="wait for the sync to finish (e.g. `argocd app wait --health`), then gate again",
+        )

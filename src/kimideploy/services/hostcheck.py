@@ -60,7 +60,9 @@ def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> l
     setup = cluster.host_setup
     assert setup is not None
     checks = _gpu_checks(cluster, image, found)
-    checks += _disk_checks(project, setup.model_path, found)
+    # The checkpoint this cluster serves: its model_variant's weights, else model's.
+    served = project.model_variants.get(cluster.model_variant or "") or project.model
+    checks += _disk_checks(served.weights_gb, setup.model_path, found)
     if setup.role == "gpu_host":
         checks += _k3s_checks(cluster, found)
     else:
@@ -186,7 +188,7 @@ def _driver_checks(cluster: Cluster, image: Image, driver: str, cuda: str | None
     return checks
 
 
-def _disk_checks(project: Project, model_path: str, found: dict[str, str]) -> list[Check]:
+def _disk_checks(weights_gb: float, model_path: str, found: dict[str, str]) -> list[Check]:
     if found.get("marker", "").strip():
         return [Check("model on disk", True, "a synced model revision is present (marker found)")]
     fields = found.get("disk", "").split()
@@ -200,7 +202,7 @@ def _disk_checks(project: Project, model_path: str, found: dict[str, str]) -> li
             )
         ]
     free_gb = int(fields[3]) / 1e9
-    need = project.model.weights_gb * 1.1
+    need = weights_gb * 1.1
     return [
         Check(
             "free space",

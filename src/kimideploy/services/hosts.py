@@ -104,7 +104,7 @@ def sync_targets(project: Project, cluster_name: str, drafters: bool) -> list[Sy
     cluster = require_hosts(project, cluster_name)
     assert cluster.host_setup is not None
     root = cluster.host_setup.model_path
-    model = project.model
+    model = project.model_for(cluster_name)  # the checkpoint this cluster serves
     targets = [SyncTarget(model.repo, model.revision, f"{root}/hub/{model.repo}/{model.revision}")]
     if drafters:
         for drafter in project.drafters.values():

@@ -95,7 +95,8 @@ def _serve_cases_for(
     for drafter in [NO_DRAFTER, *sorted(project.drafters)]:
         plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter))
         deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
-        args = [a.replace(target_model_path(project), str(target)) for a in deployment["args"]]
+        args = [a.replace(target_model_path(project.model_for(cluster_name)), str(target))
+                for a in deployment["args"]]  # fmt: skip
         if drafter != NO_DRAFTER:
             record = project.drafters[drafter]
             args = [a.replace(drafter_path(drafter, record), str(drafters / drafter)) for a in args]
@@ -131,7 +132,7 @@ def calibration_cases(
             plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter, image=name,
                                                synthetic=synthetic))  # fmt: skip
             deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
-            args = [a.replace(target_model_path(project), str(target))
+            args = [a.replace(target_model_path(project.model_for(cluster_name)), str(target))
                     .replace(drafter_path(drafter, record), str(drafters / drafter))
                     for a in deployment["args"]]  # fmt: skip
             cases.append({"name": f"{cluster_name} calibration k={k} (synthetic acceptance)",

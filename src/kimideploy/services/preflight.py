@@ -52,10 +52,34 @@ def require_prerequisites(
             f"`kubectl -n {session.namespace} create secret generic {name} "
             f"--from-literal={key}=...`, or fix workloads.serve.api_key"
         )
+    for queue in sorted(_queues(objects)):
+        if not session.has_api_resource("kueue.x-k8s.io/v1beta1", "localqueues"):
+            problems.append(
+                f"clusters.{cluster}.kueue names LocalQueue {queue}, but the cluster serves no "
+                "kueue.x-k8s.io/v1beta1 localqueues (Kueue is not installed)"
+            )
+            hints.append(f"install Kueue, or remove clusters.{cluster}.kueue")
+        elif session.get("LocalQueue", queue) is None:
+            problems.append(
+                f"LocalQueue {queue} (clusters.{cluster}.kueue.local_queue) does not exist in "
+                f"namespace {session.namespace}"
+            )
+            hints.append(
+                f"a cluster admin creates LocalQueue {queue} in {session.namespace} (pointing at "
+                "a ClusterQueue with GPU quota), or fix kueue.local_queue"
+            )
     if problems:
         raise UsageError(
             "nothing was applied: " + "; ".join(problems), hint="; ".join(dict.fromkeys(hints))
         )
+
+
+def _queues(objects: list[dict[str, Any]]) -> set[str]:
+    return {
+        queue
+        for obj in objects
+        if (queue := obj["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name"))
+    }
 
 
 def _secret_keys(specs: list[dict[str, Any]]) -> set[tuple[str, str]]:

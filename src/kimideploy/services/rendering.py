@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
 from kimideploy.config.workloads import WORKLOAD_NAMES
+from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.resolve import resolve
+from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
 from kimideploy.render.manifests import Manifest, file_name, render, to_yaml
 from kimideploy.render.schema import schema_version_for
 
@@ -88,3 +91,50 @@ def describe_plan(rendered: Rendered) -> str:
     )
     lines += [f"  {o['kind']}/{o['metadata']['name']}" for o in rendered.objects]
     return "\n".join(lines)
+
+
+def kustomize_files(
+    loaded: LoadedProject,
+    workload: str,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    clusters: list[str],
+) -> dict[PurePosixPath, str]:
+    """The Kustomize tree of `workload` over `clusters` (the first is the base); every cluster's
+    render is validated as `render` validates it, and a cluster that cannot render it stops all."""
+    renders = []
+    for cluster in clusters:
+        if cluster not in loaded.project.clusters:
+            known = ", ".join(sorted(loaded.project.clusters))
+            raise UsageError(f"--overlay {cluster}: no such cluster (clusters: {known})")
+        try:
+            rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter, overrides))
+        except KimiDeployError as exc:
+            raise type(exc)(f"overlay {cluster}: {exc.message}", exc.hint) from exc
+        renders.append(ClusterRender(cluster, rendered.plan.namespace, rendered.objects))
+    what = f"{workload}" + (f" --drafter {drafter}" if drafter else "")
+    note = (
+        f"Written by `kimideploy render {what} --kustomize` from {loaded.path.name} "
+        f"(sha256 {loaded.sha256[:12]}); base: {clusters[0]}. Render again instead of editing."
+    )
+    return kustomize_tree(renders, note)
+
+
+def write_tree(files: dict[PurePosixPath, str], directory: Path) -> list[Path]:
+    """Write a Kustomize tree. A folder with files but no marker is refused (it may be someone's
+    work); one with the marker has its base/ and overlays/ replaced, so no stale patch stays."""
+    if directory.exists() and any(directory.iterdir()) and not (directory / MARKER).exists():
+        raise UsageError(
+            f"{directory} is not empty and was not written by `render --kustomize`; nothing "
+            "was written",
+            hint="name an empty or new folder (or one an earlier --kustomize wrote)",
+        )
+    for part in ("base", "overlays"):
+        shutil.rmtree(directory / part, ignore_errors=True)
+    written = []
+    for relative, text in files.items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written

@@ -79,7 +79,12 @@ def find_job(session: ClusterSession, run_id: str) -> str:
 
 
 def follow_run(
-    session: ClusterSession, job: str, run_id: str, reporter: Reporter, poll_s: float = 2
+    session: ClusterSession,
+    job: str,
+    run_id: str,
+    reporter: Reporter,
+    poll_s: float = 2,
+    resume: str | None = None,
 ) -> JobSnapshot:
     """Report progress until the Job ends; a failed run raises RolloutError (exit 4)."""
     announced: set[int] = set()
@@ -88,6 +93,8 @@ def follow_run(
         snapshot = session.job(job)
         summary = progress.aggregate(snapshot.logs, snapshot.completions)
         line = summary.describe() if summary else f"{snapshot.phase}: waiting for progress lines"
+        if snapshot.phase == "suspended":
+            line = f"suspended: {snapshot.message}"
         reporter.status(f"{job}: {snapshot.succeeded}/{snapshot.completions} indexes done; {line}")
         for index, holding in sorted(snapshot.waiting.items()):
             if told.get(index) != holding:
@@ -101,7 +108,7 @@ def follow_run(
                     + _tail(snapshot.logs.get(index, ""))
                 )
         if snapshot.done:
-            return _finish(snapshot, run_id, reporter)
+            return _finish(snapshot, run_id, reporter, resume)
         time.sleep(poll_s)
 
 
@@ -126,7 +133,9 @@ def run_results(snapshot: JobSnapshot) -> dict[str, Any]:
     }
 
 
-def _finish(snapshot: JobSnapshot, run_id: str, reporter: Reporter) -> JobSnapshot:
+def _finish(
+    snapshot: JobSnapshot, run_id: str, reporter: Reporter, resume: str | None = None
+) -> JobSnapshot:
     for index, result in sorted(progress.results(snapshot.logs).items()):
         fields = ", ".join(f"{k}={_short(v)}" for k, v in result.items() if k != "event")
         reporter.info(f"index {index} result: {fields}")
@@ -135,7 +144,8 @@ def _finish(snapshot: JobSnapshot, run_id: str, reporter: Reporter) -> JobSnapsh
         reason = snapshot.message or "Job failed"
         raise RolloutError(
             f"run {run_id} ({snapshot.name}) failed: {reason}; failed indexes: {failed}",
-            hint=f"`kimideploy logs {run_id}` shows each index's log; the Job is kept",
+            hint=f"`kimideploy logs {run_id}` shows each index's log; the Job is kept"
+            + (f"; `{resume}` resumes from its last checkpoint" if resume else ""),
             outcome={
                 "status": "failed",
                 "run": run_facts(snapshot, run_id),
