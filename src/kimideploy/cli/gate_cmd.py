@@ -51,16 +51,16 @@ def gate(
     session = open_session(loaded, cluster, context, namespace)
     options = GateOptions(min_speedup, at_concurrency, None, bench_poll_s=poll)
     request = PlanRequest(workload, cluster, drafter or NO_DRAFTER, overrides)
-    release = f"{loaded.project.name}-{workload}"
     if request.drafter == NO_DRAFTER:
         stored = measure_serving_baseline(session, loaded, request, options, TerminalReporter())
         message = f"baseline stored: bench run {stored.run_id}"
         if pending:
-            pending.print(ExitCode.OK, "baseline-stored", message, None, {"release": release})
+            released = {"release": stored.release}
+            pending.print(ExitCode.OK, "baseline-stored", message, None, released)
         else:
             click.echo(message)
         return
-    verdict = judge_serving(session, loaded, request, options, TerminalReporter())
+    release, verdict = judge_serving(session, loaded, request, options, TerminalReporter())
     kept = verdict.decision == KEEP
     code = ExitCode.OK if kept else ExitCode.ROLLOUT
     facts = {"release": release, "verdict": verdict.details()}

@@ -8,6 +8,7 @@ from typing import Any
 from kimideploy.cluster import pods as pod_reads
 from kimideploy.cluster.api import KubeApi, NotFoundError
 from kimideploy.cluster.resources import path
+from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
 
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 LOG_TAIL_LINES = 200
@@ -52,7 +53,7 @@ def job_phase(job: dict[str, Any]) -> tuple[str, str]:
     if "Failed" in conditions:
         return "failed", conditions["Failed"].get("message", "")
     if spec.get("suspend"):
-        queue = job["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name")
+        queue = job["metadata"].get("labels", {}).get(KUEUE_QUEUE_LABEL)
         return "suspended", (
             f"waiting for Kueue to admit it (LocalQueue {queue})" if queue else "suspended"
         )

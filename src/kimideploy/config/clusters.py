@@ -88,6 +88,10 @@ class PriorityClasses(StrictModel):
     batch: DnsSubdomain = "kimideploy-batch"
 
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""Kueue reads a Job's LocalQueue from this label on the Job (not on its pods)."""
+
+
 class KueueSettings(StrictModel):
     """Submit batch Jobs through Kueue: each is created suspended with the queue's label, and
     Kueue starts it when the LocalQueue's ClusterQueue admits all of its pods at once (a

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
 from kimideploy.config.drafters import to_vllm_layer_ids
 from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.specs import (
@@ -216,7 +217,6 @@ class JobShape:
     port: int = 0
 
 
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 DISRUPTED = [{"type": "DisruptionTarget", "status": "True"}]
 
 

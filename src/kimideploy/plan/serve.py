@@ -113,6 +113,10 @@ def vllm_args(ctx: Context) -> list[str]:
     return [pods.literal(a) for a in [*args, *serve.extra_args]]
 
 
+SPEC_SHA256_ANNOTATION = f"{pods.LABEL_PREFIX}/spec-sha256"
+"""On the serve pod template: the hash of spec.json, so a changed spec rolls the pods and the
+gate can tell which render a live Deployment is."""
+
 PER_REQUEST_SPEC_METRICS_VLLM = (0, 32)
 """The first vLLM with `metrics.speculative_decoding` in its responses."""
 
@@ -264,7 +268,7 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         # The Deployment must not declare failure while a replica is still inside its load budget.
         "progress_deadline_s": serve.startup_budget_s + 600,
         "pod_labels": {**labels},
-        "pod_annotations": {**serve.pod_annotations, "kimideploy.io/spec-sha256": spec_sha256},
+        "pod_annotations": {**serve.pod_annotations, SPEC_SHA256_ANNOTATION: spec_sha256},
         "node_selector": pods.node_selector(ctx, gpus),
         "tolerations": pods.tolerations(ctx),
         "security": pods.pod_security(ctx),

@@ -28,6 +28,7 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import BenchSpec
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
 from kimideploy.services import deploy, progress, runs
 from kimideploy.services.gate_verdict import (
     KEEP,
@@ -478,14 +479,12 @@ def judge_serving(
     request: PlanRequest,
     options: GateOptions,
     reporter: Reporter,
-) -> Verdict:
+) -> tuple[str, Verdict]:
     """The gate without applying anything (GitOps): the release that serves now, applied by Argo
     CD or Flux from `render --kustomize`, must be request's render and rolled out; it is benched
     and judged against the stored non-speculative baseline. Nothing is rolled back or recorded on
     a revision: the caller (a pipeline) reverts the commit when the verdict says so."""
-    gate = gate_context(session, loaded, request, options)
-    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
-    _require_serving(session, rendered, gate.release)
+    gate, revision = _serving_gate(session, loaded, request, options)
     baseline, why = stored_baseline(session, gate)
     if baseline is None:
         raise UsageError(
@@ -495,11 +494,11 @@ def judge_serving(
             "sync the drafter again",
         )
     reporter.info(f"gate: comparing with {why}")
-    record = serving_record(session, gate.release)
-    verdict = _measure_and_judge(session, loaded, request, record.revision if record else 0,
-                                 options, gate, baseline, why, reporter)  # fmt: skip
+    verdict = _measure_and_judge(
+        session, loaded, request, revision, options, gate, baseline, why, reporter
+    )
     reporter.info(f"gate: {request.drafter} {verdict.summary()}")
-    return verdict
+    return gate.release, verdict
 
 
 def measure_serving_baseline(
@@ -511,13 +510,9 @@ def measure_serving_baseline(
 ) -> StoredBench:
     """`gate serve --drafter none`: bench the non-speculative release GitOps applied (it must be
     this render, rolled out) and store the result as the gate's baseline."""
-    gate = gate_context(session, loaded, request, options)
-    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
-    _require_serving(session, rendered, gate.release)
-    record = serving_record(session, gate.release)
+    gate, revision = _serving_gate(session, loaded, request, options)
     try:
-        stored = bench_revision(session, loaded, request, record.revision if record else 0,
-                                options, gate, reporter)  # fmt: skip
+        stored = bench_revision(session, loaded, request, revision, options, gate, reporter)
     except GateMeasurementError as exc:
         raise RolloutError(
             f"gate: the baseline could not be measured: {exc}",
@@ -525,6 +520,18 @@ def measure_serving_baseline(
         ) from exc
     reporter.info(f"gate: stored bench run {stored.run_id} as the non-speculative baseline")
     return stored
+
+
+def _serving_gate(
+    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, options: GateOptions
+) -> tuple[GateContext, int]:
+    """The gate's context for what serves now, after checking it is request's render and rolled
+    out; and the kimideploy revision it is (0 when GitOps applied it, so there is none)."""
+    gate = gate_context(session, loaded, request, options)
+    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    _require_serving(session, rendered, gate.release)
+    record = serving_record(session, gate.release)
+    return gate, record.revision if record else 0
 
 
 def _require_serving(session: ClusterSession, rendered: Rendered, release: str) -> None:
@@ -537,7 +544,7 @@ def _require_serving(session: ClusterSession, rendered: Rendered, release: str) 
             f"{release} is not deployed in namespace {session.namespace}",
             hint="sync the drafter's overlay first (`render serve --drafter D --kustomize`)",
         )
-    key = "kimideploy.io/spec-sha256"
+    key = SPEC_SHA256_ANNOTATION
     expected = wanted["spec"]["template"]["metadata"]["annotations"][key]
     found = (live["spec"]["template"]["metadata"].get("annotations") or {}).get(key)
     if found != expected:

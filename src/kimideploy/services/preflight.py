@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
 from kimideploy.errors import UsageError
 
 
@@ -78,7 +79,7 @@ def _queues(objects: list[dict[str, Any]]) -> set[str]:
     return {
         queue
         for obj in objects
-        if (queue := obj["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name"))
+        if (queue := obj["metadata"].get("labels", {}).get(KUEUE_QUEUE_LABEL))
     }
 
 
