@@ -23,6 +23,23 @@ def private_calibration_copies(tmp_path_factory: pytest.TempPathFactory) -> None
 
 
 @pytest.fixture(scope="session")
+def observability_binaries() -> tuple[Path, Path]:
+    """(prometheus, kube-state-metrics), built by scripts/build-prometheus on first use; skipped
+    without them unless a CI switch requires the tier that uses them."""
+    import os
+
+    from tests import observability
+
+    try:
+        return observability.binaries()
+    except observability.UnavailableError as exc:
+        required = ("KIMIDEPLOY_REQUIRE_TESTCLUSTER", "KIMIDEPLOY_REQUIRE_PIPELINE")
+        if any(os.environ.get(name) == "1" for name in required):
+            pytest.fail(f"prometheus required: {exc}")
+        pytest.skip(f"prometheus unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
 def example() -> LoadedProject:
     return load_project(EXAMPLE)
 

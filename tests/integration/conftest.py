@@ -6,12 +6,14 @@ with KIMIDEPLOY_REQUIRE_TESTCLUSTER=1 (set by .ci/run) that is a failure instead
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,49 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip(f"sshd unavailable: {exc}")
     yield server
     server.stop()
+
+
+def structural(schema: Any) -> Any:
+    """Our strict JSON schema as a CRD's structural schema: the API server prunes unknown fields
+    itself, and CRD schemas allow neither `const` nor additionalProperties beside properties."""
+    if isinstance(schema, dict):
+        return {
+            k: structural(v)
+            for k, v in schema.items()
+            if k not in ("$comment", "const") and not (k == "additionalProperties" and v is False)
+        }
+    if isinstance(schema, list):
+        return [structural(v) for v in schema]
+    return schema
+
+
+@contextmanager
+def served_pod_monitor_crd(cluster: harness.TestCluster) -> Iterator[None]:
+    """The PodMonitor CRD (its spec schema is the one kimideploy validates against offline)."""
+    from kimideploy.render.schema import crd_schema
+
+    spec_schema = structural(crd_schema("PodMonitor", "monitoring.coreos.com/v1"))["properties"][
+        "spec"
+    ]
+    names = {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor",
+             "listKind": "PodMonitorList"}  # fmt: skip
+    version = {"name": "v1", "served": True, "storage": True, "schema": {
+        "openAPIV3Schema": {"type": "object", "properties": {"spec": spec_schema}}}}  # fmt: skip
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": names,
+            "versions": [version],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(crd))
+    cluster.kubectl("wait", "--for=condition=Established",
+                    "crd/podmonitors.monitoring.coreos.com", "--timeout=60s")  # fmt: skip
+    try:
+        yield
+    finally:
+        cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=true")

@@ -11,24 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.integration.conftest import harness
 from tests.integration.test_runs_and_errors import PROGRESS, annotations
 
 pytestmark = pytest.mark.integration
 B300 = "  b300:\n    description: 8x (8x B300 NVL8) rented nodes, InfiniBand between nodes\n"
-LOCAL_QUEUE_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "localqueues.kueue.x-k8s.io"},
-    "spec": {
-        "group": "kueue.x-k8s.io",
-        "scope": "Namespaced",
-        "names": {"plural": "localqueues", "singular": "localqueue", "kind": "LocalQueue"},
-        "versions": [{"name": "v1beta1", "served": True, "storage": True, "schema": {
-            "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
-    },
-}  # fmt: skip
+KUEUE_CRDS = ("localqueues", "clusterqueues")
+"""Kueue's own CRDs, copied from its module by scripts/testcluster/build (no controller runs)."""
 
 
 def job(testcluster: harness.TestCluster, namespace: str) -> dict[str, Any]:
@@ -82,11 +73,45 @@ def test_a_single_index_failure_still_retries_alone_outside_a_gang(
     assert [r["action"] for r in rules] == ["Ignore", "Ignore"]
 
 
+def crd_names() -> list[str]:
+    return [f"crd/{name}.kueue.x-k8s.io" for name in KUEUE_CRDS]
+
+
 @pytest.fixture
 def local_queue_crd(testcluster: harness.TestCluster) -> Iterator[None]:
-    testcluster.kubectl("delete", "crd", "localqueues.kueue.x-k8s.io", "--ignore-not-found")
+    testcluster.kubectl("delete", *crd_names(), "--ignore-not-found")
     yield
-    testcluster.kubectl("delete", "crd", "localqueues.kueue.x-k8s.io", "--ignore-not-found")
+    testcluster.kubectl("delete", *crd_names(), "--ignore-not-found")
+
+
+def install_kueue_crds(testcluster: harness.TestCluster) -> None:
+    for name in KUEUE_CRDS:
+        crd = testcluster.bin_dir / "kueue-crds" / f"kueue.x-k8s.io_{name}.yaml"
+        testcluster.kubectl("apply", "--server-side", "-f", str(crd))
+    testcluster.kubectl("wait", "--for=condition=Established", *crd_names())
+
+
+QUEUED = B300 + "    kueue: {local_queue: gpu-queue}\n"
+QUICK_TRAIN = ("run", "train", "--cluster", "b300", "--set", "train.nodes=2", "--set",
+               annotations(run_duration="1s"), "--detach")  # fmt: skip
+
+
+def local_queue(namespace: str, version: str) -> str:
+    return json.dumps({"apiVersion": f"kueue.x-k8s.io/{version}", "kind": "LocalQueue",
+                       "metadata": {"name": "gpu-queue", "namespace": namespace},
+                       "spec": {"clusterQueue": "gpus"}})  # fmt: skip
+
+
+def run_once_discovered(
+    kd: Callable[..., tuple[int, str, str]], config: Path
+) -> tuple[int, str, str]:
+    """The quick queued run, retried while API discovery has not yet seen a new CRD."""
+    deadline = time.monotonic() + 30
+    while True:
+        code, out, err = kd(*QUICK_TRAIN, config=config)
+        if "serves no kueue" not in err or time.monotonic() > deadline:
+            return code, out, err
+        time.sleep(1)
 
 
 def test_kueue_jobs_wait_suspended_in_their_queue_until_admitted(
@@ -97,35 +122,26 @@ def test_kueue_jobs_wait_suspended_in_their_queue_until_admitted(
     local_queue_crd: None,
     tmp_path: Path,
 ) -> None:
-    config = edited_config((B300, B300 + "    kueue: {local_queue: gpu-queue}\n"))
-    quick = ("--cluster", "b300", "--set", "train.nodes=2", "--set", annotations(run_duration="1s"))
+    config = edited_config((B300, QUEUED))
 
     def jobs() -> str:
         return testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "name").strip()
 
-    code, _, err = kd("run", "train", *quick, "--detach", config=config)
-    assert code == 2 and "the cluster serves no kueue.x-k8s.io/v1beta1 localqueues" in err
+    code, _, err = kd(*QUICK_TRAIN, config=config)
+    assert code == 2 and "the cluster serves no kueue.x-k8s.io localqueues" in err
     assert jobs() == ""  # refused before anything was created
-    testcluster.kubectl("apply", "-f", "-", stdin=json.dumps(LOCAL_QUEUE_CRD))
-    testcluster.kubectl("wait", "--for=condition=Established", "crd/localqueues.kueue.x-k8s.io")
-    deadline = time.monotonic() + 30
-    while True:  # discovery caches the CRD a moment after it is established
-        code, _, err = kd("run", "train", *quick, "--detach", config=config)
-        if "serves no kueue" not in err or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    install_kueue_crds(testcluster)
+    code, _, err = run_once_discovered(kd, config)
     assert (
         code == 2 and "LocalQueue gpu-queue (clusters.b300.kueue.local_queue) does not exist" in err
     )
     assert jobs() == ""
-    queue = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
-             "metadata": {"name": "gpu-queue", "namespace": namespace},
-             "spec": {"clusterQueue": "gpus"}}  # fmt: skip
-    testcluster.kubectl("apply", "-f", "-", stdin=json.dumps(queue))
+    # Validated by Kueue's own schema (the current storage version).
+    testcluster.kubectl("apply", "-f", "-", stdin=local_queue(namespace, "v1beta2"))
     harness.serve_logs(
         testcluster, namespace, harness.write_container_log(tmp_path / "t.log", PROGRESS)
     )
-    code, out, err = kd("run", "train", *quick, "--detach", config=config)
+    code, out, err = kd(*QUICK_TRAIN, config=config)
     assert code == 0, err
     run_id = out.split()[0]
     created = job(testcluster, namespace)
@@ -145,3 +161,24 @@ def test_kueue_jobs_wait_suspended_in_their_queue_until_admitted(
     code, _, err = kd("logs", run_id, "--follow", "--cluster", "b300", config=config)
     assert code == 0, err
     assert "complete: 2/2 indexes" in err
+
+
+def test_an_older_kueue_serving_only_v1beta1_local_queues_is_found(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    edited_config: Callable[..., Path],
+    local_queue_crd: None,
+) -> None:
+    # Kueue < 0.15 served LocalQueues at v1beta1 alone: v0.17.0's CRD without v1beta2.
+    path = testcluster.bin_dir / "kueue-crds" / "kueue.x-k8s.io_localqueues.yaml"
+    crd = yaml.safe_load(path.read_text())
+    [v1beta1] = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
+    v1beta1.pop("deprecationWarning", None)
+    crd["spec"]["versions"] = [{**v1beta1, "storage": True, "deprecated": False}]
+    testcluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(crd))
+    testcluster.kubectl("wait", "--for=condition=Established", "crd/localqueues.kueue.x-k8s.io")
+    testcluster.kubectl("apply", "-f", "-", stdin=local_queue(namespace, "v1beta1"))
+    code, _, err = run_once_discovered(kd, edited_config((B300, QUEUED)))
+    assert code == 0, err
+    assert job(testcluster, namespace)["spec"]["suspend"] is True

@@ -4,13 +4,16 @@ delivers them: the `result` line in its pod's log, served by KWOK for the simula
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import harness
+from tests import observability
+from tests.conftest import REPO
+from tests.integration.conftest import harness, served_pod_monitor_crd
 
 pytestmark = pytest.mark.integration
 FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
@@ -126,6 +129,7 @@ def test_a_drafter_below_the_threshold_is_rolled_back_to_non_speculative_serving
     testcluster: harness.TestCluster,
     namespace: str,
     tmp_path: Path,
+    observability_binaries: tuple[Path, Path],
 ) -> None:
     files = {
         "none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None),
@@ -163,6 +167,39 @@ def test_a_drafter_below_the_threshold_is_rolled_back_to_non_speculative_serving
     assert serving["gate"].startswith("revision 2 (v3) rolled back (worst 0.67x")
     code, out, _ = kd("status")
     assert "gate" in out and "rolled back" in out
+    verdicts_panel_answers_from_the_release_records(testcluster, namespace, tmp_path,
+                                                    observability_binaries)  # fmt: skip
+
+
+def verdicts_panel_answers_from_the_release_records(
+    cluster: harness.TestCluster, namespace: str, where: Path, binaries: tuple[Path, Path]
+) -> None:
+    """The dashboard's gate-verdict panel, evaluated by a real Prometheus over a real
+    kube-state-metrics watching this namespace's Secrets with the allowlist the README gives."""
+    allowlist = re.search(r"--metric-labels-allowlist=(secrets=\[[^\]]+\])",
+                          (REPO / "README.md").read_text())  # fmt: skip
+    assert allowlist, "README names the kube-state-metrics allowlist"
+    config_map = json.loads(cluster.kubectl("-n", namespace, "get", "configmap",
+                                            "kimi-k25-serve-dashboard", "-o", "json"))  # fmt: skip
+    [text] = config_map["data"].values()
+    variables = {"model": ".*", "__rate_interval": "1m"}  # the vLLM panels' (not checked here)
+    queries = observability.panel_queries(json.loads(text), variables)
+    [verdicts] = [q for q in queries if "kube_" in q.expr]
+    prometheus, ksm = binaries
+    with observability.kube_state_metrics(ksm, cluster.kubeconfig, namespace, allowlist.group(1),
+                                          where / "ksm.log") as address:  # fmt: skip
+        job = {"job_name": "kube-state-metrics", "scrape_interval": "1s", "scrape_timeout": "1s",
+               "honor_labels": True, "static_configs": [{"targets": [address]}]}  # fmt: skip
+        with observability.prometheus(prometheus, where / "prometheus", [job]) as server:
+            [series] = observability.answers(server, [verdicts], timeout=60)[verdicts.expr]
+    assert series["metric"] == {
+        "namespace": namespace,
+        "label_kimideploy_io_release_record": "kimi-k25-serve",
+        "label_kimideploy_io_revision": "2",
+        "label_kimideploy_io_drafter": "v3",
+        "label_kimideploy_io_gate": "rollback",
+        "label_kimideploy_io_gate_speedup": "0.667",
+    }, series
 
 
 def test_a_fast_drafter_is_kept_and_the_stored_baseline_is_reused(
@@ -250,61 +287,10 @@ def test_gate_options_without_gate_and_gate_without_drafter_are_usage_errors(
     assert code == 2 and "--gate compares a drafter with no drafter" in err
 
 
-def structural(schema: Any) -> Any:
-    """Our strict JSON schema as a CRD's structural schema: the API server prunes unknown fields
-    itself, and CRD schemas allow neither `const` nor additionalProperties beside properties."""
-    if isinstance(schema, dict):
-        return {
-            k: structural(v)
-            for k, v in schema.items()
-            if k not in ("$comment", "const") and not (k == "additionalProperties" and v is False)
-        }
-    if isinstance(schema, list):
-        return [structural(v) for v in schema]
-    return schema
-
-
 @pytest.fixture
-def pod_monitor_crd(testcluster: harness.TestCluster) -> Any:
-    from kimideploy.render.schema import crd_schema
-
-    spec_schema = structural(crd_schema("PodMonitor", "monitoring.coreos.com/v1"))["properties"][
-        "spec"
-    ]
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "podmonitors.monitoring.coreos.com"},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "scope": "Namespaced",
-            "names": {
-                "kind": "PodMonitor",
-                "plural": "podmonitors",
-                "singular": "podmonitor",
-                "listKind": "PodMonitorList",
-            },
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "properties": {"spec": spec_schema}}
-                    },
-                }
-            ],
-        },
-    }
-    testcluster.kubectl("apply", "-f", "-", stdin=json.dumps(crd))
-    testcluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/podmonitors.monitoring.coreos.com",
-        "--timeout=60s",
-    )
-    yield
-    testcluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=true")
+def pod_monitor_crd(testcluster: harness.TestCluster) -> Iterator[None]:
+    with served_pod_monitor_crd(testcluster):
+        yield
 
 
 def test_a_pod_monitor_is_rendered_only_where_the_cluster_serves_the_crd(

@@ -1,5 +1,6 @@
 """`status` and `watch serve --act` reading a real vLLM's /metrics through the real API server's pod
-proxy, and a real rollback when acceptance is below break-even.
+proxy, and a real rollback when acceptance is below break-even; a real Prometheus scrapes the same
+vLLM through the PodMonitor `up` applied and answers every dashboard panel's query.
 
 The API server proxies a pod by dialing its `status.podIP`. KWOK's simulated pods get addresses no
 process listens on, so the proxy answered "resolve_deny: denied destination" for every scrape. Here
@@ -25,13 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.conftest import _bin_dir, harness, wait_for
+from tests import observability
+from tests.integration.conftest import _bin_dir, harness, served_pod_monitor_crd, wait_for
 from tests.pipeline import pods
 from tests.pipeline.conftest import CONFIG, Volumes
 
 from kimideploy.cli.main import main
 
 CONTEXT = "kimideploy-test"
+SCRAPE_INTERVAL_S = 5
+"""The PodMonitor's interval (the least it allows), so that rate() has samples within seconds."""
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +70,12 @@ def netns() -> Iterator[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def pipeline_cluster() -> Iterator[harness.TestCluster]:
-    """A control plane whose simulated node is the pipeline profile's (cluster `cpu`)."""
+    """A control plane whose simulated node is the pipeline profile's (cluster `cpu`); it serves
+    PodMonitors, so `up` renders one."""
     cluster = harness.up(config_path=CONFIG, bin_dir=_bin_dir())
     try:
-        yield cluster
+        with served_pod_monitor_crd(cluster):
+            yield cluster
     finally:
         harness.down(cluster.root)
 
@@ -124,6 +130,7 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
     project: Any,
     volumes: Volumes,
     untrained_drafter: dict[str, Any],
+    observability_binaries: tuple[Path, Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     namespace = f"live-{secrets.token_hex(3)}"
@@ -146,7 +153,8 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
     traffic = threading.Thread(target=greedy_traffic, args=(server.url, stop, key), daemon=True)
     try:
         assert kd(pipeline_cluster, namespace, "up", "serve", "--drafter", "untrained", "--yes",
-                  "--poll", "0.3", "--scheduling-grace", "5") == 0  # fmt: skip
+                  "--poll", "0.3", "--scheduling-grace", "5", "--set",
+                  f"serve.scrape_interval_s={SCRAPE_INTERVAL_S}") == 0  # fmt: skip
         pod = pipeline_cluster.kubectl("-n", namespace, "get", "pods", "-o",
                                        "jsonpath={.items[0].metadata.name}")  # fmt: skip
         pipeline_cluster.kubectl("-n", namespace, "patch", "pod", pod, "--subresource=status",
@@ -154,7 +162,12 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
                                      "podIP": address, "podIPs": [{"ip": address}]}}))  # fmt: skip
         pods.wait_ready([server])
         traffic.start()
-        time.sleep(15)  # counters to judge in the first window
+        monitor = json.loads(pipeline_cluster.kubectl("-n", namespace, "get", "podmonitor",
+                                                      "tiny-serve", "-o", "json"))  # fmt: skip
+        jobs = observability.pod_monitor_job(monitor, pipeline_cluster.kubeconfig)
+        with observability.prometheus(observability_binaries[0], volumes.root / "prometheus",
+                                      jobs) as prometheus:  # fmt: skip
+            dashboard_answers_from_the_scraped_pod(prometheus, pipeline_cluster, namespace)
         capsys.readouterr()
         assert kd(pipeline_cluster, namespace, "status") == 0
         shown = capsys.readouterr().out
@@ -177,3 +190,37 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
         stop.set()
         server.stop()
         pipeline_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def dashboard_answers_from_the_scraped_pod(
+    prometheus: observability.Prometheus, cluster: harness.TestCluster, namespace: str
+) -> None:
+    """Every vLLM panel of the dashboard `up` shipped, and its model variable, answered by a real
+    Prometheus from the pod the PodMonitor selects, with the labels the panels and podTargetLabels
+    promise. (The gate-verdict panel reads kube-state-metrics: tests/integration/test_gate.py.)"""
+    config_map = json.loads(cluster.kubectl("-n", namespace, "get", "configmap",
+                                            "tiny-serve-dashboard", "-o", "json"))  # fmt: skip
+    [dashboard_text] = config_map["data"].values()
+    dashboard = json.loads(dashboard_text)
+    # Grafana's $__rate_interval is at least four scrape intervals.
+    variables = {"model": "tiny-kimi", "__rate_interval": f"{4 * SCRAPE_INTERVAL_S}s"}
+    queries = [q for q in observability.panel_queries(dashboard, variables) if "vllm:" in q.expr]
+    assert len(queries) >= 9, [q.panel for q in queries]
+    found = observability.answers(prometheus, queries, timeout=120)
+    [(_, metric, label)] = observability.variable_queries(dashboard)
+    assert prometheus.label_values(label, metric) == ["tiny-kimi"]
+    [running] = prometheus.query("vllm:num_requests_running")
+    labels = running["metric"]
+    assert labels["namespace"] == namespace and labels["job"] == f"{namespace}/tiny-serve"
+    assert (
+        labels["kimideploy_io_drafter"] == "untrained" and labels["kimideploy_io_cluster"] == "cpu"
+    )
+    for query in queries:
+        values = [s["value"] for s in found[query.expr]]
+        if query.panel.startswith(("Acceptance rate", "Per-position")):
+            assert all(0 <= v <= 1 for v in values), (query.panel, values)
+        if query.panel.startswith("Mean acceptance length"):
+            assert all(1 <= v <= 4 for v in values), (query.panel, values)  # k = 3
+        if query.panel.startswith("Per-position"):
+            positions = sorted(s["metric"]["position"] for s in found[query.expr])
+            assert positions == ["0", "1", "2"], positions

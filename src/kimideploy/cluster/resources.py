@@ -27,8 +27,10 @@ KINDS: dict[str, Kind] = {
     "PodMonitor": Kind("apis/monitoring.coreos.com/v1", "podmonitors"),
     "NetworkPolicy": Kind("apis/networking.k8s.io/v1", "networkpolicies"),
     "PriorityClass": Kind("apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
-    "LocalQueue": Kind("apis/kueue.x-k8s.io/v1beta1", "localqueues"),
 }
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+"""LocalQueue versions, newest first: Kueue 0.15 added v1beta2 and 0.17 deprecates v1beta1, which
+older installs still serve alone."""
 PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap", "PodMonitor", "NetworkPolicy")
 """Kinds a release owns and may prune; PersistentVolumeClaims are never among them."""
 

@@ -15,7 +15,7 @@ from kimideploy.cluster import bench_results, calibrations, jobs, records
 from kimideploy.cluster import pods as pod_reads
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.lock import ReleaseLock
-from kimideploy.cluster.resources import path
+from kimideploy.cluster.resources import KUEUE_VERSIONS, path
 from kimideploy.cluster.rollout import RolloutWatcher
 from kimideploy.errors import ClusterError, UsageError
 from kimideploy.plan.calibration import Calibration
@@ -206,6 +206,25 @@ class ClusterSession:
             raise ClusterError(
                 f"the API server's proxy to {pod}:{port}/{endpoint} failed ({exc.message})"
             ) from exc
+
+    def local_queue_version(self) -> str | None:
+        """The newest kueue.x-k8s.io version serving localqueues; None: Kueue is not installed."""
+        return next(
+            (
+                v
+                for v in KUEUE_VERSIONS
+                if self.has_api_resource(f"kueue.x-k8s.io/{v}", "localqueues")
+            ),
+            None,
+        )
+
+    def local_queue(self, name: str, version: str) -> dict[str, Any] | None:
+        where = f"/apis/kueue.x-k8s.io/{version}/namespaces/{self.namespace}/localqueues/{name}"
+        try:
+            found: dict[str, Any] = self.api.request("GET", where)
+        except NotFoundError:
+            return None
+        return found
 
     def has_api_resource(self, group_version: str, plural: str) -> bool:
         """Whether the cluster serves a resource (a CRD such as monitoring.coreos.com/v1)."""

@@ -53,14 +53,16 @@ def require_prerequisites(
             f"`kubectl -n {session.namespace} create secret generic {name} "
             f"--from-literal={key}=...`, or fix workloads.serve.api_key"
         )
-    for queue in sorted(_queues(objects)):
-        if not session.has_api_resource("kueue.x-k8s.io/v1beta1", "localqueues"):
+    queues = sorted(_queues(objects))
+    version = session.local_queue_version() if queues else None
+    for queue in queues:
+        if version is None:
             problems.append(
                 f"clusters.{cluster}.kueue names LocalQueue {queue}, but the cluster serves no "
-                "kueue.x-k8s.io/v1beta1 localqueues (Kueue is not installed)"
+                "kueue.x-k8s.io localqueues (v1beta2 or v1beta1: Kueue is not installed)"
             )
             hints.append(f"install Kueue, or remove clusters.{cluster}.kueue")
-        elif session.get("LocalQueue", queue) is None:
+        elif session.local_queue(queue, version) is None:
             problems.append(
                 f"LocalQueue {queue} (clusters.{cluster}.kueue.local_queue) does not exist in "
                 f"namespace {session.namespace}"
