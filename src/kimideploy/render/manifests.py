@@ -9,6 +9,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from kimideploy.config.safe_yaml import COMPOSER
 from kimideploy.errors import ManifestError
 from kimideploy.paths import templates_dir
 from kimideploy.plan.model import Plan
@@ -45,7 +46,8 @@ def _render_one(env: jinja2.Environment, template: str, values: dict[str, Any]) 
             f"template {name}: {exc.message}", hint="this is a kimideploy bug"
         ) from exc
     try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc]
+        # Our own templates' output: libyaml parses it (same resolution as the safe loader).
+        docs = [doc for doc in yaml.load_all(text, Loader=COMPOSER) if doc]
     except yaml.YAMLError as exc:
         raise ManifestError(f"template {name} produced invalid YAML: {exc}") from exc
     for doc in docs:
@@ -78,7 +80,7 @@ def sort_for_apply(objects: list[Manifest]) -> list[Manifest]:
     return sorted(objects, key=key)
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
     """Multi-line strings (the spec JSON in ConfigMaps) as readable block literals; strings that
     Go's YAML would read as something else, quoted."""
 
