@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,26 @@ def test_help_lists_the_commands() -> None:
     for command in ("render", "up", "drafter", "config"):
         assert command in result.output
     assert "2 usage or config error" in result.output
+
+
+def test_every_listed_command_loads_and_help_imports_none_of_them() -> None:
+    import click
+
+    from kimideploy.cli.main import COMMANDS
+
+    ctx = click.Context(cli)
+    for name, (_, summary) in COMMANDS.items():
+        command = cli.get_command(ctx, name)
+        assert command is not None and command.name == name, name
+        assert command.get_short_help_str(limit=200) == summary
+    assert cli.get_command(ctx, "deploy") is None
+    probe = (
+        "import sys; from kimideploy.cli.main import main; main(['--help']); "
+        "print(sorted(m for m in sys.modules if m.startswith('kimideploy.cli.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    loaded = done.stdout.strip().splitlines()[-1]
+    assert not any(f"kimideploy.cli.{module}'" in loaded for module, _ in COMMANDS.values()), loaded
 
 
 def test_unknown_command_and_bad_workload_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

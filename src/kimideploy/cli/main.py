@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,26 +10,66 @@ from typing import Any
 import click
 
 from kimideploy import __version__
-from kimideploy.cli import (
-    bench_cmds,
-    calibrate_cmds,
-    config_cmd,
-    data_cmds,
-    drafter_cmd,
-    gate_cmd,
-    host_cmds,
-    image_cmds,
-    release_cmds,
-    render_cmd,
-    run_cmds,
-    up_cmd,
-)
 from kimideploy.cli.context import CliState
 from kimideploy.cli.outcome import failure_status
 from kimideploy.errors import ExitCode, KimiDeployError
 
+COMMANDS: dict[str, tuple[str, str]] = {
+    "render": ("render_cmd", "Render a workload's validated manifests (or a Kustomize tree)."),
+    "up": ("up_cmd", "Deploy the serve release as a new revision (optionally gated)."),
+    "drafter": ("drafter_cmd", "Inspect and check the drafter registry."),
+    "config": ("config_cmd", "The project file: validate it, print its schema."),
+    "rollback": ("release_cmds", "Back to a previous revision or to non-speculative serving."),
+    "history": ("release_cmds", "Revisions of the serve release."),
+    "status": ("release_cmds", "The serving release, its phase, and recent jobs."),
+    "down": ("release_cmds", "Remove the release."),
+    "watch": ("release_cmds", "Watch live acceptance against the break-even rate."),
+    "run": ("run_cmds", "Start a workload as a Job and follow its progress."),
+    "logs": ("run_cmds", "Logs of the serve release or of a run."),
+    "host": ("host_cmds", "The GPU machines behind a cluster profile, over SSH."),
+    "image": ("image_cmds", "Pinned CUDA/vLLM images with verified patches."),
+    "data": ("data_cmds", "Datasets on a data volume."),
+    "bench": ("bench_cmds", "Stored bench runs and their reports."),
+    "calibrate": ("calibrate_cmds", "Measured step cost per cluster."),
+    "gate": ("gate_cmd", "Judge a release applied elsewhere (GitOps), changing nothing."),
+}
+"""Each top-level command: its module under kimideploy.cli (the function has the command's name)
+and the one-line summary `kimideploy --help` lists (the command's own docstring is its full help).
+A command's module is imported only when that command runs, so `--help` and shell completion do
+not pay for every command's imports."""
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class LazyGroup(click.Group):
+    """The top-level group: commands are loaded from COMMANDS on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"kimideploy.cli.{COMMANDS[name][0]}")
+        command: click.Command = getattr(module, name)
+        command.short_help = COMMANDS[name][1]
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        # The same text get_command gives each command, without importing them all.
+        rows = [(n, _shortened(COMMANDS[n][1], limit)) for n in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option(
     "--config",
     "config_path",
@@ -50,25 +91,6 @@ def cli(ctx: click.Context, config_path: Path | None, debug: bool) -> None:
         ctx.obj.config_path, ctx.obj.debug = config_path, debug
     else:
         ctx.obj = CliState(config_path=config_path, debug=debug)
-
-
-cli.add_command(render_cmd.render)
-cli.add_command(up_cmd.up)
-cli.add_command(drafter_cmd.drafter)
-cli.add_command(config_cmd.config)
-cli.add_command(release_cmds.rollback)
-cli.add_command(release_cmds.history)
-cli.add_command(release_cmds.status)
-cli.add_command(release_cmds.down)
-cli.add_command(release_cmds.watch)
-cli.add_command(run_cmds.run)
-cli.add_command(run_cmds.logs)
-cli.add_command(host_cmds.host)
-cli.add_command(image_cmds.image)
-cli.add_command(data_cmds.data)
-cli.add_command(bench_cmds.bench)
-cli.add_command(calibrate_cmds.calibrate)
-cli.add_command(gate_cmd.gate)
 
 
 def main(argv: list[str] | None = None) -> int:
