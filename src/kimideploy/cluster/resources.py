@@ -27,6 +27,7 @@ KINDS: dict[str, Kind] = {
     "PodMonitor": Kind("apis/monitoring.coreos.com/v1", "podmonitors"),
     "NetworkPolicy": Kind("apis/networking.k8s.io/v1", "networkpolicies"),
     "PriorityClass": Kind("apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
+    "LocalQueue": Kind("apis/kueue.x-k8s.io/v1beta2", "localqueues"),
 }
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 """LocalQueue versions, newest first: Kueue 0.15 added v1beta2 and 0.17 deprecates v1beta1, which
@@ -35,10 +36,18 @@ PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap", "PodMonitor", "Ne
 """Kinds a release owns and may prune; PersistentVolumeClaims are never among them."""
 
 
-def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
-    """/api/v1/namespaces/ns/configmaps/name[/sub]"""
+def path(
+    kind: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    sub: str = "",
+    version: str | None = None,
+) -> str:
+    """/api/v1/namespaces/ns/configmaps/name[/sub]; `version` replaces the kind's API version
+    (a LocalQueue at v1beta1 on an older Kueue)."""
     spec = KINDS[kind]
-    parts = [f"/{spec.api}"]
+    api = spec.api if version is None else f"{spec.api.rsplit('/', 1)[0]}/{version}"
+    parts = [f"/{api}"]
     if spec.namespaced:
         if namespace is None:
             raise ValueError(f"{kind} is namespaced")

@@ -219,7 +219,7 @@ class ClusterSession:
         )
 
     def local_queue(self, name: str, version: str) -> dict[str, Any] | None:
-        where = f"/apis/kueue.x-k8s.io/{version}/namespaces/{self.namespace}/localqueues/{name}"
+        where = path("LocalQueue", self.namespace, name, version=version)
         try:
             found: dict[str, Any] = self.api.request("GET", where)
         except NotFoundError:
