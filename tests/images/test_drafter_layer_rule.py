@@ -1,6 +1,6 @@
 """`drafter check`'s rule for where vLLM reads a drafter's aux layer ids, held to each pinned vLLM's
 own code: the functions its model runners call are run on CPU on config.json variants, and their
-answers compared with kimideploy.drafter_files.ids_vllm_reads. If upstream moves the key again,
+answers compared with kimideploy.formats.drafter_files.ids_vllm_reads. If upstream moves the key again,
 this fails and the rule must be read anew."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kimideploy.drafter_files import Expected, _layer_finding, ids_vllm_reads
+from kimideploy.formats.drafter_files import Expected, _layer_finding, ids_vllm_reads
 from kimideploy.images import verify as checks
 from kimideploy.images.cpu_vllm import engine_python
 from tests.conftest import REPO

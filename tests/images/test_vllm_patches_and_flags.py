@@ -19,7 +19,7 @@ import pytest
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.images import verify as checks
-from kimideploy.services.images import serve_cases, write_tiny_models
+from kimideploy.services.images.lifecycle import serve_cases, write_tiny_models
 
 IMAGE = "vllm-0.16-kimi"
 
@@ -136,7 +136,7 @@ def test_the_032_image_needs_no_patch_and_accepts_everything_rendered_for_it(
     """b200/b300 serve on vLLM 0.32 and every cluster extracts with it: their rendered serve
     arguments, the rtx6000 host's after the one-line move, and the extraction flags with the
     final pre-norm id 61, are accepted by vLLM 0.32 itself, for the Kimi-K2.5-shaped target."""
-    from kimideploy.services.images import verify_image
+    from kimideploy.services.images.lifecycle import verify_image
     from kimideploy.services.reporting import SilentReporter
 
     steps = verify_image(example, "vllm-0.32-kimi", SilentReporter(), pins=False)
@@ -160,7 +160,7 @@ def test_vllm_032_rejects_what_would_fail_on_the_cluster(
     """The 0.32 check can fail: vLLM's own messages for a misspelt method, unknown keys in the
     speculative config, a missing drafter and a final-layer id past the model."""
     from kimideploy.images.cpu_vllm import engine_python
-    from kimideploy.services.images import extraction_cases
+    from kimideploy.services.images.lifecycle import extraction_cases
 
     target, drafters = tiny
     base = serve_cases(example, "vllm-0.32-kimi", target, drafters)[1]["argv"]  # b200, v1

@@ -16,7 +16,8 @@ from kimideploy.provision.inventory import inventory, playbook_for
 from kimideploy.provision.runner import run_playbook
 from kimideploy.remote.fabric_runner import FabricRunner, SshTarget
 from kimideploy.remote.runner import RemoteError, SudoError
-from kimideploy.services.hosts import check_hosts, sync_model
+from kimideploy.services.hosts.model_sync import sync_model
+from kimideploy.services.hosts.provision import check_hosts
 from kimideploy.services.reporting import SilentReporter
 from tests.conftest import REPO
 from tests.integration.hub import Hub

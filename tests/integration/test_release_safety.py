@@ -18,7 +18,7 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import load_project
 from kimideploy.errors import ExitCode
 from kimideploy.plan.model import PlanRequest
-from kimideploy.services import deploy
+from kimideploy.services.release import deploy
 from kimideploy.services.reporting import SilentReporter
 from tests.conftest import REPO
 from tests.integration.conftest import harness, wait_for

@@ -21,7 +21,7 @@ from tests.pipeline.figures import FIGURES
 from kimideploy.config.loading import LoadedProject
 from kimideploy.plan.calibration import fit
 from kimideploy.plan.model import SyntheticAcceptance
-from kimideploy.services.calibrate import ACCEPTANCE_TOLERANCE, points_from
+from kimideploy.services.calibrate.sweep import ACCEPTANCE_TOLERANCE, points_from
 
 K = 2
 LENGTHS = (1.5, 2.5, 3.0)

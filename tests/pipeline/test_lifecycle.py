@@ -20,8 +20,8 @@ from tests.pipeline import pods
 from tests.pipeline.conftest import CONFIG, HERE, Served, copy_drafter
 from tests.pipeline.figures import FIGURES
 
-from kimideploy.chat_template import SAMPLE_FORMAT, generated_turn
-from kimideploy.services.gate_verdict import GateMeasurementError, judge
+from kimideploy.formats.chat_template import SAMPLE_FORMAT, generated_turn
+from kimideploy.services.gate.verdict import GateMeasurementError, judge
 
 # Thresholds set from what this tier measured (see the README's pipeline section): a trained
 # drafter reached ~2.7-3.2 mean acceptance length at k=3 on the held-out bench prompts, an

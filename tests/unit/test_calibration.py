@@ -18,8 +18,8 @@ from kimideploy.plan.calibration import lengths_for
 from kimideploy.plan.k_schedule import choose_schedule
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
-from kimideploy.services.calibrate import points_from
-from kimideploy.services.calibration_report import cannot_pay, rows
+from kimideploy.services.calibrate.report import cannot_pay, rows
+from kimideploy.services.calibrate.sweep import points_from
 from kimideploy.workloads.synthetic_acceptance import (
     conditional_rates,
     rates_for_length,

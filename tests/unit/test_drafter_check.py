@@ -12,7 +12,7 @@ import pytest
 
 from kimideploy.cli.main import main
 from kimideploy.config.loading import LoadedProject, load_project
-from kimideploy.services.drafter_check import check
+from kimideploy.services.drafters.drafter_check import check
 
 SIZES = {"I64": 8, "BOOL": 1, "BF16": 2}
 
@@ -47,7 +47,7 @@ def drafter_dir(root: Path, **config_changes: Any) -> Path:
 
 
 def findings(example: LoadedProject, name: str, folder: Path | None) -> dict[str, Any]:
-    return {f.check: f for f in check(example.project, name, folder)}
+    return {f.name: f for f in check(example.project, name, folder)}
 
 
 def write_lineage(folder: Path, example: LoadedProject, **changes: Any) -> Path:
@@ -158,7 +158,7 @@ def test_map_shapes_and_truncated_weights(example: LoadedProject, tmp_path: Path
 def test_measured_acceptance_predicts_a_slowdown(edited_config: Callable[..., Path]) -> None:
     old = "    num_speculative_tokens: 5      # what was served"
     path = edited_config((old, "    acceptance: [0.2, 0.1, 0.05, 0.03, 0.02]\n" + old))
-    found = {f.check: f for f in check(load_project(path).project, "v2", None)}
+    found = {f.name: f for f in check(load_project(path).project, "v2", None)}
     assert (
         not found["predicted speedup"].ok
         and "SLOWER than no speculation" in found["predicted speedup"].detail
@@ -184,7 +184,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 def test_up_refuses_a_drafter_predicted_to_be_slower(edited_config: Callable[..., Path]) -> None:
     from kimideploy.errors import UsageError
-    from kimideploy.services.deploy import _refuse_failing_drafter
+    from kimideploy.services.release.deploy import _refuse_failing_drafter
 
     old = "    num_speculative_tokens: 5      # what was served"
     loaded = load_project(
@@ -257,7 +257,7 @@ def test_the_k25_native_drafter_passes_its_check_with_its_full_vocabulary(
     write_safetensors(
         folder / "model.safetensors", {"layers.0.self_attn.q_proj.weight": ("BF16", [8, 8])}
     )
-    found = {f.check: f for f in check(example.project, "k25", folder, cluster="rtx6000")}
+    found = {f.name: f for f in check(example.project, "k25", folder, cluster="rtx6000")}
     # A published drafter carries no kimideploy lineage file: a warning, its record's lineage stands.
     assert [name for name, f in found.items() if not f.ok] == ["lineage file"]
     assert "no maps needed" in found["vocab maps"].detail
@@ -274,20 +274,20 @@ def test_serving_a_drafter_on_another_checkpoint_is_a_warning_with_its_fix(
     assert project.clusters["b200"].model_variant == "nvfp4"
     assert project.model_for("b200").repo == "nvidia/Kimi-K2.5-NVFP4"
     assert project.model_for("rtx6000") == project.model
-    on_b200 = {f.check: f for f in check(project, "k25", None, cluster="b200")}
+    on_b200 = {f.name: f for f in check(project, "k25", None, cluster="b200")}
     variant = on_b200["model variant"]
     assert not variant.ok and not variant.blocking
     assert "trained on the default checkpoint (moonshotai/Kimi-K2.5)" in variant.detail
     assert "cluster b200 serves variant nvfp4 (nvidia/Kimi-K2.5-NVFP4)" in variant.detail
     assert on_b200["trained for this target"].ok  # a variant is the same model
-    on_rtx = {f.check: f for f in check(project, "k25", None, cluster="rtx6000")}
+    on_rtx = {f.name: f for f in check(project, "k25", None, cluster="rtx6000")}
     assert on_rtx["model variant"].ok
 
 
 def test_a_published_prior_predicts_until_acceptance_is_measured(example: LoadedProject) -> None:
     from kimideploy.plan.model import PlanRequest
     from kimideploy.plan.resolve import resolve
-    from kimideploy.services.drafters import drafter_rows
+    from kimideploy.services.drafters.listing import drafter_rows
 
     rows = {r["name"]: r for r in drafter_rows(example.project)}
     assert rows["k25"]["prior_length"] == "2.69-3.34 @k=3 (published)"

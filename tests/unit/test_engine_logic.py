@@ -9,7 +9,7 @@ import pytest
 from kimideploy.cluster import records
 from kimideploy.cluster.jobs import parse_indexes
 from kimideploy.cluster.rollout import classify
-from kimideploy.services.progress import aggregate, parse_events
+from kimideploy.services.runs.progress import aggregate, parse_events
 
 UID = "dep-uid"
 

@@ -12,14 +12,14 @@ from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.records import ReleaseRecord, _labels
 from kimideploy.config.gate import WatchSettings
 from kimideploy.errors import UsageError
-from kimideploy.services.bench_reports import speedup_series, write_chart
-from kimideploy.services.gate_verdict import (
+from kimideploy.services.gate.bench_reports import speedup_series, write_chart
+from kimideploy.services.gate.verdict import (
     GateMeasurementError,
     Verdict,
     judge,
     pick_baseline,
 )
-from kimideploy.services.live_metrics import AcceptanceWatch
+from kimideploy.services.release.watch import AcceptanceWatch
 from tests.conftest import REPO
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

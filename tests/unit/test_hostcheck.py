@@ -7,12 +7,18 @@ from pathlib import Path
 import pytest
 
 from kimideploy.config.loading import LoadedProject
-from kimideploy.services.hostcheck import Check, evaluate, parse_cuda_version, parse_gpus, sections
+from kimideploy.formats.check_result import CheckResult
+from kimideploy.services.hosts.hostcheck import (
+    evaluate,
+    parse_cuda_version,
+    parse_gpus,
+    sections,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hostcheck"
 
 
-def run(example: LoadedProject, cluster: str, fixture: str) -> dict[str, Check]:
+def run(example: LoadedProject, cluster: str, fixture: str) -> dict[str, CheckResult]:
     project = example.project
     profile = project.clusters[cluster]
     image = project.images[profile.images.serve]

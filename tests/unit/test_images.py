@@ -15,10 +15,10 @@ from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.images import build as building
 from kimideploy.images.context import build_context
 from kimideploy.images.dockerfile import default_image_name, render_dockerfile
-from kimideploy.images.gpucheck import problems
 from kimideploy.images.lock import lock_digest
 from kimideploy.images.selfcheck import run as selfcheck
 from kimideploy.remote.runner import CommandResult
+from kimideploy.workloads.gpucheck import problems
 from tests.conftest import EXAMPLE, REPO
 
 IMAGES = ("vllm-0.16-kimi", "vllm-0.32-kimi", "train-speculators-0.9", "tools")

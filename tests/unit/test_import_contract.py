@@ -15,16 +15,17 @@ from tests.conftest import REPO
 SRC = REPO / "src" / "kimideploy"
 HEAVY = ("torch", "vllm", "transformers", "speculators", "kubernetes", "fabric", "paramiko")
 
-# package -> the kimideploy packages it may import (besides itself, errors and paths)
+# package -> the kimideploy packages it may import (besides itself, errors and paths). Every
+# module lives in a package: a new top-level module fails test_every_module_lives_in_a_package.
 ALLOWED = {
+    "formats": set(),
     "config": set(),
-    "plan": {"config"},
+    "plan": {"config", "formats"},
     "render": {"config", "plan"},
     "cluster": {"config", "plan"},
-    "images": {"config", "plan", "render", "remote"},
+    "images": {"config", "plan", "render", "remote", "formats"},
     "remote": {"config"},
     "provision": {"config", "remote"},
-    # workloads: `data inspect --sample` renders with the pods' own chat-template renderer.
     "services": {
         "config",
         "plan",
@@ -33,10 +34,23 @@ ALLOWED = {
         "images",
         "remote",
         "provision",
-        "workloads",
+        "formats",
     },
     "cli": {"services", "config", "plan"},
-    "workloads": {"config"},
+    "workloads": {"config", "formats"},
+}
+ANYWHERE = {"errors", "paths", "__init__", "__version__"}
+# services/<use case>/ -> the other use cases it builds on; the modules directly in services/
+# (rendering, reporting, preflight, connection) are shared by all.
+SERVICE_ROOMS = {
+    "release": {"drafters"},
+    "gate": {"release", "runs"},
+    "calibrate": {"gate", "release"},
+    "runs": set(),
+    "hosts": {"runs"},
+    "images": set(),
+    "drafters": set(),
+    "data": set(),
 }
 # third-party modules confined to one package
 CONFINED = {
@@ -46,6 +60,7 @@ CONFINED = {
     "fabric": "remote",
     "invoke": "remote",
 }
+MODULES = sorted(SRC.rglob("*.py"))
 
 
 def imports_of(path: Path) -> list[tuple[str, bool]]:
@@ -66,31 +81,89 @@ def package_of(path: Path) -> str:
     return rel[0] if len(rel) > 1 else ""
 
 
-@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def service_room_of(path: Path) -> str | None:
+    rel = path.relative_to(SRC).parts
+    return rel[1] if rel[0] == "services" and len(rel) > 2 else None
+
+
+def module_path(module: str) -> Path | None:
+    base = SRC.parent / module.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_every_module_lives_in_a_package() -> None:
+    loose = {p.name for p in SRC.glob("*.py")} - {
+        "__init__.py",
+        "__main__.py",
+        "errors.py",
+        "paths.py",
+    }
+    assert not loose, f"modules outside a package: {sorted(loose)}"
+    assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(
+        ALLOWED
+    )
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
 def test_layering(path: Path) -> None:
     package = package_of(path)
-    for module, at_top in imports_of(path):
+    for module, _ in imports_of(path):
         parts = module.split(".")
         if parts[0] == "kimideploy" and len(parts) > 1 and package in ALLOWED:
             target = parts[1]
-            shared = {
-                "errors",
-                "paths",
-                "gpuinfo",
-                "vllm_metrics",
-                "safetensors_files",
-                "drafter_files",
-                "chat_template",
-                "__init__",
-            }
-            allowed = ALLOWED[package] | {package} | shared
-            if target in {"workloads"} and package != "workloads":
+            if target == "workloads" and package != "workloads":
                 pytest.fail(f"{path}: nothing imports kimideploy.workloads")
-            assert target in allowed or target == "__version__", f"{path}: {package} -> {target}"
+            allowed = ALLOWED[package] | {package} | ANYWHERE
+            assert target in allowed, f"{path}: {package} -> {target}"
         owner = CONFINED.get(parts[0])
         if owner is not None:
             assert package == owner, f"{path}: {parts[0]} may only be imported in {owner}/"
-        if parts[0] in HEAVY and package == "workloads":
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in MODULES if service_room_of(p)], ids=lambda p: str(p.relative_to(SRC))
+)
+def test_services_rooms(path: Path) -> None:
+    room = service_room_of(path)
+    assert room in SERVICE_ROOMS, f"{path}: services/{room}/ is not in SERVICE_ROOMS"
+    for module, _ in imports_of(path):
+        parts = module.split(".")
+        if parts[:2] == ["kimideploy", "services"] and len(parts) > 3:
+            assert parts[2] in SERVICE_ROOMS[room] | {room}, f"{path}: {room} -> {parts[2]}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_inside_functions_only_defer_heavy_libraries(path: Path) -> None:
+    """A function-level import is for start-up time (a heavy library, or in cli/ a command's own
+    service), never to hide a cycle: a cycle means a module is in the wrong room."""
+    package = package_of(path)
+    for module, at_top in imports_of(path):
+        if at_top:
+            continue
+        parts = module.split(".")
+        if parts[0] in HEAVY:
+            continue
+        if parts[0] != "kimideploy":
+            continue  # light stdlib/third-party imports inside a function are a style choice
+        if package == "cli":
+            continue  # the CLI loads a command's services only when that command runs
+        target = module_path(module)
+        assert target is not None, f"{path}: imports {module}, which does not exist"
+        heavy = {m.split(".")[0] for m, top in imports_of(target) if top} & set(HEAVY)
+        assert heavy, f"{path}: imports {module} inside a function, and it is not heavy"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if package_of(p) == "workloads"],
+    ids=lambda p: str(p.relative_to(SRC)),
+)
+def test_workloads_import_heavy_libraries_inside_functions(path: Path) -> None:
+    for module, at_top in imports_of(path):
+        if module.split(".")[0] in HEAVY:
             assert not at_top, f"{path}: import {module} inside functions in workloads/"
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.cluster.jobs import pod_waiting
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.specs import ExtractSpec, OnlineTrainSpec
 from kimideploy.errors import ConfigError
+from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.online import SCRATCH_MOUNT, server_args
 from kimideploy.plan.resolve import resolve

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kimideploy.vllm_metrics import (
+from kimideploy.formats.vllm_metrics import (
     DRAFTS,
     Samples,
     acceptance,

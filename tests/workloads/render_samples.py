@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from kimideploy.chat_template import load_tokenizer, render_sample, template_messages
+from kimideploy.formats.chat_template import load_tokenizer, render_sample, template_messages
 
 tokenizer = load_tokenizer(sys.argv[1])
 for sample in json.loads(Path(sys.argv[2]).read_text()):

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.config.specs import DatagenSpec, TargetRef
+from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from tests.workloads.conftest import run_workload
 
 GOOD = 12

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.cli.main import main
 from kimideploy.config.drafters import to_vllm_layer_ids
 from kimideploy.config.specs import ExtractSpec, LayerSelection, TargetRef, VocabSpec
+from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from kimideploy.workloads import dataset_record
 from tests.conftest import REPO
 from tests.workloads.conftest import run_workload

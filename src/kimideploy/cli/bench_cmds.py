@@ -27,8 +27,8 @@ def list_runs(
     state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
 ) -> None:
     """Every stored run of the serve release, oldest first."""
-    from kimideploy.services.bench_reports import list_rows
     from kimideploy.services.connection import open_session
+    from kimideploy.services.gate.bench_reports import list_rows
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
@@ -57,8 +57,8 @@ def report(
     output: Path | None,
 ) -> None:
     """Chart a drafter run's speedup against concurrency, over its non-speculative baseline."""
-    from kimideploy.services.bench_reports import report as write_report
     from kimideploy.services.connection import open_session
+    from kimideploy.services.gate.bench_reports import report as write_report
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)

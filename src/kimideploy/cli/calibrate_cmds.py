@@ -39,9 +39,9 @@ def run_calibrate(
     quiet: bool = False,
 ) -> Any:
     """Measure and store; `quiet` leaves stdout to the caller's outcome document."""
-    from kimideploy.services import calibrations
-    from kimideploy.services.calibrate import calibrate, plan_calibration
-    from kimideploy.services.calibration_report import cannot_pay
+    from kimideploy.services.calibrate import calibrations
+    from kimideploy.services.calibrate.report import cannot_pay
+    from kimideploy.services.calibrate.sweep import calibrate, plan_calibration
     from kimideploy.services.connection import open_session
 
     loaded = state.project("run calibrate deploys serve revisions on a cluster")
@@ -85,8 +85,7 @@ def show(
 ) -> None:
     """Break-even acceptance length per k and concurrency, the best k, where nothing pays."""
     from kimideploy.errors import UsageError
-    from kimideploy.services import calibration_report as report
-    from kimideploy.services import calibrations
+    from kimideploy.services.calibrate import calibrations, report
     from kimideploy.services.connection import open_session
 
     loaded = state.project()

@@ -34,8 +34,8 @@ def inspect(path: Path, output: str, number: int | None, model: Path | None) -> 
     """Manifest, fingerprint, sample and token counts, layer convention, storage use; corrupt
     files named. With --sample N, one sample as the target sees it."""
     from kimideploy.errors import KimiDeployError
-    from kimideploy.services.data import inspect as run
-    from kimideploy.services.data import sample_view, summary
+    from kimideploy.services.data.inspection import inspect as run
+    from kimideploy.services.data.inspection import sample_view, summary
 
     if number is not None:
         view = sample_view(path, number, model)

@@ -20,7 +20,7 @@ def drafter() -> None:
 @click.pass_obj
 def list_drafters(state: CliState, output: str) -> None:
     """Name, method, source, tokens, layer ids with their convention, and status."""
-    from kimideploy.services.drafters import drafter_rows
+    from kimideploy.services.drafters.listing import drafter_rows
 
     rows = drafter_rows(state.project().project)
     if output in MACHINE_FORMATS:
@@ -50,8 +50,8 @@ def check(
     """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens."""
     from kimideploy.errors import KimiDeployError, UsageError
     from kimideploy.plan.resolve import serve_cost_model
-    from kimideploy.services.calibrations import cached
-    from kimideploy.services.drafter_check import check as run
+    from kimideploy.services.calibrate.calibrations import cached
+    from kimideploy.services.drafters.drafter_check import check as run
 
     loaded = state.project()
     project = loaded.project
@@ -67,7 +67,7 @@ def check(
     )
     findings = run(project, name, folder, cluster, costs, level)
     rows = [
-        {"check": f.check, "status": f.status, "detail": f.detail, "fix": "" if f.ok else f.fix}
+        {"check": f.name, "status": f.status, "detail": f.detail, "fix": "" if f.ok else f.fix}
         for f in findings
     ]
     click.echo(machine(rows, output) or format_table(rows))

@@ -43,8 +43,8 @@ def gate(
     from kimideploy.config.drafters import NO_DRAFTER
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services.connection import open_session
-    from kimideploy.services.gate import GateOptions, judge_serving, measure_serving_baseline
-    from kimideploy.services.gate_verdict import KEEP
+    from kimideploy.services.gate.gating import GateOptions, judge_serving, measure_serving_baseline
+    from kimideploy.services.gate.verdict import KEEP
 
     state.outcome = pending = expect(f"gate {workload}", output, RELEASE_KEYS)
     loaded = state.project()

@@ -24,7 +24,7 @@ def host() -> None:
 def check(state: CliState, cluster: str, only: str | None, output: str) -> None:
     """Is the host ready? GPUs, driver, CUDA, disk, runtime, k3s, device plugin, fabric."""
     from kimideploy.errors import KimiDeployError
-    from kimideploy.services.hosts import check_hosts, check_rows
+    from kimideploy.services.hosts.provision import check_hosts, check_rows
 
     results = check_hosts(state.project().project, cluster, only=only)
     rows = check_rows(results)
@@ -41,7 +41,7 @@ def check(state: CliState, cluster: str, only: str | None, output: str) -> None:
 @click.pass_obj
 def inventory(state: CliState, cluster: str) -> None:
     """The Ansible inventory `host provision` generates, as `ansible-inventory --list` sees it."""
-    from kimideploy.services.hosts import ansible_inventory
+    from kimideploy.services.hosts.provision import ansible_inventory
 
     click.echo(json.dumps(ansible_inventory(state.project().project, cluster), indent=2))
 
@@ -56,7 +56,7 @@ def inventory(state: CliState, cluster: str) -> None:
 def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
     """Run the cluster's Ansible role on its hosts (idempotent; --check is a true dry run)."""
     from kimideploy.errors import RolloutError
-    from kimideploy.services.hosts import provision as run
+    from kimideploy.services.hosts.provision import provision as run
 
     result = run(
         state.project(None if dry else "host provision changes hosts").project,
@@ -84,7 +84,7 @@ def sync_model(state: CliState, cluster: str, only: str | None, no_drafters: boo
 
     The token comes from HF_TOKEN in the environment and reaches the host on stdin only.
     """
-    from kimideploy.services.hosts import sync_model as run
+    from kimideploy.services.hosts.model_sync import sync_model as run
 
     loaded = state.project("host sync-model writes to hosts")
     run(loaded.project, cluster, TerminalReporter(), drafters=not no_drafters, only=only)

@@ -63,7 +63,7 @@ def rollback(
     The target's stored manifests are applied exactly, as a new revision.
     """
     from kimideploy.errors import UsageError
-    from kimideploy.services import deploy
+    from kimideploy.services.release import deploy
 
     state.outcome = pending = expect(f"rollback {workload}", output, RELEASE_KEYS)
     if no_spec and to is not None:
@@ -95,7 +95,7 @@ def history(
     output: str,
 ) -> None:
     """Revisions of the release: time, drafter, image digest, status, note."""
-    from kimideploy.services.deploy import history_rows
+    from kimideploy.services.release.status import history_rows
 
     rows = history_rows(_session(state, cluster, context, namespace), _release(state, workload))
     click.echo(machine(rows, output) or format_table(rows))
@@ -110,7 +110,7 @@ def status(
     state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
 ) -> None:
     """The serving release, its phase, and running and recent jobs."""
-    from kimideploy.services.deploy import status_report
+    from kimideploy.services.release.status import status_report
 
     report = status_report(
         _session(state, cluster, context, namespace),
@@ -144,7 +144,7 @@ def down(
     output: str,
 ) -> None:
     """Remove the release. PersistentVolumeClaims (models, data) and history are kept."""
-    from kimideploy.services import deploy
+    from kimideploy.services.release import deploy
 
     state.outcome = pending = expect(f"down {workload}", output, DOWN_KEYS)
     session = _session(state, cluster, context, namespace, "down changes a cluster")
@@ -188,7 +188,7 @@ def watch(
     windows: int | None,
 ) -> None:
     """Watch the serving drafter's live acceptance against the cluster's break-even rate."""
-    from kimideploy.services.live_metrics import watch_release
+    from kimideploy.services.release.watch import watch_release
 
     acting = "watch --act may roll a cluster back" if act else None
     session = _session(state, cluster, context, namespace, acting)

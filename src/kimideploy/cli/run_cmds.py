@@ -74,8 +74,8 @@ def run(
     served before is restored."""
     from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
-    from kimideploy.services import runs
     from kimideploy.services.connection import open_session
+    from kimideploy.services.runs import batch_runs
 
     state.outcome = pending = expect(f"run {workload}", output, RUN_KEYS)
     given = [name for name, value in zip(CALIBRATE_ONLY, (ks, lengths, levels, image, again or None,
@@ -85,8 +85,8 @@ def run(
         if detach or baseline is not None:
             raise UsageError("run calibrate follows its runs to the end; drop --detach/--baseline")
         from kimideploy.plan.calibration import DEFAULT_KS, DEFAULT_LENGTHS
-        from kimideploy.services import deploy
-        from kimideploy.services.calibrate import CalibrateOptions
+        from kimideploy.services.calibrate.sweep import CalibrateOptions
+        from kimideploy.services.release import deploy
 
         options = CalibrateOptions(ks=ks or DEFAULT_KS, lengths=lengths or DEFAULT_LENGTHS,
                                    concurrency=levels, image=image, again=again,
@@ -111,36 +111,37 @@ def run(
     loaded = state.project(f"run {workload} creates a Job on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    from kimideploy.services.calibrations import stored
+    from kimideploy.services.calibrate.calibrations import stored
 
     cluster_name = cluster or loaded.project.default_cluster
     request = PlanRequest(workload, cluster, drafter, overrides,
                           calibrations=stored(session, loaded, cluster_name))  # fmt: skip
     chosen = None
     if baseline is not None:
-        from kimideploy.services.gate import choose_bench_baseline
+        from kimideploy.services.gate.gating import choose_bench_baseline
 
         chosen, why = choose_bench_baseline(session, loaded, request, baseline)
         reporter.info(f"comparing with {why}")
-    started = runs.start_run(session, loaded, request, reporter)
+    started = batch_runs.start_run(session, loaded, request, reporter)
     follow_hint = f"kimideploy logs {started.run_id} --follow"
     if detach:
         if pending:
             snapshot = session.job(started.job)
             pending.print(ExitCode.OK, "started", f"run {started.run_id} started",
                           f"follow with: {follow_hint}",
-                          {"run": runs.run_facts(snapshot, started.run_id)})  # fmt: skip
+                          {"run": batch_runs.run_facts(snapshot, started.run_id)})  # fmt: skip
             return
         click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
         return
     try:
         resume = (f"kimideploy run train --set train.resume_run={started.run_id}"
                   if workload == "train" else None)  # fmt: skip
-        snapshot = runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll,
-                                   resume=resume)  # fmt: skip
+        snapshot = batch_runs.follow_run(
+            session, started.job, started.run_id, reporter, poll_s=poll, resume=resume
+        )
         rows = None
         if workload == "bench":
-            from kimideploy.services.gate import bench_comparison, record_bench_run
+            from kimideploy.services.gate.gating import bench_comparison, record_bench_run
 
             record_bench_run(session, started, snapshot, reporter)
             rows = bench_comparison(snapshot, chosen)
@@ -148,8 +149,8 @@ def run(
                 rows = [{k: v for k, v in r.items() if "baseline" not in k and k != "speedup"}
                         for r in rows]  # fmt: skip
         if pending:
-            facts = {"run": runs.run_facts(snapshot, started.run_id),
-                     "results": runs.run_results(snapshot), "comparison": rows}  # fmt: skip
+            facts = {"run": batch_runs.run_facts(snapshot, started.run_id),
+                     "results": batch_runs.run_results(snapshot), "comparison": rows}  # fmt: skip
             pending.print(ExitCode.OK, "complete", f"run {started.run_id} complete", None, facts)
         elif rows is not None:
             click.echo(format_table(rows))
@@ -177,16 +178,16 @@ def logs(
     tail: int | None,
 ) -> None:
     """Logs of the serve release (`serve`) or of a run (its run id)."""
-    from kimideploy.services import runs
     from kimideploy.services.connection import open_session
+    from kimideploy.services.runs import batch_runs
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
     if follow and target != "serve":
-        job = runs.find_job(session, target)
-        runs.follow_run(session, job, target, TerminalReporter())
+        job = batch_runs.find_job(session, target)
+        batch_runs.follow_run(session, job, target, TerminalReporter())
         return
-    pods = runs.pods_of(session, target, loaded.project.name)
+    pods = batch_runs.pods_of(session, target, loaded.project.name)
     if follow:
         for line in session.follow(pods[-1]):
             click.echo(line)

@@ -101,9 +101,9 @@ def up(
     """Deploy the serve release as a new revision, follow it to Ready, roll back if it fails."""
     from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
-    from kimideploy.services import deploy
     from kimideploy.services.connection import open_session
     from kimideploy.services.preflight import require_prerequisites
+    from kimideploy.services.release import deploy
     from kimideploy.services.rendering import describe_plan, render_workload
 
     state.outcome = pending = expect(f"up {workload}", output, RELEASE_KEYS)
@@ -126,7 +126,7 @@ def up(
     ]
     if gate_only and not gate:
         raise UsageError(f"{', '.join(gate_only)} only apply with --gate")
-    from kimideploy.services import calibrations
+    from kimideploy.services.calibrate import calibrations
 
     cluster_name = cluster or loaded.project.default_cluster
     if dry_run == "client":
@@ -162,7 +162,7 @@ def up(
         if watch_after:
             _watch(session, loaded, reporter, watch_windows)
         return
-    from kimideploy.services.gate import GateOptions, up_gated
+    from kimideploy.services.gate.gating import GateOptions, up_gated
 
     options = GateOptions(min_speedup, at_concurrency, gate_fail_open, bench_poll_s=poll)
     outcome, verdict = up_gated(session, loaded, request, change, wait, options, reporter)
@@ -175,7 +175,7 @@ def up(
 
 
 def _watch(session: Any, loaded: Any, reporter: TerminalReporter, windows: int | None) -> None:
-    from kimideploy.services.live_metrics import watch_release
+    from kimideploy.services.release.watch import watch_release
 
     click.echo(watch_release(session, loaded, reporter, max_windows=windows))
 

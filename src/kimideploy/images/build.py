@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kimideploy.errors import KimiDeployError
 from kimideploy.images.context import BuildContext
-from kimideploy.remote.runner import Runner
+from kimideploy.remote.runner import CommandResult, Runner
 
 BUILD_SCRIPT = 'set -eu\ndocker build --build-arg "VCS_REF=$3" --tag "$1" - < "$2"\n'
 DIGEST_FORMAT = "{{index .RepoDigests 0}}"
@@ -77,10 +77,7 @@ def build(
     return digest.stdout.strip()
 
 
-def _check(result: object, what: str) -> None:
-    from kimideploy.remote.runner import CommandResult
-
-    assert isinstance(result, CommandResult)
+def _check(result: CommandResult, what: str) -> None:
     if not result.ok:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
         raise KimiDeployError(

@@ -11,6 +11,7 @@ from kimideploy.config.project import Project
 from kimideploy.errors import UsageError
 from kimideploy.images import selfcheck
 from kimideploy.paths import repository_root
+from kimideploy.render.environment import environment
 
 SOURCE_URL = "https://github.com/kimideploy/kimideploy"
 # TORCH_CUDA_ARCH_LIST spelling of each architecture.
@@ -72,8 +73,6 @@ def dockerfile_values(name: str, image: Image) -> dict[str, Any]:
 
 def render_dockerfile(project: Project, name: str) -> str:
     """The Dockerfile text; templates only place these values (StrictUndefined)."""
-    from kimideploy.render.environment import environment
-
     image = get_image(project, name)
     env = environment(repository_root() / "templates" / "docker")
     text: str = env.get_template("Dockerfile.j2").render(v=dockerfile_values(name, image))

@@ -14,20 +14,13 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kimideploy.config.images import Image
+from kimideploy.formats.check_result import CheckResult
 from kimideploy.images.dockerfile import constraints_path, patch_files, patchset_sha256
 from kimideploy.paths import repository_root
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    ok: bool
-    detail: str
 
 
 def cache_root() -> Path:
@@ -52,17 +45,17 @@ PLATFORMS = (
 )
 
 
-def resolve_pins(name: str, image: Image) -> Step:
+def resolve_pins(name: str, image: Image) -> CheckResult:
     """pip's resolver, for the image's Python and platform, without installing (cached by hash)."""
     pins = repository_root() / constraints_path(name)
     if not pins.is_file():
-        return Step("pins resolve", False, f"{constraints_path(name)} is missing")
+        return CheckResult("pins resolve", False, f"{constraints_path(name)} is missing")
     import hashlib
 
     key = hashlib.sha256(pins.read_bytes() + image.python.encode()).hexdigest()[:16]
     cached = cache_root() / "verify" / f"pins-{name}-{key}.json"
     if cached.is_file():
-        return Step(
+        return CheckResult(
             "pins resolve", True, f"{constraints_path(name)} (resolved before: {cached.name})"
         )
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,14 +79,14 @@ def resolve_pins(name: str, image: Image) -> Step:
         done = _pip(sys.executable, *args)
         if done.returncode != 0:
             lines = [line for line in done.stderr.splitlines() if line.strip()]
-            return Step("pins resolve", False, " | ".join(lines[-4:]))
+            return CheckResult("pins resolve", False, " | ".join(lines[-4:]))
         report = json.loads(Path(f"{tmp}/r.json").read_text())
     installed = sorted(
         f"{i['metadata']['name']}=={i['metadata']['version']}" for i in report["install"]
     )
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(installed, indent=1))
-    return Step("pins resolve", True, f"{len(installed)} packages for Python {image.python}")
+    return CheckResult("pins resolve", True, f"{len(installed)} packages for Python {image.python}")
 
 
 # --- patches ----------------------------------------------------------------------------------
@@ -132,7 +125,7 @@ def vllm_sources(version: str) -> Path:
     return target
 
 
-def apply_patches(image: Image, tree: Path, dry_run: bool) -> list[Step]:
+def apply_patches(image: Image, tree: Path, dry_run: bool) -> list[CheckResult]:
     """`patch --forward --fuzz=0` each patch in order; a drifted one fails with patch's message."""
     steps = []
     for patch in patch_files(image):
@@ -151,7 +144,9 @@ def apply_patches(image: Image, tree: Path, dry_run: bool) -> list[Step]:
             args.append("--dry-run")
         done = subprocess.run(args, capture_output=True, text=True)
         output = " ".join((done.stdout + done.stderr).split())
-        steps.append(Step(f"patch {patch.name} applies", done.returncode == 0, output[-300:]))
+        steps.append(
+            CheckResult(f"patch {patch.name} applies", done.returncode == 0, output[-300:])
+        )
         if done.returncode != 0:
             break
     return steps

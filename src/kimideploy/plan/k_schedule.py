@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kimideploy.config.extraction_engine import version_tuple
+from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan.calibration import CostModel, MeasuredCost, drafter_speedup
 
 MIN_VLLM = (0, 32)

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kimideploy.config import extraction_engine
 from kimideploy.config.images import Image
 from kimideploy.config.specs import OnlineTrainSpec
 from kimideploy.errors import ConfigError
+from kimideploy.formats import extraction_engine
 from kimideploy.plan import pods
 from kimideploy.plan.context import Context, target_model_path
 

@@ -8,12 +8,12 @@ import json
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
-from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.config.workloads import GPU_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import UsageError
+from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import calibration, jobs, online, serve
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states

@@ -9,13 +9,13 @@ import math
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, Drafter
-from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.specs import (
     SPEC_FILE_NAME,
     SPEC_PATH,
     SYNTHETIC_CONTROL_EXTENSION,
     ServeSpec,
 )
+from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import pods
 from kimideploy.plan.context import Context, drafter_path, is_speculative, target_model_path
 from kimideploy.plan.dashboard import dashboard_object
@@ -209,7 +209,7 @@ def init_containers(ctx: Context) -> list[dict[str, Any]]:
         f'{MODEL_MARKER}; run: kimideploy host sync-model {ctx.cluster_name}" >&2; exit 1; }}'
     )
     gpu_check = [
-        "python", "-m", "kimideploy.images.gpucheck", "--archs", ",".join(ctx.image.cuda_archs),
+        "python", "-m", "kimideploy.workloads.gpucheck", "--archs", ",".join(ctx.image.cuda_archs),
         "--cuda", ctx.image.cuda or "", "--gpus", str(gpus),
     ]  # fmt: skip
     small = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}

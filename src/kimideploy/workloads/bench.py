@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
-from kimideploy.vllm_metrics import acceptance, from_requests, parse_with_client
+from kimideploy.formats.vllm_metrics import acceptance, from_requests, parse_with_client
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
     EXIT_OK,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kimideploy.chat_template import render_sample
+from kimideploy.formats.chat_template import render_sample
 
 
 def iter_samples(root: Path) -> Iterator[dict[str, Any]]:

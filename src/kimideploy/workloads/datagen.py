@@ -21,8 +21,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from kimideploy.chat_template import SAMPLE_FORMAT
 from kimideploy.config.specs import DatagenSpec
+from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from kimideploy.workloads import dataset_record
 from kimideploy.workloads.prompts import Prompt, load_prompts
 from kimideploy.workloads.runtime import (

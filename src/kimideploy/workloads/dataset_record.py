@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kimideploy.chat_template import template_fingerprint
 from kimideploy.config.fingerprints import (
     FINGERPRINT_FILE,
     FINGERPRINT_KIND,
     differences,
     fingerprint_id,
 )
+from kimideploy.formats.chat_template import template_fingerprint
 from kimideploy.workloads.runtime import BadInputError, atomic_write
 
 DATA_FILES = ("chunk-*.jsonl", "*.safetensors", "manifest.json")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kimideploy.config.specs import ServeSpec
-from kimideploy.drafter_files import Expected, folder_findings
+from kimideploy.formats.drafter_files import Expected, folder_findings
 from kimideploy.workloads.runtime import EXIT_BAD_INPUT, EXIT_OK, emit, log
 
 
@@ -34,7 +34,7 @@ def run(spec: ServeSpec) -> int:
     findings = folder_findings(expected, Path(spec.drafter_path))
     for finding in findings:
         fix = f" -> fix: {finding.fix}" if not finding.ok else ""
-        log(f"{finding.status:4} {finding.check}: {finding.detail}{fix}")
+        log(f"{finding.status:4} {finding.name}: {finding.detail}{fix}")
     emit(
         {
             "event": "result",
@@ -42,7 +42,7 @@ def run(spec: ServeSpec) -> int:
             "drafter": spec.drafter,
             "path": spec.drafter_path,
             "findings": [
-                {"check": f.check, "status": f.status, "detail": f.detail} for f in findings
+                {"check": f.name, "status": f.status, "detail": f.detail} for f in findings
             ],
         }
     )
@@ -50,7 +50,7 @@ def run(spec: ServeSpec) -> int:
     if blocking:
         log(
             f"drafter {spec.drafter} at {spec.drafter_path}: {len(blocking)} blocking problem(s) "
-            f"({', '.join(f.check for f in blocking)}); not starting a model load that would fail"
+            f"({', '.join(f.name for f in blocking)}); not starting a model load that would fail"
         )
         return EXIT_BAD_INPUT
     return EXIT_OK

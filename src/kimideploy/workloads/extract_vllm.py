@@ -24,12 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kimideploy.chat_template import load_tokenizer
-from kimideploy.config import extraction_engine
 from kimideploy.config.specs import ExtractSpec
+from kimideploy.formats import extraction_engine
+from kimideploy.formats.chat_template import load_tokenizer
 from kimideploy.workloads import connector_files
 from kimideploy.workloads.conversations import sample_tokens
 from kimideploy.workloads.runtime import EXIT_INTERRUPTED
+from kimideploy.workloads.shards import ShardWriter
 
 BATCH = 64
 """Conversations per generate() call: big enough to keep the GPUs busy, small enough that a
@@ -95,8 +96,6 @@ def extract(
     import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-
-    from kimideploy.workloads.extract import ShardWriter
 
     dtype = getattr(torch, spec.dtype)
     storage = out / ".vllm-hidden-states"

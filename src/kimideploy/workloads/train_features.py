@@ -22,14 +22,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from kimideploy.chat_template import (
+from kimideploy.config.specs import OnlineTrainSpec, TrainSpec
+from kimideploy.formats.chat_template import (
     RENDERED_FIELDS,
     load_tokenizer,
     template_fingerprint,
 )
-from kimideploy.config.specs import OnlineTrainSpec, TrainSpec
 from kimideploy.workloads import connector_files, dataset_record, train_data
 from kimideploy.workloads.conversations import iter_samples, sample_tokens
+from kimideploy.workloads.extract_vllm import ExtractionMismatchError, convert
 from kimideploy.workloads.runtime import BadInputError, log
 
 
@@ -194,8 +195,6 @@ class OnlineFeatures:
     def fetch(self, index: int) -> dict[str, Any]:
         """One prefill on the server; its file read, checked and deleted."""
         import torch
-
-        from kimideploy.workloads.extract_vllm import ExtractionMismatchError, convert
 
         sample = self.conversations[index]
         sample_id = str(sample["id"])

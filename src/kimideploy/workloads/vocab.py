@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kimideploy.chat_template import load_tokenizer
 from kimideploy.config.specs import VocabSpec
+from kimideploy.formats.chat_template import load_tokenizer
 from kimideploy.workloads import dataset_record
 from kimideploy.workloads.conversations import iter_samples, sample_tokens
 from kimideploy.workloads.dataset_record import rendering_inputs

@@ -2,7 +2,7 @@
 
 Shared by `kimideploy drafter check --dir` (a local copy) and the serve pod's `drafter-check` init
 container (the copy on the models volume, seconds before a 25-minute load). Each problem is a
-Finding with its fix.
+CheckResult with its fix.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kimideploy.config.extraction_engine import version_tuple
-from kimideploy.safetensors_files import read_headers
+from kimideploy.formats.check_result import CheckResult
+from kimideploy.formats.extraction_engine import version_tuple
+from kimideploy.formats.safetensors_files import read_headers
 
 EAGLE3_ARCHITECTURES = {
     "LlamaForCausalLMEagle3",
@@ -23,19 +24,6 @@ EAGLE3_ARCHITECTURES = {
 }
 LINEAGE_FILE = "kimideploy-lineage.json"
 """Written by the train workload next to config.json."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    blocking: bool = True
-
-    @property
-    def status(self) -> str:
-        return "pass" if self.ok else ("FAIL" if self.blocking else "warn")
 
 
 @dataclass(frozen=True)
@@ -56,11 +44,11 @@ class Expected:
     """The vLLM of the image that will load the drafter: where it reads the ids depends on it."""
 
 
-def folder_findings(expected: Expected, folder: Path) -> list[Finding]:
+def folder_findings(expected: Expected, folder: Path) -> list[CheckResult]:
     config_file = folder / "config.json"
     if not config_file.is_file():
         return [
-            Finding(
+            CheckResult(
                 "config.json", False, f"{config_file} is missing", "point at a drafter checkpoint"
             )
         ]
@@ -74,20 +62,20 @@ def folder_findings(expected: Expected, folder: Path) -> list[Finding]:
     )
     tensors, broken = read_headers(folder)
     return [
-        Finding(
+        CheckResult(
             "architecture",
             bool(archs & EAGLE3_ARCHITECTURES),
             ", ".join(sorted(archs)) or "none",
             "an EAGLE-3 checkpoint declares LlamaForCausalLMEagle3 (speculators writes it)",
         ),
-        Finding(
+        CheckResult(
             "hidden size",
             hidden == expected.hidden_size,
             f"{hidden} (target {expected.hidden_size})",
             "this drafter was built for another target; train one for this model",
         ),
         _layer_finding(expected, config),
-        Finding(
+        CheckResult(
             "weights readable",
             not broken and bool(tensors),
             "; ".join(broken) or f"{len(tensors)} tensors",
@@ -120,7 +108,7 @@ def ids_vllm_reads(config: dict[str, Any], vllm_version: str) -> list[int] | Non
     return None
 
 
-def _layer_finding(expected: Expected, config: dict[str, Any]) -> Finding:
+def _layer_finding(expected: Expected, config: dict[str, Any]) -> CheckResult:
     wanted, layers = expected.vllm_layer_ids, expected.num_hidden_layers
     version = expected.vllm_version
     default = [2, layers // 2, layers - 3]
@@ -152,12 +140,12 @@ def _layer_finding(expected: Expected, config: dict[str, Any]) -> Finding:
         detail += f" (record: {expected.layer_ids} in the sglang convention = {wanted} in vLLM's)"
     fix = f'set "eagle_aux_hidden_state_layer_ids": {wanted} at the top level of config.json'
     in_range = all(1 <= k <= layers - 1 for k in wanted)
-    return Finding("layer ids", ok and in_range, detail, fix)
+    return CheckResult("layer ids", ok and in_range, detail, fix)
 
 
 def _vocab_findings(
     expected: Expected, config: dict[str, Any], tensors: dict[str, Any]
-) -> list[Finding]:
+) -> list[CheckResult]:
     draft_vocab = config.get("draft_vocab_size")
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     shapes_ok = (
@@ -169,13 +157,13 @@ def _vocab_findings(
     full = draft_vocab == expected.vocab_size and d2t is None
     maps = f"d2t {d2t['shape'] if d2t else 'missing'}, t2d {t2d['shape'] if t2d else 'missing'}"
     return [
-        Finding(
+        CheckResult(
             "draft vocab size",
             draft_vocab == expected.draft_vocab_size,
             f"config.json {draft_vocab}, registry {expected.draft_vocab_size}",
             "make the registry record match the checkpoint",
         ),
-        Finding(
+        CheckResult(
             "vocab maps",
             shapes_ok or full,
             # vLLM builds no draft-to-target map when the draft vocabulary is the target's.
@@ -187,7 +175,7 @@ def _vocab_findings(
     ]
 
 
-def _speculators_findings(expected: Expected, config: dict[str, Any]) -> list[Finding]:
+def _speculators_findings(expected: Expected, config: dict[str, Any]) -> list[CheckResult]:
     """In the speculators format the checkpoint names the tokens it was trained for; a mismatch
     means the registry's k is not what was trained."""
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or []
@@ -195,7 +183,7 @@ def _speculators_findings(expected: Expected, config: dict[str, Any]) -> list[Fi
         return []
     trained_k = methods[0].get("speculative_tokens")
     return [
-        Finding(
+        CheckResult(
             "trained tokens",
             trained_k == expected.num_speculative_tokens,
             f"trained for {trained_k} speculative tokens, registry serves "
@@ -206,10 +194,10 @@ def _speculators_findings(expected: Expected, config: dict[str, Any]) -> list[Fi
     ]
 
 
-def _lineage_findings(expected: Expected, path: Path) -> list[Finding]:
+def _lineage_findings(expected: Expected, path: Path) -> list[CheckResult]:
     if not path.is_file():
         return [
-            Finding(
+            CheckResult(
                 "lineage file",
                 False,
                 f"no {path.name}: nothing says what this drafter was trained on",
@@ -223,21 +211,21 @@ def _lineage_findings(expected: Expected, path: Path) -> list[Finding]:
     accuracy = (lineage.get("metrics") or {}).get("accuracy_per_position")
     short = expected.target_revision[:12]
     return [
-        Finding(
+        CheckResult(
             "lineage: target",
             trained == (expected.target_repo, expected.target_revision),
             f"trained on {trained[0]}@{str(trained[1])[:12]}, serving "
             f"{expected.target_repo}@{short} (run {lineage.get('run_id')})",
             f"train this drafter on {expected.target_repo}@{short}'s own hidden states",
         ),
-        Finding(
+        CheckResult(
             "lineage: layers",
             lineage.get("eagle_aux_hidden_state_layer_ids") == expected.vllm_layer_ids,
             f"trained on vLLM layers {lineage.get('eagle_aux_hidden_state_layer_ids')}, "
             f"registry {expected.vllm_layer_ids}",
             "make the registry's aux_layer_ids match the layers the drafter was trained on",
         ),
-        Finding(
+        CheckResult(
             "lineage: accuracy",
             bool(accuracy),
             f"training per-position accuracy {accuracy}" if accuracy else "no training metrics",

@@ -1,4 +1,4 @@
-"""The serve release lifecycle: up, rollback, down, history and status, with recorded revisions."""
+"""The serve release lifecycle: up, rollback and down, each a recorded revision."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.cluster.apply import ObjectRef, ref
-from kimideploy.cluster.jobs import job_phase
 from kimideploy.cluster.lock import ReleaseLock
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.rollout import RolloutState
@@ -20,6 +19,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
+from kimideploy.services.drafters.drafter_check import record_findings
 from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
@@ -114,8 +114,6 @@ def _refuse_failing_drafter(
     """The registry-level drafter check for the cluster deployed to; --force deploys anyway."""
     if drafter == NO_DRAFTER or force:
         return
-    from kimideploy.services.drafter_check import record_findings
-
     record = loaded.project.drafters[drafter]
     blocking = [
         f
@@ -123,7 +121,7 @@ def _refuse_failing_drafter(
         if not f.ok and f.blocking
     ]
     if blocking:
-        reasons = "; ".join(f"{f.check}: {f.detail}" for f in blocking)
+        reasons = "; ".join(f"{f.name}: {f.detail}" for f in blocking)
         raise UsageError(
             f"drafter {drafter} fails its check: {reasons}",
             hint=f"`kimideploy drafter check {drafter}` explains; --force deploys it anyway",
@@ -555,69 +553,3 @@ def down(
         if claims:
             reporter.info(f"kept PersistentVolumeClaims: {', '.join(claims)}")
         return targets
-
-
-def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "revision": r.revision,
-            "time": r.created_at,
-            "drafter": r.drafter,
-            "image": r.image.split("@")[-1][:19],
-            "status": r.status,
-            "user": r.user,
-            "gate": gate_summary(r),
-            "note": r.note,
-        }
-        for r in session.history(release)
-    ]
-
-
-def gate_summary(record: ReleaseRecord) -> str:
-    verdict = record.details.get("gate")
-    return str(verdict["summary"]) if verdict else ""
-
-
-def status_report(session: ClusterSession, release: str, project_name: str) -> dict[str, Any]:
-    """The serving release (revision, drafter, readiness) and recent runs."""
-    history = session.history(release)
-    current = next((r for r in reversed(history) if r.status == "deployed"), None)
-    deployment = session.get("Deployment", release)
-    serving: dict[str, Any] = {"release": release, "namespace": session.namespace}
-    if current is not None:
-        serving.update(
-            revision=current.revision,
-            drafter=current.drafter,
-            image=current.image,
-            since=current.created_at,
-        )
-    gated = next((r for r in reversed(history) if r.details.get("gate")), None)
-    if gated is not None:
-        serving["gate"] = f"revision {gated.revision} ({gated.drafter}) {gate_summary(gated)}"
-    if deployment is None:
-        serving["phase"] = "not deployed"
-    else:
-        status, wanted = deployment.get("status", {}), deployment["spec"].get("replicas", 1)
-        ready = status.get("readyReplicas", 0)
-        serving["phase"] = "ready" if ready == wanted else "progressing"
-        serving["ready"] = f"{ready}/{wanted}"
-        if current is not None and ready:
-            from kimideploy.services.live_metrics import live_acceptance
-
-            serving.update(live_acceptance(session, current))
-    runs = []
-    for job in session.runs(
-        f"app.kubernetes.io/name={project_name},app.kubernetes.io/managed-by=kimideploy"
-    )[:10]:
-        labels = job["metadata"]["labels"]
-        state, _ = job_phase(job)
-        runs.append(
-            {
-                "run_id": labels.get("kimideploy.io/run-id"),
-                "workload": labels.get("app.kubernetes.io/component"),
-                "job": job["metadata"]["name"],
-                "status": state,
-                "started": job["metadata"]["creationTimestamp"],
-            }
-        )
-    return {"serving": serving, "runs": runs}

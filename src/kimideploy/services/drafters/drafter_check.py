@@ -11,8 +11,9 @@ from pathlib import Path
 
 from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
 from kimideploy.config.project import Project, variant_mismatch
-from kimideploy.drafter_files import Expected, Finding
-from kimideploy.drafter_files import folder_findings as files_findings
+from kimideploy.formats.check_result import CheckResult
+from kimideploy.formats.drafter_files import Expected
+from kimideploy.formats.drafter_files import folder_findings as files_findings
 from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup
 
 
@@ -46,7 +47,7 @@ def record_findings(
     cluster: str | None = None,
     costs: CostModel | None = None,
     concurrency: int = 1,
-) -> list[Finding]:
+) -> list[CheckResult]:
     """What the registry alone says (no files needed)."""
     cluster_name = cluster or project.default_cluster
     model = project.model_for(cluster_name)
@@ -54,7 +55,7 @@ def record_findings(
     trained_for = drafter.lineage.trained_for
     same_model = trained_for in project.model_repos()
     findings.append(
-        Finding(
+        CheckResult(
             "trained for this target",
             same_model,
             f"lineage: {trained_for}",
@@ -64,7 +65,7 @@ def record_findings(
     )
     mismatch = variant_mismatch(project, drafter, cluster_name)
     findings.append(
-        Finding(
+        CheckResult(
             "model variant",
             mismatch is None,
             mismatch or f"trained and served on {model.repo}",
@@ -75,7 +76,7 @@ def record_findings(
     revision = drafter.lineage.trained_for_revision
     if same_model and mismatch is None and revision and revision != model.revision:
         findings.append(
-            Finding(
+            CheckResult(
                 "target revision",
                 False,
                 f"trained on {revision[:12]}, serving {model.short_revision}",
@@ -93,13 +94,13 @@ def _token_findings(
     cluster_name: str | None,
     costs: CostModel | None,
     concurrency: int,
-) -> list[Finding]:
+) -> list[CheckResult]:
     """k and the predicted speedup, from the measured step cost when `costs` is one."""
     k = drafter.num_speculative_tokens
     cluster = project.clusters[cluster_name or project.default_cluster]
     if not drafter.acceptance:
         return [
-            Finding(
+            CheckResult(
                 "speculative tokens",
                 k <= 3,
                 f"{k} tokens, no measured acceptance",
@@ -120,14 +121,14 @@ def _token_findings(
     verdict = "faster" if chosen > 1 else "SLOWER than no speculation"
     describe = f"{chosen:.2f}x ({verdict}) at c={at}; step cost: {source}"
     return [
-        Finding(
+        CheckResult(
             "speculative tokens",
             k == best_k or abs(chosen - predicted(best_k)) < 0.01,
             f"k={k} predicts {describe}",
             f"set num_speculative_tokens to {best_k}",
             blocking=False,
         ),
-        Finding(
+        CheckResult(
             "predicted speedup",
             chosen > 1,
             describe,
@@ -143,7 +144,7 @@ def check(
     cluster: str | None = None,
     costs: CostModel | None = None,
     concurrency: int = 1,
-) -> list[Finding]:
+) -> list[CheckResult]:
     """Registry findings for serving on `cluster` (default: the default cluster), and the files'
     when a local copy is given, judged by the vLLM of that cluster's serve image."""
     drafter = project.drafters[name]

@@ -12,10 +12,10 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
-from kimideploy.services import progress
 from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
+from kimideploy.services.runs import progress
 
 RUN_ID_LABEL = "kimideploy.io/run-id"
 

@@ -29,8 +29,7 @@ from kimideploy.config.specs import BenchSpec
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
-from kimideploy.services import deploy, progress, runs
-from kimideploy.services.gate_verdict import (
+from kimideploy.services.gate.verdict import (
     KEEP,
     ROLLBACK,
     GateMeasurementError,
@@ -41,8 +40,10 @@ from kimideploy.services.gate_verdict import (
     pick_baseline,
     serve_fingerprint,
 )
+from kimideploy.services.release import deploy
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
+from kimideploy.services.runs import batch_runs, progress
 
 
 class GateRejectedError(RolloutError):
@@ -237,9 +238,9 @@ def bench_revision(
         "bench", gate.cluster, request.drafter, gate.bench_overrides, namespace=session.namespace,
         synthetic=request.synthetic,
     )  # fmt: skip
-    started = runs.start_run(session, loaded, bench_request, reporter)
+    started = batch_runs.start_run(session, loaded, bench_request, reporter)
     try:
-        snapshot = runs.follow_run(
+        snapshot = batch_runs.follow_run(
             session, started.job, started.run_id, reporter, poll_s=options.bench_poll_s
         )
     except RolloutError as exc:
@@ -342,7 +343,10 @@ def bench_comparison(snapshot: JobSnapshot, baseline: StoredBench | None) -> lis
 
 
 def record_bench_run(
-    session: ClusterSession, started: runs.RunStarted, snapshot: JobSnapshot, reporter: Reporter
+    session: ClusterSession,
+    started: batch_runs.RunStarted,
+    snapshot: JobSnapshot,
+    reporter: Reporter,
 ) -> StoredBench | None:
     """Keep a `run bench` result like the gate's own, labelled with what was actually serving,
     so a manual non-speculative run can serve as the gate's baseline."""
@@ -377,9 +381,7 @@ def _fingerprint_of(record: ReleaseRecord) -> str:
     """A speculative revision compares with the non-speculative render of the same config."""
     if record.drafter == NO_DRAFTER:
         return serve_fingerprint(record.manifests)
-    from kimideploy.services.deploy import non_speculative_revision
-
-    return serve_fingerprint(non_speculative_revision(record).manifests)
+    return serve_fingerprint(deploy.non_speculative_revision(record).manifests)
 
 
 def _measure_and_judge(

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimideploy import chat_template
 from kimideploy.config.fingerprints import FINGERPRINT_FILE, flatten
 from kimideploy.errors import UsageError
-from kimideploy.safetensors_files import read_header, read_integers, safetensors_problem
+from kimideploy.formats import chat_template
+from kimideploy.formats.safetensors_files import read_header, read_integers, safetensors_problem
 
 
 @dataclass

@@ -37,8 +37,7 @@ from kimideploy.plan.calibration import (
     lengths_for,
 )
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
-from kimideploy.services import deploy
-from kimideploy.services.gate import (
+from kimideploy.services.gate.gating import (
     GateContext,
     GateOptions,
     bench_revision,
@@ -46,8 +45,9 @@ from kimideploy.services.gate import (
     serves_like,
     serving_record,
 )
-from kimideploy.services.gate_verdict import GateMeasurementError, pick_baseline
+from kimideploy.services.gate.verdict import GateMeasurementError, pick_baseline
 from kimideploy.services.preflight import require_prerequisites
+from kimideploy.services.release import deploy
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 

@@ -7,29 +7,16 @@ it found, what is wrong and how to fix it, and whether it blocks deployment.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.images import MIN_DRIVER_FOR_CUDA, Image
 from kimideploy.config.project import Project
-from kimideploy.gpuinfo import arch_of, parse_query, version_tuple
+from kimideploy.formats.check_result import CheckResult
+from kimideploy.formats.gpuinfo import arch_of, parse_query, version_tuple
 
 SECTION = re.compile(r"^### (\S+)$", re.M)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    blocking: bool = True
-
-    @property
-    def status(self) -> str:
-        return "pass" if self.ok else ("FAIL" if self.blocking else "warn")
 
 
 def probe_script() -> str:
@@ -54,7 +41,7 @@ def parse_cuda_version(banner: str) -> str | None:
     return match.group(1) if match else None
 
 
-def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> list[Check]:
+def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> list[CheckResult]:
     """Every check for one host of `cluster`, from the probe's output."""
     found = sections(output)
     setup = cluster.host_setup
@@ -70,12 +57,12 @@ def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> l
     return checks
 
 
-def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[Check]:
+def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[CheckResult]:
     gpus = parse_gpus(found.get("gpus", ""))
     if gpus is None:
         fix = "install the driver: `kimideploy host provision` (gpu_host) or ask the provider"
         return [
-            Check(
+            CheckResult(
                 "nvidia-smi",
                 False,
                 (found.get("gpus", "").splitlines()[0:1] and found["gpus"].splitlines()[0])
@@ -85,7 +72,7 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
         ]
     wanted = cluster.gpu
     checks = [
-        Check(
+        CheckResult(
             "GPU count",
             len(gpus) == wanted.per_node,
             f"{len(gpus)} GPUs (profile: {wanted.per_node})",
@@ -95,7 +82,7 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
     names = {g["name"] for g in gpus}
     label = {n.replace(" ", "-") for n in names}
     checks.append(
-        Check(
+        CheckResult(
             "GPU model",
             label == {wanted.product},
             ", ".join(sorted(names)),
@@ -104,7 +91,7 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
     )
     caps = {arch_of(g["compute_cap"]) for g in gpus}
     checks.append(
-        Check(
+        CheckResult(
             "compute capability",
             caps == {wanted.arch} and wanted.arch in image.cuda_archs,
             f"{', '.join(sorted(caps))} "
@@ -116,7 +103,7 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
     checks += _driver_checks(cluster, image, driver, parse_cuda_version(found.get("banner", "")))
     persistence = [g["index"] for g in gpus if g.get("persistence_mode") != "Enabled"]
     checks.append(
-        Check(
+        CheckResult(
             "persistence mode",
             not persistence,
             "off on GPUs " + ",".join(persistence) if persistence else "on",
@@ -126,7 +113,7 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
     )
     ecc = [g["index"] for g in gpus if g.get("ecc.mode.current") == "Disabled"]
     checks.append(
-        Check(
+        CheckResult(
             "ECC",
             not ecc,
             "disabled on GPUs " + ",".join(ecc) if ecc else "enabled or not applicable",
@@ -141,7 +128,7 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
         not in ("0x0000000000000000", "0x0000000000000001", "0x0")
     ]
     checks.append(
-        Check(
+        CheckResult(
             "clocks",
             not throttled,
             "throttled on GPUs " + ",".join(throttled) if throttled else "no throttling",
@@ -152,11 +139,13 @@ def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[C
     return checks
 
 
-def _driver_checks(cluster: Cluster, image: Image, driver: str, cuda: str | None) -> list[Check]:
+def _driver_checks(
+    cluster: Cluster, image: Image, driver: str, cuda: str | None
+) -> list[CheckResult]:
     checks = []
     needed = MIN_DRIVER_FOR_CUDA.get(image.cuda or "", "0")
     checks.append(
-        Check(
+        CheckResult(
             "driver",
             version_tuple(driver) >= version_tuple(needed),
             f"{driver} (CUDA {image.cuda} in the image needs >= {needed})",
@@ -166,7 +155,7 @@ def _driver_checks(cluster: Cluster, image: Image, driver: str, cuda: str | None
     )
     if cuda is not None and image.cuda:
         checks.append(
-            Check(
+            CheckResult(
                 "CUDA",
                 version_tuple(cuda) >= version_tuple(image.cuda),
                 f"driver supports CUDA {cuda}; the image has {image.cuda}",
@@ -177,7 +166,7 @@ def _driver_checks(cluster: Cluster, image: Image, driver: str, cuda: str | None
     if setup is not None and setup.role == "gpu_host":
         pinned = setup.nvidia_driver_version
         checks.append(
-            Check(
+            CheckResult(
                 "driver pin",
                 driver == pinned,
                 f"{driver} (pinned {pinned})",
@@ -188,13 +177,15 @@ def _driver_checks(cluster: Cluster, image: Image, driver: str, cuda: str | None
     return checks
 
 
-def _disk_checks(weights_gb: float, model_path: str, found: dict[str, str]) -> list[Check]:
+def _disk_checks(weights_gb: float, model_path: str, found: dict[str, str]) -> list[CheckResult]:
     if found.get("marker", "").strip():
-        return [Check("model on disk", True, "a synced model revision is present (marker found)")]
+        return [
+            CheckResult("model on disk", True, "a synced model revision is present (marker found)")
+        ]
     fields = found.get("disk", "").split()
     if len(fields) < 4 or not fields[3].isdigit():
         return [
-            Check(
+            CheckResult(
                 "free space",
                 False,
                 f"cannot read free space of {model_path}: {found.get('disk', '')}",
@@ -204,7 +195,7 @@ def _disk_checks(weights_gb: float, model_path: str, found: dict[str, str]) -> l
     free_gb = int(fields[3]) / 1e9
     need = weights_gb * 1.1
     return [
-        Check(
+        CheckResult(
             "free space",
             free_gb >= need,
             f"{free_gb:,.0f} GB free on {model_path}, need {need:,.0f} GB",
@@ -213,10 +204,10 @@ def _disk_checks(weights_gb: float, model_path: str, found: dict[str, str]) -> l
     ]
 
 
-def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[Check]:
+def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[CheckResult]:
     runtime = found.get("runtime", "")
     checks = [
-        Check(
+        CheckResult(
             "container runtime",
             runtime.rstrip().endswith("rc=0"),
             runtime.splitlines()[0] if runtime else "?",
@@ -234,7 +225,7 @@ def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[Check]:
         and found["node"].rstrip().endswith("rc=0")
     )
     checks.append(
-        Check(
+        CheckResult(
             "k3s",
             ready,
             " ".join(" ".join(n) for n in node) or "no node",
@@ -243,7 +234,7 @@ def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[Check]:
     )
     allocatable = node[0][2] if node and len(node[0]) > 2 else "0"
     checks.append(
-        Check(
+        CheckResult(
             "allocatable nvidia.com/gpu",
             allocatable == str(cluster.gpu.per_node),
             f"{allocatable} (expected {cluster.gpu.per_node})",
@@ -257,7 +248,7 @@ def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[Check]:
         and plugin[0] != "0/0"
     )
     checks.append(
-        Check(
+        CheckResult(
             "device plugin",
             healthy,
             plugin[0] if plugin else "not found",
@@ -267,12 +258,14 @@ def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[Check]:
     return checks
 
 
-def _fabric_checks(fabric_manager: bool, infiniband: bool, found: dict[str, str]) -> list[Check]:
+def _fabric_checks(
+    fabric_manager: bool, infiniband: bool, found: dict[str, str]
+) -> list[CheckResult]:
     checks = []
     if fabric_manager:
         state = found.get("fabricmanager", "").strip() or "unknown"
         checks.append(
-            Check(
+            CheckResult(
                 "fabric manager",
                 state == "active",
                 state,
@@ -287,7 +280,7 @@ def _fabric_checks(fabric_manager: bool, infiniband: bool, found: dict[str, str]
         ]
         active = [p for p in ports if "ACTIVE" in p]
         checks.append(
-            Check(
+            CheckResult(
                 "InfiniBand",
                 bool(ports) and len(active) == len(ports),
                 f"{len(active)}/{len(ports)} ports ACTIVE",
@@ -296,7 +289,7 @@ def _fabric_checks(fabric_manager: bool, infiniband: bool, found: dict[str, str]
         )
         loaded = found.get("peermem", "0").strip() not in ("", "0")
         checks.append(
-            Check(
+            CheckResult(
                 "nvidia_peermem",
                 loaded,
                 "loaded" if loaded else "not loaded",
@@ -307,7 +300,7 @@ def _fabric_checks(fabric_manager: bool, infiniband: bool, found: dict[str, str]
     return checks
 
 
-def rows(host: str, checks: list[Check]) -> list[dict[str, Any]]:
+def rows(host: str, checks: list[CheckResult]) -> list[dict[str, Any]]:
     return [
         {
             "host": host,

@@ -8,12 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kimideploy.config import extraction_engine
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
-from kimideploy.config.extraction_engine import version_tuple
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.formats import extraction_engine
+from kimideploy.formats.check_result import CheckResult
+from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.images import build as building
 from kimideploy.images import verify as checks
 from kimideploy.images.context import build_context, write_context
@@ -25,6 +26,9 @@ from kimideploy.plan.calibration import DEFAULT_LENGTHS, lengths_for
 from kimideploy.plan.context import drafter_path, target_model_path
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
+from kimideploy.remote import connect as ssh_connect
+from kimideploy.remote.local_runner import LocalRunner
+from kimideploy.remote.runner import Runner
 from kimideploy.services.reporting import Reporter
 
 
@@ -178,14 +182,14 @@ def write_tiny_models(project: Project, root: Path) -> tuple[Path, Path]:
 
 def verify_image(
     project_or_loaded: Any, name: str, reporter: Reporter, pins: bool = True
-) -> list[checks.Step]:
+) -> list[CheckResult]:
     """All checks for one image; steps are reported as they finish."""
     loaded: LoadedProject | None = (
         project_or_loaded if isinstance(project_or_loaded, LoadedProject) else None
     )
     project = loaded.project if loaded else project_or_loaded
     image = get_image(project, name)
-    steps: list[checks.Step] = []
+    steps: list[CheckResult] = []
     if pins:
         reporter.status(f"{name}: resolving pins with pip")
         steps.append(checks.resolve_pins(name, image))
@@ -207,7 +211,7 @@ def verify_image(
 
 def _engine_steps(
     loaded: LoadedProject, name: str, image: Any, reporter: Reporter
-) -> list[checks.Step]:
+) -> list[CheckResult]:
     reporter.status(f"{name}: preparing vLLM {image.vllm} (first run downloads and installs it)")
     try:
         python = engine_python(image.vllm)
@@ -224,7 +228,7 @@ def _engine_steps(
         cases += calibration_cases(loaded, name, target, drafters)
         cases += extraction_cases(loaded, name, target, Path(tmp) / "hidden-states")
         if not cases:
-            return [checks.Step("serve flags", True, "no cluster serves with this image")]
+            return [CheckResult("serve flags", True, "no cluster serves with this image")]
         reporter.status(
             f"{name}: building vLLM's engine config for {len(cases)} rendered argument sets"
         )
@@ -237,7 +241,7 @@ def _engine_steps(
                 "by hand to see vLLM's own output",
             ) from exc
     return [
-        checks.Step(f"vLLM accepts: {r['name']}", r["ok"], r["error"] or "engine config built")
+        CheckResult(f"vLLM accepts: {r['name']}", r["ok"], r["error"] or "engine config built")
         for r in results
     ]
 
@@ -256,16 +260,12 @@ def build_image(
     if context_only is not None:
         path = write_context(context, context_only)
         return f"{path}\n{tag}"
-    from kimideploy.services.hosts import ssh_connect
-
     if on_cluster:
         cluster = project.clusters.get(on_cluster)
         if cluster is None or not cluster.hosts:
             raise UsageError(f"--on {on_cluster}: no hosts in that cluster profile")
-        runner: Any = ssh_connect(cluster.hosts[0])
+        runner: Runner = ssh_connect(cluster.hosts[0])
     else:
-        from kimideploy.remote.local_runner import LocalRunner
-
         runner = LocalRunner()
     revision = building.git_revision(repository_root())
     reporter.info(

@@ -15,12 +15,13 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.gate import WatchSettings
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.formats.vllm_metrics import Acceptance, acceptance
 from kimideploy.plan.calibration import Calibration
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.plan.speedup import break_even_rate
+from kimideploy.services.release import deploy
 from kimideploy.services.reporting import Reporter
-from kimideploy.vllm_metrics import Acceptance, acceptance
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,6 @@ def watch_release(
     act: bool | None = None,
 ) -> str:
     """Scrape every interval until stopped; flag, or roll back, a drafter below break-even."""
-    from kimideploy.services import deploy
-
     release = f"{loaded.project.name}-serve"
     serving = next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
     if serving is None:

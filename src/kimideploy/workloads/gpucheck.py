@@ -1,6 +1,6 @@
 """A seconds-long start-up check: the GPUs' architecture and driver suit this image.
 
-Runs as the serve pod's first init container (`python -m kimideploy.images.gpucheck`), before a
+Runs as the serve pod's first init container (`python -m kimideploy.workloads.gpucheck`), before a
 25-minute weight load: an sm_120 RTX PRO 6000 with an image built only for sm_100/sm_103 (or a
 driver too old for the image's CUDA) fails here with the reason, not deep inside vLLM.
 """
@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from kimideploy.config.images import MIN_DRIVER_FOR_CUDA
-from kimideploy.gpuinfo import QUERY_FIELDS, arch_of, parse_query, version_tuple
+from kimideploy.formats.gpuinfo import QUERY_FIELDS, arch_of, parse_query, version_tuple
 
 
 def problems(rows: list[dict[str, str]], archs: list[str], cuda: str, expected: int) -> list[str]:

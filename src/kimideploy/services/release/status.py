@@ -1,0 +1,75 @@
+"""What the serve release is doing: its revision history and the serving status with live
+acceptance and recent runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kimideploy.cluster.jobs import job_phase
+from kimideploy.cluster.records import ReleaseRecord
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.services.release.watch import live_acceptance
+
+
+def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "revision": r.revision,
+            "time": r.created_at,
+            "drafter": r.drafter,
+            "image": r.image.split("@")[-1][:19],
+            "status": r.status,
+            "user": r.user,
+            "gate": gate_summary(r),
+            "note": r.note,
+        }
+        for r in session.history(release)
+    ]
+
+
+def gate_summary(record: ReleaseRecord) -> str:
+    verdict = record.details.get("gate")
+    return str(verdict["summary"]) if verdict else ""
+
+
+def status_report(session: ClusterSession, release: str, project_name: str) -> dict[str, Any]:
+    """The serving release (revision, drafter, readiness) and recent runs."""
+    history = session.history(release)
+    current = next((r for r in reversed(history) if r.status == "deployed"), None)
+    deployment = session.get("Deployment", release)
+    serving: dict[str, Any] = {"release": release, "namespace": session.namespace}
+    if current is not None:
+        serving.update(
+            revision=current.revision,
+            drafter=current.drafter,
+            image=current.image,
+            since=current.created_at,
+        )
+    gated = next((r for r in reversed(history) if r.details.get("gate")), None)
+    if gated is not None:
+        serving["gate"] = f"revision {gated.revision} ({gated.drafter}) {gate_summary(gated)}"
+    if deployment is None:
+        serving["phase"] = "not deployed"
+    else:
+        status, wanted = deployment.get("status", {}), deployment["spec"].get("replicas", 1)
+        ready = status.get("readyReplicas", 0)
+        serving["phase"] = "ready" if ready == wanted else "progressing"
+        serving["ready"] = f"{ready}/{wanted}"
+        if current is not None and ready:
+            serving.update(live_acceptance(session, current))
+    runs = []
+    for job in session.runs(
+        f"app.kubernetes.io/name={project_name},app.kubernetes.io/managed-by=kimideploy"
+    )[:10]:
+        labels = job["metadata"]["labels"]
+        state, _ = job_phase(job)
+        runs.append(
+            {
+                "run_id": labels.get("kimideploy.io/run-id"),
+                "workload": labels.get("app.kubernetes.io/component"),
+                "job": job["metadata"]["name"],
+                "status": state,
+                "started": job["metadata"]["creationTimestamp"],
+            }
+        )
+    return {"serving": serving, "runs": runs}
