@@ -289,3 +289,30 @@ def test_a_complete_calibration_predicts_before_a_newer_partial_one(example: Loa
                       points=[replace(p, tokens_per_s=p.tokens_per_s / 2) for p in complete.points])  # fmt: skip
     plan = serve_plan(example, cluster="b200", drafter="v3", calibrations=(complete, partial))
     assert facts(plan)["step cost"] == "measured on 2026-12-01 (`kimideploy calibrate show`)"
+
+
+def test_up_judges_the_drafter_with_the_step_cost_measured_on_the_cluster_it_deploys_to(
+    example: LoadedProject,
+) -> None:
+    """One judgement (issue 18): the plan's findings, which `up` refuses on, use the cost model
+    the plan predicts with, on the plan's own cluster, not the default cluster's constant."""
+    from kimideploy.services.release.deploy import _refuse_failing_drafter
+
+    drafters = dict(example.project.drafters)
+    drafters["v3"] = drafters["v3"].model_copy(update={"acceptance": [0.6, 0.35, 0.2]})
+    project = example.project.model_copy(update={"drafters": drafters})
+    loaded = replace(example, project=project)
+    stored = calibration_for(loaded, "b200")
+    expensive = replace(stored, points=[replace(p, tokens_per_s=p.tokens_per_s / 3)
+                                        for p in stored.points])  # fmt: skip
+    cheap = resolve(loaded, PlanRequest("serve", "b200", "v3"))
+    costly = resolve(loaded, PlanRequest("serve", "b200", "v3", calibrations=(expensive,)))
+    default, measured = ({f.name: f for f in p.drafter_findings}["predicted speedup"]
+                         for p in (cheap, costly))  # fmt: skip
+    assert default.ok and "default constant" in default.detail
+    assert not measured.ok and "measured on 2026-12-01" in measured.detail
+    assert facts(costly)["step cost"].startswith("measured on 2026-12-01")
+    assert any("SLOWER" in w for w in costly.warnings)
+    _refuse_failing_drafter(cheap, force=False)
+    with pytest.raises(UsageError, match="drafter v3 fails its check: predicted speedup"):
+        _refuse_failing_drafter(costly, force=False)

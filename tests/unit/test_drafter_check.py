@@ -12,6 +12,8 @@ import pytest
 
 from kimideploy.cli.main import main
 from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.resolve import resolve
 from kimideploy.services.drafters.drafter_check import check
 
 SIZES = {"I64": 8, "BOOL": 1, "BF16": 2}
@@ -191,9 +193,9 @@ def test_up_refuses_a_drafter_predicted_to_be_slower(edited_config: Callable[...
         edited_config((old, "    acceptance: [0.2, 0.1, 0.05, 0.03, 0.02]\n" + old))
     )
     with pytest.raises(UsageError, match="drafter v2 fails its check: predicted speedup"):
-        _refuse_failing_drafter(loaded, "v2", force=False)
-    _refuse_failing_drafter(loaded, "v2", force=True)
-    _refuse_failing_drafter(loaded, "none", force=False)
+        _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v2")), force=False)
+    _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v2")), force=True)
+    _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "none")), force=False)
 
 
 def test_the_serve_pods_init_container_checks_the_copy_on_the_models_volume(

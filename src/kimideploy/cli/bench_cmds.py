@@ -32,7 +32,7 @@ def list_runs(
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    rows = list_rows(session, f"{loaded.project.name}-serve")
+    rows = list_rows(session, loaded.project.release_name("serve"))
     click.echo(machine(rows, output) or format_table(rows))
 
 
@@ -65,7 +65,7 @@ def report(
     profile = loaded.project.clusters[cluster or loaded.project.default_cluster]
     target = output or Path(f"bench-{run_id}.png")
     lines = write_report(
-        session, f"{loaded.project.name}-serve", run_id, target, profile.gate.min_speedup
+        session, loaded.project.release_name("serve"), run_id, target, profile.gate.min_speedup
     )
     click.echo("\n".join(lines))
     click.echo(f"wrote {target}")

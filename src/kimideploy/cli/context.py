@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kimideploy.config.workload_names import WORKLOAD_NAMES
+
 if TYPE_CHECKING:
     from kimideploy.cli.outcome import PendingOutcome
     from kimideploy.config.loading import LoadedProject
 
-WORKLOAD_CHOICE = click.Choice(["datagen", "extract", "vocab", "train", "bench", "serve"])
+WORKLOAD_CHOICE = click.Choice(list(WORKLOAD_NAMES))
 
 
 @dataclass

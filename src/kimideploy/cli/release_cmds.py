@@ -27,7 +27,7 @@ def _session(  # type: ignore[no-untyped-def]
 
 
 def _release(state: CliState, workload: str) -> str:
-    return f"{state.project().project.name}-{workload}"
+    return state.project().project.release_name(workload)
 
 
 @click.command()

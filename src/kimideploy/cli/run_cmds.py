@@ -9,14 +9,15 @@ from kimideploy.cli.context import CliState, plan_options
 from kimideploy.cli.outcome import RUN_KEYS, expect, outcome_option
 from kimideploy.cli.table import format_table
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
+from kimideploy.config.workload_names import JOB_WORKLOADS
 from kimideploy.errors import ExitCode
 
-JOB_WORKLOADS = click.Choice(["datagen", "extract", "vocab", "train", "bench", "calibrate"])
+JOB_CHOICE = click.Choice([*JOB_WORKLOADS, "calibrate"])
 CALIBRATE_ONLY = ("--k", "--acceptance-length", "--concurrency", "--image", "--again", "--yes")
 
 
 @click.command()
-@click.argument("workload", type=JOB_WORKLOADS)
+@click.argument("workload", type=JOB_CHOICE)
 @plan_options
 @cluster_options
 @click.option("--detach", is_flag=True, help="Create the Job and return; follow later with `logs`.")

@@ -11,11 +11,15 @@ from kimideploy.config.clusters import Cluster
 from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
 from kimideploy.config.images import Image
 from kimideploy.config.target import ModelVariant, TargetModel
-from kimideploy.config.workloads import GPU_WORKLOADS
+from kimideploy.config.workload_names import GPU_WORKLOADS
 
 Path = tuple[str | int, ...]
 Issue = tuple[Path, str]
 """A problem found after field validation: (path, message)."""
+
+
+def release_name(project_name: str, workload: str) -> str:
+    return f"{project_name}-{workload}"
 
 
 class Project(StrictModel):
@@ -31,6 +35,11 @@ class Project(StrictModel):
         default_factory=dict,
         description="Other checkpoints of `model` (e.g. NVFP4) that clusters may name.",
     )
+
+    def release_name(self, workload: str) -> str:
+        """The release a workload's objects belong to (serve's Deployment and records; a job run's
+        objects add the run id): the one place that spelling lives."""
+        return release_name(self.name, workload)
 
     def model_for(self, cluster: str | None) -> TargetModel:
         """The checkpoint a cluster serves: its model_variant applied to `model`, else `model`."""

@@ -174,3 +174,9 @@ class ServeSpec(WorkloadSpec):
     draft_vocab_size: int | None = None
     image_cuda_archs: list[str]
     vllm_version: str | None
+
+
+SPEC_TYPES: dict[str, type[WorkloadSpec]] = {
+    spec.model_fields["workload"].default: spec for spec in WorkloadSpec.__subclasses__()
+}
+"""Each workload's spec model, by the name its `workload` field carries."""

@@ -207,8 +207,3 @@ class Workloads(StrictModel):
     vocab: VocabSettings
     train: TrainSettings
     bench: BenchSettings
-
-
-WORKLOAD_NAMES = ("datagen", "extract", "vocab", "train", "bench", "serve")
-GPU_WORKLOADS = frozenset({"serve", "extract", "train"})
-"""datagen and bench are clients of a serve release; vocab counts tokens on CPU."""

@@ -35,6 +35,7 @@ class Context:
     overrides: tuple[str, ...]
     namespace_override: str | None = None
     monitoring_crd: bool | None = None
+    bench_concurrency: tuple[int, ...] | None = None
     synthetic_k: int | None = None
     synthetic_lengths: tuple[float, ...] = ()
     costs: CostModel | None = None
@@ -56,7 +57,7 @@ class Context:
 
     @property
     def release(self) -> str:
-        return f"{self.project.name}-{self.workload}"
+        return self.project.release_name(self.workload)
 
     @property
     def object_name(self) -> str:

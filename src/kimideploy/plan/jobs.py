@@ -100,7 +100,7 @@ def data_dirs(ctx: Context) -> dict[str, str]:
 
 def serve_endpoint(ctx: Context) -> str:
     port = ctx.cluster.workloads.serve.port
-    return f"http://{ctx.project.name}-serve.{ctx.namespace}.svc:{port}"
+    return f"http://{ctx.project.release_name('serve')}.{ctx.namespace}.svc:{port}"
 
 
 def datagen_spec(ctx: Context, run_id: str) -> DatagenSpec:
@@ -173,10 +173,11 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
 def bench_spec(ctx: Context, run_id: str) -> BenchSpec:
     settings = ctx.cluster.workloads.bench
     endpoint = serve_endpoint(ctx)
+    concurrency = ctx.bench_concurrency or settings.concurrency
     return BenchSpec(
         run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(), endpoint=endpoint,
         metrics_url=f"{endpoint}/metrics", drafter=ctx.drafter_name,
-        prompt_sets=list(settings.prompt_sets), concurrency=list(settings.concurrency),
+        prompt_sets=list(settings.prompt_sets), concurrency=sorted(concurrency),
         num_prompts=settings.num_prompts, max_tokens=settings.max_tokens,
         results_dir=f"{data_dirs(ctx)['bench']}/{run_id}",
         baseline_path=(
@@ -283,6 +284,7 @@ def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[Object
         "resources": pods.resources(shape.cpu, shape.memory, shape.gpus),
         "volumes": volumes,
         "volume_mounts": mounts,
+        "security_context": pods.container_hardening(),
         "init_containers": init_containers,
     }
     spec_map = {**common, "name": f"{ctx.object_name}-spec", "data": {SPEC_FILE_NAME: spec_json}}

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.config.project import release_name
+from kimideploy.config.specs import WorkloadSpec
+from kimideploy.formats.check_result import CheckResult
 from kimideploy.plan.calibration import Calibration
 
 
@@ -33,6 +36,8 @@ class PlanRequest:
     image: str | None = None
     """serve: another image of role serve than the cluster's (`run calibrate --image`)."""
     synthetic: SyntheticAcceptance | None = None
+    bench_concurrency: tuple[int, ...] | None = None
+    """bench: the concurrency levels to measure instead of the cluster's (the gate's levels)."""
     calibrations: tuple[Calibration, ...] = ()
     """The cluster's stored calibrations, oldest first, when the caller read them: predictions
     use the newest measured on this plan's serve image and configuration."""
@@ -51,6 +56,7 @@ class Plan:
     """The resolver's output; templates, services and the CLI only read it."""
 
     workload: str
+    project: str
     cluster: str
     drafter: str
     namespace: str
@@ -60,12 +66,21 @@ class Plan:
     kubernetes_version: str
     image: str
     objects: tuple[ObjectPlan, ...]
+    spec: WorkloadSpec
+    """What the pod reads as spec.json (the ConfigMap holds its JSON): services read it here."""
     facts: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
+    drafter_findings: tuple[CheckResult, ...] = ()
+    """Speculative serve plans: the registry judgement of the drafter on this cluster."""
     inputs: dict[str, Any] = field(default_factory=dict)
     break_even: dict[str, Any] = field(default_factory=dict)
     """Speculative serve plans: {"source": which cost model, "measured": bool, "rate": {c: vLLM
     acceptance rate at break-even}, "length": {c: acceptance length}} at the gated levels."""
+
+    @property
+    def serve_release(self) -> str:
+        """The serve release of the same project (what a bench run measures)."""
+        return release_name(self.project, "serve")
 
     @property
     def speculative(self) -> bool:

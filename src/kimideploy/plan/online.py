@@ -25,6 +25,13 @@ from kimideploy.errors import ConfigError
 from kimideploy.formats import extraction_engine
 from kimideploy.plan import pods
 from kimideploy.plan.context import Context, target_model_path
+from kimideploy.plan.vllm_server import (
+    READY_PATH,
+    ServerBase,
+    base_args,
+    http_probe,
+    liveness_probe,
+)
 
 SERVER_CONTAINER = "target-server"
 SCRATCH_VOLUME = "hidden-states-scratch"
@@ -145,18 +152,15 @@ def server_args(
     storage: str,
 ) -> list[str]:
     """`vllm serve MODEL` arguments of the target server (the pipeline tier runs them)."""
-    args = [
-        "--served-model-name", served_name,
-        "--host", "0.0.0.0",
-        "--port", str(port),
-        "--tensor-parallel-size", str(tensor_parallel_size),
-        "--max-model-len", str(max_model_len),
-        "--gpu-memory-utilization", str(gpu_memory_utilization),
-        "--dtype", dtype,
-    ]  # fmt: skip
-    if trust_remote_code:
-        args.append("--trust-remote-code")
-    flags = [*args, *extraction_engine.serve_flags(vllm_ids, num_hidden_layers, storage)]
+    server = ServerBase(
+        served_name=served_name, port=port, tensor_parallel_size=tensor_parallel_size,
+        max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    flags = [
+        *base_args(server, "--dtype", dtype),
+        *extraction_engine.serve_flags(vllm_ids, num_hidden_layers, storage),
+    ]
     return [pods.literal(a) for a in flags]
 
 
@@ -193,26 +197,12 @@ def server_container(ctx: Context, split: OnlineLayout) -> dict[str, Any]:
         # server itself (OnlineTrainSpec.server_wait_s = startup_budget_s) and exits 1 when the
         # budget runs out, so the Job's retry limit bounds a broken server. Readiness only tells
         # `kimideploy run` that the load is done; liveness starts once the budget has passed.
-        "readinessProbe": {
-            "httpGet": {"path": "/v1/models", "port": online.port},
-            "periodSeconds": period,
-            "timeoutSeconds": 5,
-            "failureThreshold": 1,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": online.port},
-            "initialDelaySeconds": online.startup_budget_s,
-            "periodSeconds": 30,
-            "timeoutSeconds": 10,
-            "failureThreshold": 4,
-        },
+        "readinessProbe": http_probe(READY_PATH, online.port, period, 5, 1),
+        "livenessProbe": liveness_probe(online.port, initial_delay_s=online.startup_budget_s),
         "volumeMounts": [*claim_mounts, scratch_mount, shm_mount],
-        "securityContext": {
-            "runAsUser": image.run_as_user,
-            "runAsGroup": image.run_as_user,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": pods.container_hardening(
+            runAsUser=image.run_as_user, runAsGroup=image.run_as_user
+        ),
     }
 
 

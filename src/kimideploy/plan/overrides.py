@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from kimideploy.config import safe_yaml
 from kimideploy.config.loading import dotted
 from kimideploy.config.project import Project, reference_issues
-from kimideploy.config.workloads import WORKLOAD_NAMES
+from kimideploy.config.workload_names import WORKLOAD_NAMES
 from kimideploy.errors import UsageError
 
 

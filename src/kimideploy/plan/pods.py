@@ -128,6 +128,11 @@ def resources(cpu: str, memory: str, gpus: int) -> dict[str, dict[str, str]]:
     return {"requests": requests, "limits": limits}
 
 
+def container_hardening(**first: Any) -> dict[str, Any]:
+    """Every container's securityContext, after what a container sets first (its user, say)."""
+    return {**first, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def pod_security(ctx: Context) -> dict[str, Any]:
     uid = ctx.image.run_as_user
     return {

@@ -11,19 +11,18 @@ from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.config.specs import WorkloadSpec
-from kimideploy.config.workloads import GPU_WORKLOADS, WORKLOAD_NAMES
+from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import UsageError
+from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import calibration, jobs, online, serve
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
-from kimideploy.plan.context import Context, deterministic_run_id, drafter_path, gated_levels
+from kimideploy.plan.context import Context, deterministic_run_id, gated_levels
+from kimideploy.plan.drafter_judgement import registry_findings, serving_warnings
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
-
-PIPELINE_WORKLOADS = ("datagen", "extract", "vocab", "train")
-"""These build the train drafter's data, so they default to (and need) a drafter record."""
 
 
 def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
@@ -43,6 +42,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
         objects = jobs.job_objects(ctx, spec, spec_json)
     return Plan(
         workload=ctx.workload,
+        project=ctx.project.name,
         cluster=ctx.cluster_name,
         drafter=ctx.drafter_name,
         namespace=ctx.namespace,
@@ -52,6 +52,8 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
         kubernetes_version=ctx.cluster.kubernetes_version,
         image=ctx.image.reference,
         objects=(*claim_objects(ctx, estimate), *objects),
+        spec=spec,
+        drafter_findings=_drafter_findings(ctx),
         facts=tuple(_facts(ctx, estimate)),
         warnings=tuple(_warnings(ctx, estimate)),
         inputs=_inputs(ctx, request),
@@ -106,6 +108,7 @@ def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
         overrides=request.overrides,
         namespace_override=request.namespace,
         monitoring_crd=request.monitoring_crd,
+        bench_concurrency=request.bench_concurrency,
     )
     if request.synthetic is not None:
         ctx = _with_synthetic(ctx, request)
@@ -399,34 +402,30 @@ def _training_target_fact(ctx: Context) -> tuple[str, str, str | None]:
     return "acceptance needed", text, warning
 
 
+def _drafter_findings(ctx: Context) -> tuple[CheckResult, ...]:
+    """The registry judgement of a drafter served on this plan's cluster, with the cost model the
+    plan predicts with; none for a calibration, whose acceptance is synthetic."""
+    if ctx.workload != "serve" or ctx.drafter is None or ctx.synthetic_k is not None:
+        return ()
+    found = registry_findings(
+        ctx.project, ctx.drafter_name, ctx.drafter, ctx.cluster_name, ctx.cost_model
+    )
+    return tuple(found)
+
+
 def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
     warnings: list[str] = []
     drafter, project = ctx.drafter, ctx.project
-    if drafter is not None and ctx.workload in ("serve", "train"):
-        name = ctx.drafter_name
+    if drafter is not None and ctx.workload == "train":
         if drafter.lineage.trained_for not in project.model_repos():
             warnings.append(
-                f"drafter {name} was trained for {drafter.lineage.trained_for}, "
+                f"drafter {ctx.drafter_name} was trained for {drafter.lineage.trained_for}, "
                 f"not {project.model.repo}"
             )
         mismatch = variant_mismatch(project, drafter, ctx.cluster_name)
         if mismatch:
-            warnings.append(f"drafter {name} {mismatch}")
-        if ctx.workload == "serve" and drafter.layer_id_convention != "vllm":
-            vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
-            warnings.append(
-                f"drafter {name} ids {drafter.aux_layer_ids} are in the sglang convention; "
-                f"{drafter_path(name, drafter)}/config.json must carry a top-level "
-                f"eagle_aux_hidden_state_layer_ids of {vllm_ids} "
-                f"(`kimideploy drafter check {name}`)"
-            )
-        if ctx.workload == "serve" and drafter.num_speculative_tokens > 3:
-            warnings.append(
-                f"drafter {name} drafts {drafter.num_speculative_tokens} tokens; published Kimi "
-                "EAGLE-3 recipes use 3, and a weak drafter pays for every extra draft pass"
-            )
-        if ctx.workload == "serve" and drafter.status == "rejected":
-            warnings.append(f"drafter {name} is marked rejected in the registry")
+            warnings.append(f"drafter {ctx.drafter_name} {mismatch}")
+    warnings += serving_warnings(list(_drafter_findings(ctx)), ctx.drafter_name)
     if ctx.workload in ("train", "datagen") and drafter is not None:
         _, _, impossible = _training_target_fact(ctx)
         if impossible:
@@ -455,4 +454,5 @@ def _inputs(ctx: Context, request: PlanRequest) -> dict[str, Any]:
            if ctx.workload in ("serve", "bench") else {}),
         **({"synthetic": {"k": ctx.synthetic_k, "acceptance_lengths": list(ctx.synthetic_lengths)}}
            if ctx.synthetic_k is not None else {}),
+        **({"bench_concurrency": list(ctx.bench_concurrency)} if ctx.bench_concurrency else {}),
     }  # fmt: skip

@@ -21,13 +21,18 @@ from kimideploy.plan.context import Context, drafter_path, is_speculative, targe
 from kimideploy.plan.dashboard import dashboard_object
 from kimideploy.plan.k_schedule import KSchedule, choose_schedule
 from kimideploy.plan.model import ObjectPlan
+from kimideploy.plan.vllm_server import (
+    HEALTH_PATH,
+    READY_PATH,
+    ServerBase,
+    base_args,
+    http_probe,
+    liveness_probe,
+)
 
 # The worker extension `run calibrate` serves with (kimideploy is in every serve image), and the
 # environment that opens vLLM's /collective_rpc for it; only calibration revisions get either.
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
-
-HEALTH_PATH = "/health"
-READY_PATH = "/v1/models"  # answers only once the model is served; /health may answer earlier
 
 
 def speculative_config(ctx: Context) -> dict[str, Any] | None:
@@ -87,17 +92,13 @@ def config_fingerprint(ctx: Context) -> str:
 def vllm_args(ctx: Context) -> list[str]:
     """`vllm serve` arguments after the model path; no speculative flag at all without a drafter."""
     model, serve = ctx.model, ctx.cluster.workloads.serve
-    args = [
-        "--served-model-name", model.served_name,
-        "--host", "0.0.0.0",
-        "--port", str(serve.port),
-        "--tensor-parallel-size", str(ctx.cluster.gpu.per_node),
-        "--max-model-len", str(model.max_model_len),
-        "--gpu-memory-utilization", str(serve.gpu_memory_utilization),
-        "--max-num-seqs", str(serve.max_num_seqs),
-    ]  # fmt: skip
-    if model.trust_remote_code:
-        args.append("--trust-remote-code")
+    server = ServerBase(
+        served_name=model.served_name, port=serve.port,
+        tensor_parallel_size=ctx.cluster.gpu.per_node, max_model_len=model.max_model_len,
+        gpu_memory_utilization=serve.gpu_memory_utilization,
+        trust_remote_code=model.trust_remote_code,
+    )  # fmt: skip
+    args = base_args(server, "--max-num-seqs", str(serve.max_num_seqs))
     if model.reasoning_parser:
         args += ["--reasoning-parser", model.reasoning_parser]
     if model.tool_call_parser:
@@ -157,24 +158,11 @@ def probes(ctx: Context) -> dict[str, Any]:
     port = serve.port
     ready = HEALTH_PATH if serve.api_key else READY_PATH
     return {
-        "startupProbe": {
-            "httpGet": {"path": ready, "port": port},
-            "periodSeconds": period,
-            "timeoutSeconds": 5,
-            "failureThreshold": math.ceil(serve.startup_budget_s / period),
-        },
-        "readinessProbe": {
-            "httpGet": {"path": ready, "port": port},
-            "periodSeconds": period,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": HEALTH_PATH, "port": port},
-            "periodSeconds": 30,
-            "timeoutSeconds": 10,
-            "failureThreshold": 4,
-        },
+        "startupProbe": http_probe(
+            ready, port, period, 5, math.ceil(serve.startup_budget_s / period)
+        ),
+        "readinessProbe": http_probe(ready, port, period, 5, 3),
+        "livenessProbe": liveness_probe(port),
     }
 
 
@@ -202,7 +190,7 @@ MODEL_MARKER = ".kimideploy-complete"
 def init_containers(ctx: Context) -> list[dict[str, Any]]:
     """Seconds-long checks before a 25-minute load: GPU architecture and driver, synced model."""
     gpus = ctx.cluster.gpu.per_node
-    hardened = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    hardened = pods.container_hardening()
     model_dir = target_model_path(ctx.model)
     script = (
         f'test -f "$MODEL_DIR/{MODEL_MARKER}" || {{ echo "model not synced: $MODEL_DIR has no '
@@ -290,6 +278,7 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
         "init_containers": init_containers(ctx),
         "volumes": [*claim_vols, shm_vol, spec_vol],
         "volume_mounts": [*claim_mounts, shm_mount, spec_mount],
+        "security_context": pods.container_hardening(),
     }
     service = {**common, "selector": pods.selector_labels(ctx), "port": serve.port}
     config_map = {**common, "data": {SPEC_FILE_NAME: spec_json}}

@@ -11,7 +11,7 @@ from typing import Any
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
-from kimideploy.config.workloads import WORKLOAD_NAMES
+from kimideploy.config.workload_names import WORKLOAD_NAMES
 from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.resolve import resolve

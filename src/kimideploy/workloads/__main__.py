@@ -8,16 +8,14 @@ import sys
 from pathlib import Path
 
 from kimideploy.config import specs
+from kimideploy.config.workload_names import JOB_WORKLOADS, SERVE
 from kimideploy.errors import ExitCode, KimiDeployError
 from kimideploy.workloads.runtime import EXIT_BAD_INPUT, EXIT_FAILED, load_spec, log
 
+# Every job workload, and the serve pod's drafter init container, which reads the serve spec.
 WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
-    "datagen": specs.DatagenSpec,
-    "extract": specs.ExtractSpec,
-    "vocab": specs.VocabSpec,
-    "bench": specs.BenchSpec,
-    "train": specs.TrainSpec,
-    "drafter-check": specs.ServeSpec,
+    **{name: specs.SPEC_TYPES[name] for name in JOB_WORKLOADS},
+    "drafter-check": specs.SPEC_TYPES[SERVE],
 }
 
 

@@ -12,7 +12,6 @@ Order of work, chosen to spend as few 25-minute model loads as possible:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -67,7 +66,7 @@ class GateContext:
     image: str
     settings: GateSettings
     needed: list[tuple[str, int]]
-    bench_overrides: tuple[str, ...]
+    bench_concurrency: tuple[int, ...]
     serve_print: str
     bench_print: str
 
@@ -102,7 +101,7 @@ def gate_context(
         image=baseline.plan.image,
         settings=settings,
         needed=[(p, c) for p in bench.prompt_sets for c in levels],
-        bench_overrides=(*request.overrides, f"bench.concurrency={json.dumps(sorted(levels))}"),
+        bench_concurrency=tuple(sorted(levels)),
         serve_print=serve_fingerprint(baseline.objects),
         bench_print=bench_fingerprint(list(bench.prompt_sets), bench.num_prompts, bench.max_tokens),
     )
@@ -235,8 +234,8 @@ def bench_revision(
 ) -> StoredBench:
     """Run the bench workload against the serving revision and keep its result in the cluster."""
     bench_request = PlanRequest(
-        "bench", gate.cluster, request.drafter, gate.bench_overrides, namespace=session.namespace,
-        synthetic=request.synthetic,
+        "bench", gate.cluster, request.drafter, request.overrides, namespace=session.namespace,
+        synthetic=request.synthetic, bench_concurrency=gate.bench_concurrency,
     )  # fmt: skip
     started = batch_runs.start_run(session, loaded, bench_request, reporter)
     try:
@@ -268,12 +267,9 @@ def bench_revision(
 
 
 def _bench_spec(rendered: Rendered) -> BenchSpec:
-    spec_map = next(o for o in rendered.objects if o["kind"] == "ConfigMap")
-    return BenchSpec.model_validate_json(spec_map["data"]["spec.json"])
-
-
-def _serve_release(rendered: Rendered) -> str:
-    return rendered.plan.release.rsplit("-", 1)[0] + "-serve"
+    spec = rendered.plan.spec
+    assert isinstance(spec, BenchSpec), rendered.plan.workload
+    return spec
 
 
 LATEST_BASELINE = "latest"
@@ -286,7 +282,7 @@ def choose_bench_baseline(
     newest comparable one as the gate would; a run id must be comparable too. Chosen before the
     bench Job exists, so a wrong choice costs nothing."""
     rendered = render_workload(loaded, replace(request, namespace=session.namespace))
-    spec, release = _bench_spec(rendered), _serve_release(rendered)
+    spec, release = _bench_spec(rendered), rendered.plan.serve_release
     serving = serving_record(session, release)
     if serving is None:
         raise UsageError(
@@ -351,7 +347,7 @@ def record_bench_run(
     """Keep a `run bench` result like the gate's own, labelled with what was actually serving,
     so a manual non-speculative run can serve as the gate's baseline."""
     result = progress.results(snapshot.logs).get(0)
-    spec, release = _bench_spec(started.rendered), _serve_release(started.rendered)
+    spec, release = _bench_spec(started.rendered), started.rendered.plan.serve_release
     serving = serving_record(session, release)
     if not result or serving is None:
         return None

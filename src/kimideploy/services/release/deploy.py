@@ -18,8 +18,7 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
-from kimideploy.plan.model import PlanRequest
-from kimideploy.services.drafters.drafter_check import record_findings
+from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
@@ -98,8 +97,7 @@ def up(
     rendered = render_workload(
         loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
     )
-    if "synthetic" not in rendered.plan.inputs:  # a calibration's acceptance is not the drafter's
-        _refuse_failing_drafter(loaded, rendered.plan.drafter, change.force, rendered.plan.cluster)
+    _refuse_failing_drafter(rendered.plan, change.force)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)  # before any write
@@ -108,19 +106,12 @@ def up(
     return deploy(session, revision_from_render(loaded, rendered), change, wait, reporter, "up")
 
 
-def _refuse_failing_drafter(
-    loaded: LoadedProject, drafter: str, force: bool, cluster: str | None = None
-) -> None:
-    """The registry-level drafter check for the cluster deployed to; --force deploys anyway."""
-    if drafter == NO_DRAFTER or force:
-        return
-    record = loaded.project.drafters[drafter]
-    blocking = [
-        f
-        for f in record_findings(loaded.project, drafter, record, cluster)
-        if not f.ok and f.blocking
-    ]
-    if blocking:
+def _refuse_failing_drafter(plan: Plan, force: bool) -> None:
+    """The plan's judgement of its drafter on the cluster deployed to (the same the plan's
+    warnings and predicted speedup come from); --force deploys anyway."""
+    blocking = [f for f in plan.drafter_findings if not f.ok and f.blocking]
+    if blocking and not force:
+        drafter = plan.drafter
         reasons = "; ".join(f"{f.name}: {f.detail}" for f in blocking)
         raise UsageError(
             f"drafter {drafter} fails its check: {reasons}",

@@ -164,7 +164,7 @@ def watch_release(
     act: bool | None = None,
 ) -> str:
     """Scrape every interval until stopped; flag, or roll back, a drafter below break-even."""
-    release = f"{loaded.project.name}-serve"
+    release = loaded.project.release_name("serve")
     serving = next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
     if serving is None:
         raise UsageError(f"{release} is not serving in namespace {session.namespace}")

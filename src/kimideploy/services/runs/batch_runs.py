@@ -10,6 +10,7 @@ from typing import Any
 from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
+from kimideploy.config.project import release_name
 from kimideploy.errors import RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services.preflight import require_prerequisites
@@ -174,7 +175,7 @@ def _tail(text: str, lines: int = 5) -> str:
 def pods_of(session: ClusterSession, target: str, project_name: str) -> list[str]:
     """Pod names for `logs serve` or `logs <run-id>`."""
     if target == "serve":
-        selector = f"app.kubernetes.io/instance={project_name}-serve"
+        selector = f"app.kubernetes.io/instance={release_name(project_name, 'serve')}"
     else:
         selector = f"{RUN_ID_LABEL}={target}"
     pods = [p["metadata"]["name"] for p in session.pods(selector)]

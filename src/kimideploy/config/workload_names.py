@@ -1,0 +1,13 @@
+"""The workloads kimideploy renders, by name: the one list the config, the resolver, the pods'
+entry point and the CLI's choices read (no pydantic here, so the CLI can import it at start-up)."""
+
+from __future__ import annotations
+
+SERVE = "serve"
+JOB_WORKLOADS = ("datagen", "extract", "vocab", "train", "bench")
+"""Each run is a new, immutable Job."""
+WORKLOAD_NAMES = (*JOB_WORKLOADS, SERVE)
+PIPELINE_WORKLOADS = ("datagen", "extract", "vocab", "train")
+"""These build the train drafter's data, so they default to (and need) a drafter record."""
+GPU_WORKLOADS = frozenset({SERVE, "extract", "train"})
+"""datagen and bench are clients of a serve release; vocab counts tokens on CPU."""

@@ -1,0 +1,171 @@
+"""Is this drafter worth serving on this cluster, from its registry record alone?
+
+One judgement, made by the resolver for every speculative serve plan (with the cost model the plan
+predicts with: the cluster's measured step cost when stored) and read by `up` (which refuses a
+blocking failure), `render` (warnings) and `drafter check` (which adds the files' checks).
+"""
+
+from __future__ import annotations
+
+from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
+from kimideploy.config.project import Project, variant_mismatch
+from kimideploy.formats.check_result import CheckResult
+from kimideploy.formats.drafter_files import Expected
+from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup
+from kimideploy.plan.context import drafter_path
+
+
+def serving_vllm(project: Project, cluster: str | None) -> str:
+    """The vLLM version of the image that would load the drafter on this cluster."""
+    profile = project.clusters[cluster or project.default_cluster]
+    return project.images[profile.images.serve].vllm or "0.32.0"
+
+
+def expected_files(project: Project, drafter: Drafter, cluster: str | None = None) -> Expected:
+    model = project.model_for(cluster or project.default_cluster)
+    return Expected(
+        target_repo=model.repo,
+        target_revision=model.revision,
+        hidden_size=model.hidden_size,
+        vocab_size=model.vocab_size,
+        num_hidden_layers=model.num_hidden_layers,
+        layer_ids=list(drafter.aux_layer_ids),
+        convention=drafter.layer_id_convention,
+        vllm_layer_ids=to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention),
+        draft_vocab_size=drafter.draft_vocab_size,
+        num_speculative_tokens=drafter.num_speculative_tokens,
+        vllm_version=serving_vllm(project, cluster),
+    )
+
+
+def registry_findings(
+    project: Project,
+    name: str,
+    drafter: Drafter,
+    cluster: str | None = None,
+    costs: CostModel | None = None,
+    concurrency: int = 1,
+) -> list[CheckResult]:
+    """What the registry alone says about serving the drafter on `cluster` (no files needed),
+    with the step cost `costs` measures there (else the cluster's constant)."""
+    cluster_name = cluster or project.default_cluster
+    model = project.model_for(cluster_name)
+    findings = []
+    trained_for = drafter.lineage.trained_for
+    same_model = trained_for in project.model_repos()
+    findings.append(
+        CheckResult(
+            "trained for this target",
+            same_model,
+            f"trained for {trained_for}"
+            if same_model
+            else f"trained for {trained_for}, not {model.repo}",
+            f"train a drafter on {model.repo}'s own outputs (kimideploy run train)",
+            blocking=False,
+        )
+    )
+    mismatch = variant_mismatch(project, drafter, cluster_name)
+    findings.append(
+        CheckResult(
+            "model variant",
+            mismatch is None,
+            mismatch or f"trained and served on {model.repo}",
+            "measure it on this checkpoint (`kimideploy run bench`), or train on it",
+            blocking=False,
+        )
+    )
+    revision = drafter.lineage.trained_for_revision
+    if same_model and mismatch is None and revision and revision != model.revision:
+        findings.append(
+            CheckResult(
+                "target revision",
+                False,
+                f"trained on {revision[:12]}, serving {model.short_revision}",
+                "retrain or confirm the revisions share weights",
+                blocking=False,
+            )
+        )
+    findings += _token_findings(project, drafter, cluster, costs, concurrency)
+    return findings + _record_findings(name, drafter)
+
+
+def _record_findings(name: str, drafter: Drafter) -> list[CheckResult]:
+    """What the record itself flags: ids a config.json must translate, a rejected status."""
+    vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
+    sglang = drafter.layer_id_convention != "vllm"
+    return [
+        CheckResult(
+            "layer convention",
+            not sglang,
+            (
+                f"ids {drafter.aux_layer_ids} are in the sglang convention; "
+                f"{drafter_path(name, drafter)}/config.json must carry a top-level "
+                f"eagle_aux_hidden_state_layer_ids of {vllm_ids}"
+            )
+            if sglang
+            else f"ids {vllm_ids} in vLLM's convention",
+            f"`kimideploy drafter check {name} --dir COPY` reads that config.json",
+            blocking=False,
+        ),
+        CheckResult(
+            "registry status",
+            drafter.status != "rejected",
+            f"is marked {drafter.status} in the registry",
+            "serve another drafter, or measure it again (`kimideploy run bench`)",
+            blocking=False,
+        ),
+    ]
+
+
+def serving_warnings(findings: list[CheckResult], name: str) -> list[str]:
+    """The failed findings as the plan's warnings (the same judgement `up` refuses on)."""
+    return [f"drafter {name} {f.detail}" for f in findings if not f.ok]
+
+
+def _token_findings(
+    project: Project,
+    drafter: Drafter,
+    cluster_name: str | None,
+    costs: CostModel | None,
+    concurrency: int,
+) -> list[CheckResult]:
+    """k and the predicted speedup, from the measured step cost when `costs` is one."""
+    k = drafter.num_speculative_tokens
+    cluster = project.clusters[cluster_name or project.default_cluster]
+    if not drafter.acceptance:
+        return [
+            CheckResult(
+                "speculative tokens",
+                k <= 3,
+                f"drafts {k} tokens with no measured acceptance",
+                "published Kimi EAGLE-3 recipes use 3; measure before going higher",
+                blocking=False,
+            )
+        ]
+    costs = costs or DefaultCost(
+        cluster.step_cost_per_token, cluster_name or project.default_cluster
+    )
+    at, source = concurrency, costs.source
+
+    def predicted(n: int) -> float:
+        return drafter_speedup(costs, list(drafter.acceptance), n, at)
+
+    best_k = max(range(1, 17), key=predicted)
+    chosen = predicted(k)
+    verdict = "faster" if chosen > 1 else "SLOWER than no speculation"
+    describe = f"{chosen:.2f}x ({verdict}) at c={at}; step cost: {source}"
+    return [
+        CheckResult(
+            "speculative tokens",
+            k == best_k or abs(chosen - predicted(best_k)) < 0.01,
+            f"k={k} predicts {describe}",
+            f"set num_speculative_tokens to {best_k}",
+            blocking=False,
+        ),
+        CheckResult(
+            "predicted speedup",
+            chosen > 1,
+            describe,
+            "do not serve it speculatively; improve the drafter or the verify path",
+        ),
+    ]

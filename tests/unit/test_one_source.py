@@ -1,0 +1,45 @@
+"""Facts kept in one place (issue 18): each reader derives from it, so these agree by construction
+and a new workload or a renamed release cannot leave one reader behind."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+
+from kimideploy.cli.context import WORKLOAD_CHOICE
+from kimideploy.cli.run_cmds import JOB_CHOICE
+from kimideploy.config.loading import LoadedProject
+from kimideploy.config.specs import SPEC_TYPES
+from kimideploy.config.workload_names import JOB_WORKLOADS, WORKLOAD_NAMES
+from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.resolve import resolve
+from kimideploy.workloads.__main__ import WORKLOADS
+
+
+def test_every_workload_has_one_spec_model_and_the_cli_offers_exactly_those() -> None:
+    assert set(SPEC_TYPES) == set(WORKLOAD_NAMES)
+    assert list(WORKLOAD_CHOICE.choices) == list(WORKLOAD_NAMES)
+    assert list(JOB_CHOICE.choices) == [*JOB_WORKLOADS, "calibrate"]
+    assert set(WORKLOADS) == {*JOB_WORKLOADS, "drafter-check"}
+    assert isinstance(WORKLOAD_CHOICE, click.Choice)
+
+
+@pytest.mark.parametrize("workload", WORKLOAD_NAMES)
+def test_the_plan_carries_its_spec_and_the_release_names(
+    example: LoadedProject, workload: str
+) -> None:
+    plan = resolve(
+        example, PlanRequest(workload, "rtx6000", run_id=None if workload == "serve" else "abc123")
+    )
+    assert type(plan.spec) is SPEC_TYPES[workload]
+    assert plan.release == example.project.release_name(workload)
+    assert plan.serve_release == example.project.release_name("serve")
+    # what the pod reads is what services read from the plan
+    spec_json = next(
+        o.values["data"]["spec.json"]
+        for o in plan.objects
+        if "spec.json" in o.values.get("data", {})
+    )
+    assert plan.spec.model_dump(mode="json") == json.loads(spec_json)
