@@ -14,6 +14,7 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_TYPES
 from kimideploy.config.workload_names import JOB_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.resolve import resolve
 from kimideploy.workloads.__main__ import WORKLOADS
 
@@ -43,3 +44,37 @@ def test_the_plan_carries_its_spec_and_the_release_names(
         if "spec.json" in o.values.get("data", {})
     )
     assert plan.spec.model_dump(mode="json") == json.loads(spec_json)
+
+
+# Fields the plan derives although the settings have one of the same name.
+DERIVED = {
+    "datagen": {"prompts", "endpoint"},
+    "bench": {"concurrency"},
+    "train": {"drafter", "online"},
+}
+
+
+@pytest.mark.parametrize("workload", JOB_WORKLOADS)
+def test_job_specs_carry_every_setting_of_the_same_name(
+    example: LoadedProject, workload: str
+) -> None:
+    overrides = {
+        "datagen": ("datagen.top_p=0.5", "datagen.chunk_samples=7"),
+        "extract": ("extract.backend=transformers",),
+        "vocab": (),
+        "train": ("train.seed=11", "train.lr=0.003", "train.draft_layers=2"),
+        "bench": ("bench.num_prompts=9",),
+    }[workload]
+    plan = resolve(example, PlanRequest(workload, "rtx6000", overrides=overrides, run_id="abc123"))
+    settings = getattr(resolve_settings(example, overrides), workload)
+    shared = set(type(plan.spec).model_fields) & set(type(settings).model_fields)
+    for name in shared - DERIVED.get(workload, set()):
+        assert getattr(plan.spec, name) == getattr(settings, name), name
+    for override in overrides:
+        name, value = override.split(".", 1)[1].split("=")
+        assert str(getattr(plan.spec, name)) == value
+
+
+def resolve_settings(example: LoadedProject, overrides: tuple[str, ...]) -> object:
+    project = apply_overrides(example.project, "rtx6000", overrides)
+    return project.clusters["rtx6000"].workloads

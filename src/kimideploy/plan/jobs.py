@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
 from kimideploy.config.drafters import to_vllm_layer_ids
@@ -20,6 +20,7 @@ from kimideploy.config.specs import (
     VocabSpec,
     WorkloadSpec,
 )
+from kimideploy.config.workloads import WorkloadSettings
 from kimideploy.plan import online, pods
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
 from kimideploy.plan.context import (
@@ -103,29 +104,40 @@ def serve_endpoint(ctx: Context) -> str:
     return f"http://{ctx.project.release_name('serve')}.{ctx.namespace}.svc:{port}"
 
 
+SpecT = TypeVar("SpecT", bound=WorkloadSpec)
+
+
+def spec_from(spec_type: type[SpecT], settings: WorkloadSettings, **derived: Any) -> SpecT:
+    """The spec with every field the settings also have, under the same name, copied as is, and
+    the rest given (paths, the target, values the plan derives): a new knob is declared in the
+    settings and the spec and read by the pod, with no copy here."""
+    own = type(settings).model_fields
+    copied = {
+        n: getattr(settings, n) for n in spec_type.model_fields if n in own and n not in derived
+    }
+    return spec_type(**copied, **derived)
+
+
 def datagen_spec(ctx: Context, run_id: str) -> DatagenSpec:
     settings = ctx.cluster.workloads.datagen
     endpoint = serve_endpoint(ctx) if settings.endpoint == "serve" else settings.endpoint
-    return DatagenSpec(
-        run_id=run_id, cluster=ctx.cluster_name, shards=settings.shards, target=ctx.target_ref(),
+    return spec_from(
+        DatagenSpec, settings,
+        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
         prompts=f"{DATASETS_MOUNT}/{settings.prompts}", output_dir=data_dirs(ctx)["conversations"],
-        samples=settings.samples, endpoint=endpoint, concurrency=settings.concurrency,
-        max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
-        request_timeout_s=settings.request_timeout_s, max_retries=settings.max_retries,
-        chunk_samples=settings.chunk_samples,
-        fingerprint=dataset_fingerprints(ctx)["conversations"],
+        endpoint=endpoint, fingerprint=dataset_fingerprints(ctx)["conversations"],
     )  # fmt: skip
 
 
 def extract_spec(ctx: Context, run_id: str, estimate: HiddenStateEstimate) -> ExtractSpec:
     settings = ctx.cluster.workloads.extract
     dirs = data_dirs(ctx)
-    return ExtractSpec(
-        run_id=run_id, cluster=ctx.cluster_name, shards=settings.shards, target=ctx.target_ref(),
+    return spec_from(
+        ExtractSpec, settings,
+        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
         conversations_dir=dirs["conversations"], output_dir=dirs["hidden_states"],
-        layers=ctx.layers(), dtype=settings.dtype, backend=settings.backend,
-        tensor_parallel_size=settings.gpus_per_shard, expected_bytes=estimate.total_bytes,
-        fingerprint=dataset_fingerprints(ctx)["hidden_states"],
+        layers=ctx.layers(), tensor_parallel_size=settings.gpus_per_shard,
+        expected_bytes=estimate.total_bytes, fingerprint=dataset_fingerprints(ctx)["hidden_states"],
     )  # fmt: skip
 
 
@@ -149,7 +161,8 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
     if online.is_online(ctx):
         gpus = online.check(ctx).trainer_gpus
         online_spec = online.online_spec(ctx, dirs["conversations"])
-    return TrainSpec(
+    return spec_from(
+        TrainSpec, settings,
         run_id=run_id, cluster=ctx.cluster_name, shards=settings.nodes, target=ctx.target_ref(),
         drafter=ctx.drafter_name,
         base_drafter_path=drafter_path(base, ctx.project.drafters[base]) if base else None,
@@ -157,12 +170,7 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
         checkpoint_dir=f"{dirs['checkpoints']}/{run_id}",
         output_dir=drafter_path(ctx.drafter_name, drafter), layers=ctx.layers(),
         draft_vocab_size=drafter.draft_vocab_size,
-        num_speculative_tokens=drafter.num_speculative_tokens, mode=settings.mode,
-        nodes=settings.nodes, gpus_per_node=gpus, epochs=settings.epochs,
-        lr=settings.lr, batch_size=settings.batch_size, max_seq_len=settings.max_seq_len,
-        checkpoint_every_steps=settings.checkpoint_every_steps,
-        draft_layers=settings.draft_layers,
-        convert_layer_convention=settings.convert_layer_convention, seed=settings.seed,
+        num_speculative_tokens=drafter.num_speculative_tokens, gpus_per_node=gpus,
         resume_dir=f"{dirs['checkpoints']}/{settings.resume_run}" if settings.resume_run else None,
         online=online_spec,
         data_fingerprint=dataset_fingerprints(ctx)[
@@ -174,11 +182,11 @@ def bench_spec(ctx: Context, run_id: str) -> BenchSpec:
     settings = ctx.cluster.workloads.bench
     endpoint = serve_endpoint(ctx)
     concurrency = ctx.bench_concurrency or settings.concurrency
-    return BenchSpec(
+    return spec_from(
+        BenchSpec, settings,
         run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(), endpoint=endpoint,
         metrics_url=f"{endpoint}/metrics", drafter=ctx.drafter_name,
-        prompt_sets=list(settings.prompt_sets), concurrency=sorted(concurrency),
-        num_prompts=settings.num_prompts, max_tokens=settings.max_tokens,
+        concurrency=sorted(concurrency),
         results_dir=f"{data_dirs(ctx)['bench']}/{run_id}",
         baseline_path=(
             f"{data_dirs(ctx)['bench']}/{settings.baseline_run}/result.json"
