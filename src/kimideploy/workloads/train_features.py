@@ -2,7 +2,7 @@
 
 offline: the files `kimideploy run extract` wrote, checked against the drafter by train_data.
 online: the target server beside the trainer (a vLLM 0.18 sidecar started with the extraction
-flags of config/extraction_engine.py) prefills each sample on request; its connector writes the
+flags of formats/extraction_engine.py) prefills each sample on request; its connector writes the
 states to a pod-local scratch directory, this module reads the file, checks it token by token,
 deletes it and hands the trainer the same tensors a stored sample holds. Nothing is stored, so a
 run is bounded by compute, not by the ~57 KB per token a stored dataset costs.

@@ -1,6 +1,6 @@
 #!/bin/sh
 # `kimideploy host check` probe: run on the host as `sh -s -- MODEL_PATH`. Each section starts with
-# `### name`; services/hostcheck.py parses them. Read-only: it changes nothing on the host.
+# `### name`; services/hosts/hostcheck.py parses them. Read-only: it changes nothing on the host.
 MODEL_PATH="$1"
 export PATH="$PATH:/usr/local/bin:/usr/sbin:/sbin"
 k() {

@@ -1,6 +1,6 @@
 """The promotion gate's arithmetic: which baseline is comparable, and keep or roll back.
 
-No cluster here: the orchestration (services/gate.py) feeds it stored bench results and the
+No cluster here: the orchestration (services/gate/gating.py) feeds it stored bench results and the
 result event of the bench pod, so every rule is unit-testable.
 """
 
