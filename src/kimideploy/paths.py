@@ -30,3 +30,9 @@ def dashboard_path() -> Path:
 
 def example_config_path() -> Path:
     return repository_root() / "kimideploy.yaml"
+
+
+def cache_root() -> Path:
+    """Versioned build products and caches (venvs, wheels, derived schemas): KIMIDEPLOY_CACHE, else
+    ~/.cache/kimideploy."""
+    return Path(os.environ.get("KIMIDEPLOY_CACHE", Path.home() / ".cache" / "kimideploy"))

@@ -114,3 +114,68 @@ def test_pod_monitor_follows_the_setting_and_the_cluster(example: LoadedProject)
     message = errors_for(bad)
     assert "PodMonitor/kimi-k25-serve: spec.podMetricsEndpoints[0]" in message
     assert "'intervall' was unexpected" in message and "'metrics' does not match '^/'" in message
+
+
+def _full_registry_validator(version: tuple[int, int], kind: str, api_version: str) -> Any:
+    """The package's own layout: the kind's file resolved against the whole definitions file."""
+    import json
+    import re
+
+    import jsonschema
+    from referencing import Registry, Resource
+
+    from kimideploy.render.schema import _folder
+
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = json.loads((_folder(version) / f"{kind.lower()}-{group}.json").read_text())
+    definitions = json.loads((_folder(version) / "_definitions.json").read_text())
+    registry = Registry().with_resource("_definitions.json", Resource.from_contents(definitions))
+    return jsonschema.Draft202012Validator(schema, registry=registry.crawl())
+
+
+def _broken(obj: dict[str, Any]) -> dict[str, Any]:
+    """Wrong types and unknown fields at every depth the object has."""
+    broken = copy.deepcopy(obj)
+
+    def spoil(node: Any, depth: int) -> None:
+        if isinstance(node, dict):
+            node[f"notAField{depth}"] = 1
+            for key, value in list(node.items()):
+                if isinstance(value, (dict, list)):
+                    spoil(value, depth + 1)
+                elif isinstance(value, str) and key not in ("apiVersion", "kind"):
+                    node[key] = 12345
+        elif isinstance(node, list):
+            for value in node:
+                spoil(value, depth + 1)
+
+    spoil(broken, 0)
+    return broken
+
+
+@pytest.mark.parametrize("workload", ["serve", "train", "datagen", "bench"])
+def test_each_kinds_reduced_schema_judges_like_the_full_definitions(
+    example: LoadedProject, workload: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation reads one self-contained schema per kind (its definitions only, cached on
+    disk); it must find exactly what the package's full definitions find, good or broken."""
+    import jsonschema
+
+    from kimideploy.render.schema import CRD_SCHEMAS, kind_schema, schema_version_for
+
+    monkeypatch.setenv("KIMIDEPLOY_CACHE", str(tmp_path))
+    drafter = "v3" if workload == "serve" else None
+    objects = render_workload(example, PlanRequest(workload, "b300", drafter)).objects
+    version = schema_version_for("1.33")
+    for obj in objects:
+        kind, api = obj["kind"], obj["apiVersion"]
+        if (kind, api) in CRD_SCHEMAS:
+            continue
+        for _read in ("fresh", "cached"):  # the second comes from the cache file
+            reduced = jsonschema.Draft202012Validator(kind_schema(version, kind, api))
+            full = _full_registry_validator(version, kind, api)
+            for candidate in (obj, _broken(obj)):
+                found = sorted(e.message for e in reduced.iter_errors(candidate))
+                assert found == sorted(e.message for e in full.iter_errors(candidate)), kind
+                assert bool(found) == (candidate is not obj), kind
+        assert list((tmp_path / "schemas").glob(f"{kind.lower()}-*.json"))

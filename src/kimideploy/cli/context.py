@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -11,20 +9,23 @@ import click
 from kimideploy.config.workload_names import WORKLOAD_NAMES
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from kimideploy.cli.outcome import PendingOutcome
     from kimideploy.config.loading import LoadedProject
 
 WORKLOAD_CHOICE = click.Choice(list(WORKLOAD_NAMES))
 
 
-@dataclass
 class CliState:
-    config_path: Path | None
-    debug: bool
-    _loaded: LoadedProject | None = field(default=None, repr=False)
-    _noted: bool = field(default=False, repr=False)
-    outcome: PendingOutcome | None = None
-    """Set by a command run with `-o json|yaml`; main prints it when the command fails."""
+    # A plain class, not a dataclass: `kimideploy --help` imports this module (dataclasses ~1 ms).
+    def __init__(self, config_path: Path | None, debug: bool) -> None:
+        self.config_path = config_path
+        self.debug = debug
+        self._loaded: LoadedProject | None = None
+        self._noted = False
+        self.outcome: PendingOutcome | None = None
+        """Set by a command run with `-o json|yaml`; main prints it when the command fails."""
 
     def project(self, changes: str | None = None) -> LoadedProject:
         """Load (once) the --config / KIMIDEPLOY_CONFIG file, ./kimideploy.yaml, or the built-in

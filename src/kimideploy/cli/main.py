@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kimideploy import __version__
 from kimideploy.cli.context import CliState
-from kimideploy.cli.outcome import failure_status
 from kimideploy.errors import ExitCode, KimiDeployError
+
+if TYPE_CHECKING:
+    pass
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("render_cmd", "Render a workload's validated manifests (or a Kustomize tree)."),
@@ -66,14 +68,32 @@ def _shortened(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
+def _terminal_width(max_width: int = 100) -> int:
+    """The help width click would compute, without its `import shutil` (and shutil's bz2 and
+    lzma) on every `--help`: $COLUMNS first, then the terminal, else 80, as shutil does."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        found = int(columns)
+    else:
+        try:
+            found = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            found = 80
+    return max(min(found, max_width) - 2, 50)
+
+
 @click.group(
     cls=LazyGroup,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+        "terminal_width": _terminal_width(),
+    },
 )
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(dir_okay=False),
     envvar="KIMIDEPLOY_CONFIG",
     help="Project file (also $KIMIDEPLOY_CONFIG; default: ./kimideploy.yaml, else the built-in "
     "example, which commands that change a cluster or host refuse).",
@@ -81,16 +101,20 @@ def _shortened(text: str, limit: int) -> str:
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="kimideploy")
 @click.pass_context
-def cli(ctx: click.Context, config_path: Path | None, debug: bool) -> None:
+def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
     """Deploy, train and measure EAGLE-3 speculative decoding for Kimi-K2.5 on Kubernetes.
 
     Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 cluster unreachable or
     forbidden, 4 rollout or job failed (or the gate rolled a drafter back), 130 interrupted.
     """
+    # pathlib is imported here, not at start-up: `kimideploy --help` never reaches this.
+    from pathlib import Path
+
+    path = Path(config_path) if config_path else None
     if isinstance(ctx.obj, CliState):  # main() made it, to read a pending outcome on failure
-        ctx.obj.config_path, ctx.obj.debug = config_path, debug
+        ctx.obj.config_path, ctx.obj.debug = path, debug
     else:
-        ctx.obj = CliState(config_path=config_path, debug=debug)
+        ctx.obj = CliState(config_path=path, debug=debug)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +148,8 @@ def _failed(
 ) -> int:
     pending = state.outcome
     if pending is not None:
+        from kimideploy.cli.outcome import failure_status
+
         status = failure_status(code, facts)
         known = {k: v for k, v in facts.items() if k in pending.keys}
         pending.print(code, status, reason, hint, known)

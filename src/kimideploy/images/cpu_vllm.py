@@ -24,7 +24,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from kimideploy.images.verify import cache_root, cached_wheel, vllm_venv
+from kimideploy.images.verify import cached_wheel, vllm_venv
+from kimideploy.paths import cache_root
 
 CPU_VLLM = "0.32.0"
 CPU_BUILDS = frozenset({CPU_VLLM})

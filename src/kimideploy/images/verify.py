@@ -20,11 +20,7 @@ from typing import Any
 from kimideploy.config.images import Image
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.images.dockerfile import constraints_path, patch_files, patchset_sha256
-from kimideploy.paths import repository_root
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KIMIDEPLOY_CACHE", Path.home() / ".cache" / "kimideploy"))
+from kimideploy.paths import cache_root, repository_root
 
 
 def _pip(python: str, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:

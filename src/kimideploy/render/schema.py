@@ -1,14 +1,17 @@
 """Strict OpenAPI validation against the schema of the cluster's Kubernetes version, offline.
 
 Schemas come from the kubernetes-validate package (its `-strict` variants reject unknown fields).
-Its own `validate()` re-reads the multi-megabyte definitions file on every call; this module loads
-each version's definitions once and keeps one compiled validator per kind.
+Its own `validate()` re-reads the multi-megabyte definitions file on every call; this module keeps
+one validator per kind, over a self-contained schema with only that kind's definitions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import json
+import os
 import re
 from functools import lru_cache
 from importlib import resources
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.errors import ManifestError
+from kimideploy.paths import cache_root
 
 
 @lru_cache(maxsize=1)
@@ -76,29 +80,68 @@ def _validator(version: tuple[int, int], kind: str, api_version: str) -> Any:
     custom = crd_schema(kind, api_version)
     if custom is not None:
         return jsonschema.Draft202012Validator(custom)
+    return jsonschema.Draft202012Validator(kind_schema(version, kind, api_version))
+
+
+def kind_schema(version: tuple[int, int], kind: str, api_version: str) -> dict[str, Any]:
+    """One kind's schema as a self-contained document holding only the definitions it reaches.
+
+    The package ships each kind's schema with references into one 1.4 MB definitions file;
+    loading and crawling that file cost more than validating. The reduced document is derived
+    once per (package files, kind) and kept under the cache root, keyed by the source files' size
+    and modification time, so a reinstalled package is read afresh."""
     group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     schema_file = _folder(version) / f"{kind.lower()}-{group}.json"
     if not schema_file.is_file():
         raise ManifestError(
             f"no schema for {kind} {api_version} in Kubernetes {version[0]}.{version[1]}"
         )
-    schema = json.loads(schema_file.read_text())
-    return jsonschema.Draft202012Validator(schema, registry=_registry(version))
+    definitions_file = _folder(version) / "_definitions.json"
+    stamp = hashlib.sha256(
+        "|".join(
+            f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+            for f in (schema_file, definitions_file)
+        ).encode()
+    ).hexdigest()[:16]
+    cached = cache_root() / "schemas" / f"{schema_file.stem}-{version[0]}.{version[1]}-{stamp}.json"
+    if cached.is_file():
+        loaded: dict[str, Any] = json.loads(cached.read_text())
+        return loaded
+    reduced = _self_contained(json.loads(schema_file.read_text()), definitions_file)
+    with contextlib.suppress(OSError):  # a read-only cache only costs the next run the same work
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+        partial.write_text(json.dumps(reduced))
+        partial.replace(cached)
+    return reduced
+
+
+DEFINITIONS_REF = "/api/_definitions.json#/$defs/"
+"""How a kind's file points into the definitions file (which points within itself as #/$defs/)."""
+
+
+def _self_contained(schema: dict[str, Any], definitions_file: Path) -> dict[str, Any]:
+    """The schema with its references pointed at its own `$defs`, holding every definition it
+    reaches (transitively) and no other."""
+    definitions = json.loads(definitions_file.read_text())["$defs"]
+    document = json.loads(json.dumps(schema).replace(DEFINITIONS_REF, "#/$defs/"))
+    needed: dict[str, Any] = {}
+    pending = _references(document)
+    while pending:
+        name = pending.pop()
+        if name not in needed:
+            needed[name] = definitions[name]
+            pending |= _references(needed[name]) - set(needed)
+    document["$defs"] = needed
+    return dict(document)
+
+
+def _references(node: dict[str, Any]) -> set[str]:
+    return set(re.findall(r'"\$ref": "#/\$defs/([^"]+)"', json.dumps(node)))
 
 
 def _folder(version: tuple[int, int]) -> Path:
     return _schema_root() / f"v{version[0]}.{version[1]}.0-local-strict"
-
-
-@lru_cache(maxsize=4)
-def _registry(version: tuple[int, int]) -> Any:
-    """The shared definitions, crawled once: crawling per kind dominated validation time."""
-    from referencing import Registry, Resource
-
-    definitions = json.loads((_folder(version) / "_definitions.json").read_text())
-    return (
-        Registry().with_resource("_definitions.json", Resource.from_contents(definitions)).crawl()
-    )
 
 
 def schema_errors(obj: dict[str, Any], kubernetes_version: str) -> list[str]:

@@ -21,7 +21,7 @@ from kimideploy.images.context import build_context, write_context
 from kimideploy.images.cpu_vllm import engine_python
 from kimideploy.images.dockerfile import get_image, render_dockerfile
 from kimideploy.images.lock import lock_digest
-from kimideploy.paths import repository_root
+from kimideploy.paths import cache_root, repository_root
 from kimideploy.plan.calibration import DEFAULT_LENGTHS, lengths_for
 from kimideploy.plan.context import drafter_path, target_model_path
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
@@ -280,14 +280,14 @@ def build_image(
         runner.close()
     if reference is None:
         return tag
-    building.record_build(checks.cache_root() / "builds", name, reference)
+    building.record_build(cache_root() / "builds", name, reference)
     return f"{reference}\nnext: kimideploy image lock {name}"
 
 
 def lock_image(config: Path, project: Project, name: str, digest: str | None) -> str:
     get_image(project, name)
     if digest is None:
-        record = checks.cache_root() / "builds" / f"{name}.json"
+        record = cache_root() / "builds" / f"{name}.json"
         if not record.is_file():
             raise UsageError(
                 f"no pushed build of {name} recorded",
