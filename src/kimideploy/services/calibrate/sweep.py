@@ -40,6 +40,7 @@ from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.services.gate.gating import (
     GateContext,
     GateOptions,
+    GateRun,
     bench_revision,
     gate_context,
     serves_like,
@@ -223,19 +224,17 @@ def calibrate(
     before = f"revision {found.revision} ({found.drafter})" if found else "nothing"
     if not (change.yes or reporter.confirm(f"calibrate, then restore {before}?")):
         raise KimiDeployError("cancelled; nothing was changed", hint="pass --yes to skip this")
-    change = replace(change, yes=True)
+    sweep = Sweep(session, loaded, plan, options, replace(change, yes=True), wait, reporter)
     latest: int | None = None
     try:
         if baseline is None:
-            baseline, latest = _measure_baseline(session, loaded, plan, found, options, change,
-                                                 wait, reporter)  # fmt: skip
+            baseline, latest = _measure_baseline(sweep, found)
             calibration = replace(calibration, baseline_run=baseline.run_id)
         for k, rendered in plan.revisions.items():
             if str(k) in calibration.runs:
                 continue
-            latest = _deploy(session, loaded, rendered, change, wait, reporter, f"k={k}")
-            calibration = _measure_k(session, loaded, plan, k, latest, baseline, calibration,
-                                     options, reporter)  # fmt: skip
+            latest = _deploy(sweep, rendered, f"k={k}")
+            calibration = _measure_k(sweep, k, latest, baseline, calibration)
             session.store_calibration(plan.calibration_id, calibration)
         calibration = replace(calibration, complete=True, measured_at=_now())
         session.store_calibration(plan.calibration_id, calibration)
@@ -244,14 +243,34 @@ def calibrate(
         raise
     except KimiDeployError as exc:
         session.store_calibration(plan.calibration_id, calibration)
-        restored = _restore(session, plan, found, latest, change, wait, reporter)
+        restored = _restore(sweep, found, latest)
         raise RolloutError(
             f"calibration stopped: {exc.message}; {restored}",
             hint="run the same `kimideploy run calibrate` again to resume at the next k "
             f"(measured so far: k={sorted(int(k) for k in calibration.runs) or 'none'})",
         ) from exc
-    reporter.info(_restore(session, plan, found, latest, change, wait, reporter))
+    reporter.info(_restore(sweep, found, latest))
     return calibration
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What every step of one calibration shares (the plan with its final id, and the change
+    options after the one confirmation)."""
+
+    session: ClusterSession
+    loaded: LoadedProject
+    plan: CalibrationPlan
+    options: CalibrateOptions
+    change: deploy.ChangeOptions
+    wait: deploy.WaitOptions
+    reporter: Reporter
+
+    def gate_run(self) -> GateRun:
+        return GateRun(
+            self.session, self.loaded, self.plan.gate, self.reporter,
+            bench_poll_s=self.options.bench_poll_s,
+        )  # fmt: skip
 
 
 def _fresh(plan: CalibrationPlan) -> Calibration:
@@ -297,65 +316,40 @@ def _stored_baseline(
     return chosen if not calibration.points else None
 
 
-def _deploy(
-    session: ClusterSession,
-    loaded: LoadedProject,
-    rendered: Rendered,
-    change: deploy.ChangeOptions,
-    wait: deploy.WaitOptions,
-    reporter: Reporter,
-    what: str,
-) -> int:
-    revision = deploy.revision_from_render(loaded, rendered, note=f"calibration revision ({what})")
-    reporter.info(f"calibrate: deploying the {what} revision")
-    return deploy.deploy(session, revision, change, wait, reporter, "calibrate").revision
+def _deploy(sweep: Sweep, rendered: Rendered, what: str) -> int:
+    note = f"calibration revision ({what})"
+    revision = deploy.revision_from_render(sweep.loaded, rendered, note=note)
+    sweep.reporter.info(f"calibrate: deploying the {what} revision")
+    return deploy.deploy(
+        sweep.session, revision, sweep.change, sweep.wait, sweep.reporter, "calibrate"
+    ).revision
 
 
-def _measure_baseline(
-    session: ClusterSession,
-    loaded: LoadedProject,
-    plan: CalibrationPlan,
-    found: ReleaseRecord | None,
-    options: CalibrateOptions,
-    change: deploy.ChangeOptions,
-    wait: deploy.WaitOptions,
-    reporter: Reporter,
-) -> tuple[StoredBench, int | None]:
+def _measure_baseline(sweep: Sweep, found: ReleaseRecord | None) -> tuple[StoredBench, int | None]:
+    plan, reporter = sweep.plan, sweep.reporter
     latest = None
     if found is not None and serves_like(found, plan.gate.serve_print):
         revision = found.revision
         reporter.info(f"calibrate: revision {revision} already serves without a drafter")
     else:
-        latest = revision = _deploy(session, loaded, plan.baseline, change, wait, reporter,
-                                    "non-speculative baseline")  # fmt: skip
+        latest = revision = _deploy(sweep, plan.baseline, "non-speculative baseline")
     request = PlanRequest("serve", plan.cluster, NO_DRAFTER, plan.baseline.plan.inputs["overrides"])
     try:
-        stored = bench_revision(session, loaded, request, revision,
-                                GateOptions(bench_poll_s=options.bench_poll_s), plan.gate,
-                                reporter)  # fmt: skip
+        stored = bench_revision(sweep.gate_run(), request, revision)
     except GateMeasurementError as exc:
         raise RolloutError(f"the non-speculative baseline could not be measured: {exc}") from exc
     return stored, latest
 
 
 def _measure_k(
-    session: ClusterSession,
-    loaded: LoadedProject,
-    plan: CalibrationPlan,
-    k: int,
-    revision: int,
-    baseline: StoredBench,
-    calibration: Calibration,
-    options: CalibrateOptions,
-    reporter: Reporter,
+    sweep: Sweep, k: int, revision: int, baseline: StoredBench, calibration: Calibration
 ) -> Calibration:
+    plan, reporter = sweep.plan, sweep.reporter
     request = PlanRequest("serve", plan.cluster, plan.drafter,
                           tuple(plan.revisions[k].plan.inputs["overrides"]),
                           synthetic=SyntheticAcceptance(k, plan.lengths[k]))  # fmt: skip
     try:
-        stored = bench_revision(session, loaded, request, revision,
-                                GateOptions(bench_poll_s=options.bench_poll_s), plan.gate,
-                                reporter)  # fmt: skip
+        stored = bench_revision(sweep.gate_run(), request, revision)
     except GateMeasurementError as exc:
         raise RolloutError(f"k={k}: {exc}") from exc
     points = points_from(k, stored.result, baseline.result)
@@ -404,24 +398,17 @@ def points_from(k: int, result: dict[str, Any], baseline: dict[str, Any]) -> lis
     return points
 
 
-def _restore(
-    session: ClusterSession,
-    plan: CalibrationPlan,
-    found: ReleaseRecord | None,
-    latest: int | None,
-    change: deploy.ChangeOptions,
-    wait: deploy.WaitOptions,
-    reporter: Reporter,
-) -> str:
+def _restore(sweep: Sweep, found: ReleaseRecord | None, latest: int | None) -> str:
     """Put back what served before the calibration; say what was done."""
+    session, plan, change = sweep.session, sweep.plan, sweep.change
     if latest is None:
         return "nothing was deployed, nothing to restore"
     try:
         if found is None:
-            deploy.down(session, plan.release, change, reporter)
+            deploy.down(session, plan.release, change, sweep.reporter)
             return "nothing served before the calibration, so the release was taken down again"
         deploy.rollback(session, plan.release, found.revision, False,
-                        replace(change, auto_rollback=False), wait, reporter,
+                        replace(change, auto_rollback=False), sweep.wait, sweep.reporter,
                         note=f"restored after calibration {plan.calibration_id}",
                         expect_serving=latest)  # fmt: skip
     except deploy.StaleRollbackError as exc:

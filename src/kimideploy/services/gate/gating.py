@@ -12,7 +12,7 @@ Order of work, chosen to spend as few 25-minute model loads as possible:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -69,6 +69,21 @@ class GateContext:
     bench_concurrency: tuple[int, ...]
     serve_print: str
     bench_print: str
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """What every step of one gate invocation shares: where it acts, the config, the gate's
+    context, how it changes the release and polls the bench, and how it reports. The steps take
+    this and only what varies between them."""
+
+    session: ClusterSession
+    loaded: LoadedProject
+    gate: GateContext
+    reporter: Reporter
+    change: deploy.ChangeOptions = field(default_factory=deploy.ChangeOptions)
+    wait: deploy.WaitOptions = field(default_factory=deploy.WaitOptions)
+    bench_poll_s: float = 5.0
 
 
 def _now() -> datetime:
@@ -136,18 +151,16 @@ def up_gated(
     if even:
         at = ", ".join(f"c={c} {r:.1%}" for c, r in even["rate"].items())
         reporter.info(f"gate: break-even acceptance rate {at} (step cost: {even['source']})")
-    baseline, note = _baseline(session, loaded, request, change, wait, options, gate, reporter)
+    run = GateRun(session, loaded, gate, reporter, change, wait, options.bench_poll_s)
+    baseline, note = _baseline(run, request)
     outcome = deploy.up(session, loaded, request, change, wait, reporter)
-    verdict = _measure_and_judge(
-        session, loaded, request, outcome.revision, options, gate, baseline, note, reporter
-    )
+    verdict = _measure_and_judge(run, request, outcome.revision, baseline, note)
     _record_verdict(session, gate.release, outcome.revision, verdict)
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
     if verdict.decision == KEEP:
         return outcome, verdict
     judged = {"release": gate.release, "revision": outcome.revision, "verdict": verdict.details()}
-    back = _roll_back(session, gate.release, outcome.revision, verdict, change, wait, reporter,
-                      judged)  # fmt: skip
+    back = _roll_back(run, outcome.revision, verdict, judged)
     raise GateRejectedError(
         f"drafter {drafter} was rolled back by the gate: {verdict.reason}",
         hint="`kimideploy history serve` shows the verdict; --gate-fail-open keeps a drafter "
@@ -156,16 +169,8 @@ def up_gated(
     )
 
 
-def _baseline(
-    session: ClusterSession,
-    loaded: LoadedProject,
-    request: PlanRequest,
-    change: deploy.ChangeOptions,
-    wait: deploy.WaitOptions,
-    options: GateOptions,
-    gate: GateContext,
-    reporter: Reporter,
-) -> tuple[StoredBench | None, str]:
+def _baseline(run: GateRun, request: PlanRequest) -> tuple[StoredBench | None, str]:
+    session, gate, reporter = run.session, run.gate, run.reporter
     stored, why = stored_baseline(session, gate)
     if stored is not None:
         reporter.info(f"gate: comparing with {why}")
@@ -181,12 +186,13 @@ def _baseline(
             "(one more model load, so that the comparison is like for like)"
         )
         revision = deploy.up(
-            session, loaded, replace(request, drafter=NO_DRAFTER), change, wait, reporter
-        ).revision
+            session, run.loaded, replace(request, drafter=NO_DRAFTER), run.change, run.wait,
+            reporter,
+        ).revision  # fmt: skip
     try:
-        return bench_revision(
-            session, loaded, replace(request, drafter=NO_DRAFTER), revision, options, gate, reporter
-        ), f"fresh baseline measured on revision {revision} ({why})"
+        return bench_revision(run, replace(request, drafter=NO_DRAFTER), revision), (
+            f"fresh baseline measured on revision {revision} ({why})"
+        )
     except GateMeasurementError as exc:
         if gate.settings.fail_open:
             reporter.info(f"gate: baseline failed ({exc}); fail-open: deploying the drafter anyway")
@@ -223,24 +229,17 @@ def serves_like(record: ReleaseRecord, serve_print: str) -> bool:
         return False
 
 
-def bench_revision(
-    session: ClusterSession,
-    loaded: LoadedProject,
-    request: PlanRequest,
-    revision: int,
-    options: GateOptions,
-    gate: GateContext,
-    reporter: Reporter,
-) -> StoredBench:
+def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredBench:
     """Run the bench workload against the serving revision and keep its result in the cluster."""
+    session, gate, reporter = run.session, run.gate, run.reporter
     bench_request = PlanRequest(
         "bench", gate.cluster, request.drafter, request.overrides, namespace=session.namespace,
         synthetic=request.synthetic, bench_concurrency=gate.bench_concurrency,
     )  # fmt: skip
-    started = batch_runs.start_run(session, loaded, bench_request, reporter)
+    started = batch_runs.start_run(session, run.loaded, bench_request, reporter)
     try:
         snapshot = batch_runs.follow_run(
-            session, started.job, started.run_id, reporter, poll_s=options.bench_poll_s
+            session, started.job, started.run_id, reporter, poll_s=run.bench_poll_s
         )
     except RolloutError as exc:
         raise GateMeasurementError(f"bench run {started.run_id} failed: {exc.message}") from exc
@@ -381,21 +380,14 @@ def _fingerprint_of(record: ReleaseRecord) -> str:
 
 
 def _measure_and_judge(
-    session: ClusterSession,
-    loaded: LoadedProject,
-    request: PlanRequest,
-    revision: int,
-    options: GateOptions,
-    gate: GateContext,
-    baseline: StoredBench | None,
-    note: str,
-    reporter: Reporter,
+    run: GateRun, request: PlanRequest, revision: int, baseline: StoredBench | None, note: str
 ) -> Verdict:
+    gate = run.gate
     settings = gate.settings
     base_run = baseline.run_id if baseline else None
     measured: StoredBench | None = None
     try:
-        measured = bench_revision(session, loaded, request, revision, options, gate, reporter)
+        measured = bench_revision(run, request, revision)
         if baseline is None:
             raise GateMeasurementError(note)
         keep, reason, levels = judge(
@@ -430,24 +422,17 @@ def _record_verdict(session: ClusterSession, release: str, revision: int, verdic
 
 
 def _roll_back(
-    session: ClusterSession,
-    release: str,
-    revision: int,
-    verdict: Verdict,
-    change: deploy.ChangeOptions,
-    wait: deploy.WaitOptions,
-    reporter: Reporter,
-    judged: dict[str, Any],
+    run: GateRun, revision: int, verdict: Verdict, judged: dict[str, Any]
 ) -> deploy.Outcome:
     try:
         return deploy.rollback(
-            session,
-            release,
+            run.session,
+            run.gate.release,
             None,
             True,
-            replace(change, yes=True, auto_rollback=False),
-            wait,
-            reporter,
+            replace(run.change, yes=True, auto_rollback=False),
+            run.wait,
+            run.reporter,
             note=f"gate rollback of revision {revision}: {verdict.reason}",
             expect_serving=revision,
         )
@@ -492,9 +477,8 @@ def judge_serving(
             "sync the drafter again",
         )
     reporter.info(f"gate: comparing with {why}")
-    verdict = _measure_and_judge(
-        session, loaded, request, revision, options, gate, baseline, why, reporter
-    )
+    run = GateRun(session, loaded, gate, reporter, bench_poll_s=options.bench_poll_s)
+    verdict = _measure_and_judge(run, request, revision, baseline, why)
     reporter.info(f"gate: {request.drafter} {verdict.summary()}")
     return gate.release, verdict
 
@@ -510,7 +494,8 @@ def measure_serving_baseline(
     this render, rolled out) and store the result as the gate's baseline."""
     gate, revision = _serving_gate(session, loaded, request, options)
     try:
-        stored = bench_revision(session, loaded, request, revision, options, gate, reporter)
+        run = GateRun(session, loaded, gate, reporter, bench_poll_s=options.bench_poll_s)
+        stored = bench_revision(run, request, revision)
     except GateMeasurementError as exc:
         raise RolloutError(
             f"gate: the baseline could not be measured: {exc}",
