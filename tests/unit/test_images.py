@@ -13,7 +13,7 @@ import pytest
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.images import build as building
-from kimideploy.images.context import build_context
+from kimideploy.images.build_context import build_context
 from kimideploy.images.dockerfile import default_image_name, render_dockerfile
 from kimideploy.images.lock import lock_digest
 from kimideploy.images.selfcheck import run as selfcheck

@@ -8,8 +8,8 @@ import json
 import click
 import pytest
 
-from kimideploy.cli.context import WORKLOAD_CHOICE
 from kimideploy.cli.run_cmds import JOB_CHOICE
+from kimideploy.cli.state import WORKLOAD_CHOICE
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_TYPES
 from kimideploy.config.workload_names import JOB_WORKLOADS, WORKLOAD_NAMES

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from kimideploy.cli.context import CliState
+from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kimideploy.cli.context import CliState
+from kimideploy.cli.state import CliState
 
 
 @click.group()

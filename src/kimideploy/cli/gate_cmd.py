@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from kimideploy.cli.context import CliState, plan_options
 from kimideploy.cli.outcome import RELEASE_KEYS, expect, outcome_option
+from kimideploy.cli.state import CliState, plan_options
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 from kimideploy.cli.up_cmd import levels_option
 from kimideploy.errors import ExitCode

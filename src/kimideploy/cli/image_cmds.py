@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kimideploy.cli.context import CliState
+from kimideploy.cli.state import CliState
 from kimideploy.cli.table import format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter
 

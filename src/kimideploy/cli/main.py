@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kimideploy import __version__
-from kimideploy.cli.context import CliState
+from kimideploy.cli.state import CliState
 from kimideploy.errors import ExitCode, KimiDeployError
 
 if TYPE_CHECKING:

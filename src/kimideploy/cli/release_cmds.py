@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from kimideploy.cli.context import CliState
 from kimideploy.cli.outcome import DOWN_KEYS, RELEASE_KEYS, expect, outcome_option, print_release
+from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 from kimideploy.errors import ExitCode

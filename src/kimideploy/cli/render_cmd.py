@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kimideploy.cli.context import WORKLOAD_CHOICE, CliState, plan_options
+from kimideploy.cli.state import WORKLOAD_CHOICE, CliState, plan_options
 
 
 @click.command()

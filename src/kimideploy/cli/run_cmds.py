@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from kimideploy.cli.calibrate_cmds import numbers, run_calibrate
-from kimideploy.cli.context import CliState, plan_options
 from kimideploy.cli.outcome import RUN_KEYS, expect, outcome_option
+from kimideploy.cli.state import CliState, plan_options
 from kimideploy.cli.table import format_table
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 from kimideploy.config.workload_names import JOB_WORKLOADS

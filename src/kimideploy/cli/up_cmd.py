@@ -8,8 +8,8 @@ from typing import Any
 import click
 from click.decorators import FC
 
-from kimideploy.cli.context import CliState, plan_options
 from kimideploy.cli.outcome import RELEASE_KEYS, expect, outcome_option, print_release
+from kimideploy.cli.state import CliState, plan_options
 from kimideploy.cli.terminal import TerminalReporter, cluster_options
 
 

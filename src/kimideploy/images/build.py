@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimideploy.errors import KimiDeployError
-from kimideploy.images.context import BuildContext
+from kimideploy.images.build_context import BuildContext
 from kimideploy.remote.runner import CommandResult, Runner
 
 BUILD_SCRIPT = 'set -eu\ndocker build --build-arg "VCS_REF=$3" --tag "$1" - < "$2"\n'

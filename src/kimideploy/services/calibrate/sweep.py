@@ -38,11 +38,11 @@ from kimideploy.plan.calibration import (
 )
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.services.gate.gating import (
-    GateContext,
     GateOptions,
     GateRun,
+    GateTerms,
     bench_revision,
-    gate_context,
+    gate_terms,
     serves_like,
     serving_record,
 )
@@ -75,7 +75,7 @@ class CalibrationPlan:
     baseline: Rendered
     revisions: dict[int, Rendered]
     lengths: dict[int, tuple[float, ...]]
-    gate: GateContext
+    gate: GateTerms
     image: str
     serve_fingerprint: str
     gpus: str
@@ -148,7 +148,7 @@ def plan_calibration(
     base_request = PlanRequest("serve", cluster, NO_DRAFTER, overrides,
                                namespace=session.namespace, image=options.image)  # fmt: skip
     baseline = render_workload(loaded, base_request)
-    gate = gate_context(session, loaded, base_request, GateOptions(concurrency=options.concurrency))
+    gate = gate_terms(session, loaded, base_request, GateOptions(concurrency=options.concurrency))
     plan = baseline.plan
     profile = project.clusters[plan.cluster]
     gpu = profile.gpu

@@ -60,7 +60,10 @@ class GateOptions:
 
 
 @dataclass(frozen=True)
-class GateContext:
+class GateTerms:
+    """What one gate judges by: the release, the comparable baseline's fingerprints, the levels it
+    needs and the settings (the config's, with the command line's overrides)."""
+
     release: str
     cluster: str
     image: str
@@ -79,7 +82,7 @@ class GateRun:
 
     session: ClusterSession
     loaded: LoadedProject
-    gate: GateContext
+    gate: GateTerms
     reporter: Reporter
     change: deploy.ChangeOptions = field(default_factory=deploy.ChangeOptions)
     wait: deploy.WaitOptions = field(default_factory=deploy.WaitOptions)
@@ -90,9 +93,9 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def gate_context(
+def gate_terms(
     session: ClusterSession, loaded: LoadedProject, request: PlanRequest, options: GateOptions
-) -> GateContext:
+) -> GateTerms:
     baseline = render_workload(
         loaded, replace(request, drafter=NO_DRAFTER, namespace=session.namespace)
     )
@@ -110,7 +113,7 @@ def gate_context(
     )
     bench = cluster.workloads.bench
     levels = settings.concurrency or bench.concurrency
-    return GateContext(
+    return GateTerms(
         release=baseline.plan.release,
         cluster=baseline.plan.cluster,
         image=baseline.plan.image,
@@ -141,7 +144,7 @@ def up_gated(
     if not wait.wait:
         raise UsageError("--gate needs to follow the rollout; drop --no-wait")
     session.ensure_namespace()
-    gate = gate_context(session, loaded, request, options)
+    gate = gate_terms(session, loaded, request, options)
     levels = ", ".join(sorted({f"c={c}" for _, c in gate.needed}, key=lambda s: int(s[2:])))
     reporter.info(
         f"gate: keep {drafter} only with >= {gate.settings.min_speedup:.2f}x output tokens/s "
@@ -205,7 +208,7 @@ def _baseline(run: GateRun, request: PlanRequest) -> tuple[StoredBench | None, s
         ) from exc
 
 
-def stored_baseline(session: ClusterSession, gate: GateContext) -> tuple[StoredBench | None, str]:
+def stored_baseline(session: ClusterSession, gate: GateTerms) -> tuple[StoredBench | None, str]:
     """The newest stored non-speculative bench result the gate may compare with, and why."""
     return pick_baseline(
         session.bench_results(gate.release),
@@ -507,10 +510,10 @@ def measure_serving_baseline(
 
 def _serving_gate(
     session: ClusterSession, loaded: LoadedProject, request: PlanRequest, options: GateOptions
-) -> tuple[GateContext, int]:
+) -> tuple[GateTerms, int]:
     """The gate's context for what serves now, after checking it is request's render and rolled
     out; and the kimideploy revision it is (0 when GitOps applied it, so there is none)."""
-    gate = gate_context(session, loaded, request, options)
+    gate = gate_terms(session, loaded, request, options)
     rendered = render_workload(loaded, replace(request, namespace=session.namespace))
     _require_serving(session, rendered, gate.release)
     record = serving_record(session, gate.release)

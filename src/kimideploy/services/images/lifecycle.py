@@ -17,7 +17,7 @@ from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.images import build as building
 from kimideploy.images import verify as checks
-from kimideploy.images.context import build_context, write_context
+from kimideploy.images.build_context import build_context, write_context
 from kimideploy.images.cpu_vllm import engine_python
 from kimideploy.images.dockerfile import get_image, render_dockerfile
 from kimideploy.images.lock import lock_digest
