@@ -119,7 +119,9 @@ def _record_findings(name: str, drafter: Drafter) -> list[CheckResult]:
 
 def serving_warnings(findings: list[CheckResult], name: str) -> list[str]:
     """The failed findings as the plan's warnings (the same judgement `up` refuses on)."""
-    return [f"drafter {name} {f.detail}" for f in findings if not f.ok]
+    return [
+        f"drafter {name} {f.detail}" + (f"; {f.fix}" if f.fix else "") for f in findings if not f.ok
+    ]
 
 
 def _token_findings(
