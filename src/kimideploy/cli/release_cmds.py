@@ -71,8 +71,9 @@ def rollback(
     session = _session(state, cluster, context, namespace, "rollback changes a cluster")
     change = deploy.ChangeOptions(yes=yes, auto_rollback=False)
     wait = deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace)
+    target = deploy.RollbackTo(to=to, no_spec=no_spec)
     outcome = deploy.rollback(
-        session, _release(state, workload), to, no_spec, change, wait, TerminalReporter()
+        session, _release(state, workload), target, change, wait, TerminalReporter()
     )
     if pending:
         print_release(pending, outcome)

@@ -407,10 +407,13 @@ def _restore(sweep: Sweep, found: ReleaseRecord | None, latest: int | None) -> s
         if found is None:
             deploy.down(session, plan.release, change, sweep.reporter)
             return "nothing served before the calibration, so the release was taken down again"
-        deploy.rollback(session, plan.release, found.revision, False,
-                        replace(change, auto_rollback=False), sweep.wait, sweep.reporter,
-                        note=f"restored after calibration {plan.calibration_id}",
-                        expect_serving=latest)  # fmt: skip
+        target = deploy.RollbackTo(
+            to=found.revision,
+            note=f"restored after calibration {plan.calibration_id}",
+            expect_serving=latest,
+        )
+        change = replace(change, auto_rollback=False)
+        deploy.rollback(session, plan.release, target, change, sweep.wait, sweep.reporter)
     except deploy.StaleRollbackError as exc:
         return f"not restored: {exc.message}"
     except KimiDeployError as exc:

@@ -428,16 +428,14 @@ def _roll_back(
     run: GateRun, revision: int, verdict: Verdict, judged: dict[str, Any]
 ) -> deploy.Outcome:
     try:
-        return deploy.rollback(
-            run.session,
-            run.gate.release,
-            None,
-            True,
-            replace(run.change, yes=True, auto_rollback=False),
-            run.wait,
-            run.reporter,
+        target = deploy.RollbackTo(
+            no_spec=True,
             note=f"gate rollback of revision {revision}: {verdict.reason}",
             expect_serving=revision,
+        )
+        change = replace(run.change, yes=True, auto_rollback=False)
+        return deploy.rollback(
+            run.session, run.gate.release, target, change, run.wait, run.reporter
         )
     except deploy.StaleRollbackError as exc:
         # Someone else's revision serves now: the drafter's revision is gone all the same.

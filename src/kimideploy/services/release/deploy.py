@@ -411,21 +411,31 @@ def _revision_from_record(record: ReleaseRecord, note: str) -> Revision:
     )
 
 
+@dataclass(frozen=True)
+class RollbackTo:
+    """Where a rollback goes: revision `to`, else (`no_spec`) the serving revision re-rendered with
+    drafter none, else the previous good one. `expect_serving` (the gate, a calibration) refuses
+    when another revision serves by then; `note` replaces the record's default note."""
+
+    to: int | None = None
+    no_spec: bool = False
+    note: str | None = None
+    expect_serving: int | None = None
+
+
 def rollback(
     session: ClusterSession,
     release: str,
-    to: int | None,
-    no_spec: bool,
+    target: RollbackTo,
     change: ChangeOptions,
     wait: WaitOptions,
     reporter: Reporter,
-    note: str | None = None,
-    expect_serving: int | None = None,
 ) -> Outcome:
-    """To the previous good revision, to --to N, or (--no-spec) the current one, drafter none.
-
-    The history is read under the lock, so the target is chosen from what is true when the
-    rollback applies; `expect_serving` (the gate) refuses if another revision serves by then."""
+    """Roll the release back to `target`. The history is read under the lock, so the revision is
+    chosen from what is true when the rollback applies."""
+    to, no_spec, note, expect_serving = (
+        target.to, target.no_spec, target.note, target.expect_serving
+    )  # fmt: skip
     with session.lock(release, "rollback") as lock:
         history = session.history(release)
         if not history:
@@ -446,8 +456,8 @@ def rollback(
         if no_spec:
             revision = non_speculative_revision(current)
         else:
-            target = _rollback_target(history, current, to)
-            revision = _revision_from_record(target, f"rollback to revision {target.revision}")
+            chosen = _rollback_target(history, current, to)
+            revision = _revision_from_record(chosen, f"rollback to revision {chosen.revision}")
         if note:
             revision = replace(revision, note=note)
         return deploy(session, revision, change, wait, reporter, "rollback", lock)

@@ -200,15 +200,14 @@ def watch_release(
                 reporter.info(f"ALERT: revision {serving.revision} ({serving.drafter}): {reason}")
                 watch.below = 0
             else:
+                note = f"watch rollback of revision {serving.revision}: {reason}"
                 deploy.rollback(
                     session,
                     release,
-                    None,
-                    True,
+                    deploy.RollbackTo(no_spec=True, note=note),
                     deploy.ChangeOptions(yes=True),
                     deploy.WaitOptions(),
                     reporter,
-                    note=f"watch rollback of revision {serving.revision}: {reason}",
                 )
                 return f"rolled back to non-speculative serving: {reason}"
         if max_windows is None or windows < max_windows:
