@@ -1,0 +1,1 @@
+"""`run calibrate`: the step-cost sweep, its stored calibrations and their report."""

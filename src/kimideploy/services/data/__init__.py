@@ -1,0 +1,1 @@
+"""Datasets on a data volume: `data inspect`."""

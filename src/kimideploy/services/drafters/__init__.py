@@ -1,0 +1,1 @@
+"""The drafter registry: listing and `drafter check`."""

@@ -1,0 +1,1 @@
+"""Image commands: list, Dockerfile, verify, build, lock."""

@@ -1,0 +1,1 @@
+"""The serve release: up, rollback, down (deploy.py), history and status, and the live watch."""
