@@ -1,1 +1,1 @@
-"""Pure readers and writers shared by the CLI and the pods (stdlib only, nothing of ours)."""
+"""Pure readers and writers shared by the CLI and the pods (stdlib at import, nothing of ours)."""
