@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,18 @@ def test_each_kinds_reduced_schema_judges_like_the_full_definitions(
                 assert found == sorted(e.message for e in full.iter_errors(candidate)), kind
                 assert bool(found) == (candidate is not obj), kind
         assert list((tmp_path / "schemas").glob(f"{kind.lower()}-*.json"))
+
+
+def test_a_damaged_schema_cache_file_is_derived_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache file cut short (a full disk, a killed run) must not break every later render."""
+    from kimideploy.render.schema import kind_schema, schema_version_for
+
+    monkeypatch.setenv("KIMIDEPLOY_CACHE", str(tmp_path))
+    version = schema_version_for("1.33")
+    good = kind_schema(version, "ConfigMap", "v1")
+    [cached] = (tmp_path / "schemas").glob("configmap-*.json")
+    cached.write_text(cached.read_text()[:100])
+    assert kind_schema(version, "ConfigMap", "v1") == good
+    assert json.loads(cached.read_text()) == good

@@ -5,16 +5,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from kimideploy import __version__
 from kimideploy.cli.state import CliState
 from kimideploy.errors import ExitCode, KimiDeployError
-
-if TYPE_CHECKING:
-    pass
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("render_cmd", "Render a workload's validated manifests (or a Kustomize tree)."),

@@ -48,6 +48,14 @@ def registry_findings(
 ) -> list[CheckResult]:
     """What the registry alone says about serving the drafter on `cluster` (no files needed),
     with the step cost `costs` measures there (else the cluster's constant)."""
+    findings = lineage_findings(project, drafter, cluster)
+    findings += _token_findings(project, drafter, cluster, costs, concurrency)
+    return findings + _record_findings(name, drafter)
+
+
+def lineage_findings(project: Project, drafter: Drafter, cluster: str | None) -> list[CheckResult]:
+    """Whether the drafter was trained for the checkpoint this cluster serves (serving it, or
+    fine-tuning from it, on another target wastes the run)."""
     cluster_name = cluster or project.default_cluster
     model = project.model_for(cluster_name)
     findings = []
@@ -85,8 +93,7 @@ def registry_findings(
                 blocking=False,
             )
         )
-    findings += _token_findings(project, drafter, cluster, costs, concurrency)
-    return findings + _record_findings(name, drafter)
+    return findings
 
 
 def _record_findings(name: str, drafter: Drafter) -> list[CheckResult]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
 from kimideploy.config.loading import LoadedProject
-from kimideploy.config.project import Project, variant_mismatch
+from kimideploy.config.project import Project
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import UsageError
@@ -19,7 +19,11 @@ from kimideploy.plan import calibration, jobs, online, serve
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.context import Context, deterministic_run_id, gated_levels
-from kimideploy.plan.drafter_judgement import registry_findings, serving_warnings
+from kimideploy.plan.drafter_judgement import (
+    lineage_findings,
+    registry_findings,
+    serving_warnings,
+)
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
@@ -417,14 +421,8 @@ def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
     warnings: list[str] = []
     drafter, project = ctx.drafter, ctx.project
     if drafter is not None and ctx.workload == "train":
-        if drafter.lineage.trained_for not in project.model_repos():
-            warnings.append(
-                f"drafter {ctx.drafter_name} was trained for {drafter.lineage.trained_for}, "
-                f"not {project.model.repo}"
-            )
-        mismatch = variant_mismatch(project, drafter, ctx.cluster_name)
-        if mismatch:
-            warnings.append(f"drafter {ctx.drafter_name} {mismatch}")
+        found = lineage_findings(project, drafter, ctx.cluster_name)
+        warnings += serving_warnings(found, ctx.drafter_name)
     warnings += serving_warnings(list(_drafter_findings(ctx)), ctx.drafter_name)
     if ctx.workload in ("train", "datagen") and drafter is not None:
         _, _, impossible = _training_target_fact(ctx)

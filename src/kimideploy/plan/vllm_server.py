@@ -47,8 +47,11 @@ def http_probe(
 
 def liveness_probe(port: int, initial_delay_s: int = 0) -> dict[str, Any]:
     """On /health, every 30 s, four misses: a wedged engine restarts, a slow step does not."""
-    probe = http_probe(HEALTH_PATH, port, 30, 10, 4)
-    if not initial_delay_s:
-        return probe
-    get, rest = probe.pop("httpGet"), probe
-    return {"httpGet": get, "initialDelaySeconds": initial_delay_s, **rest}
+    delay = {"initialDelaySeconds": initial_delay_s} if initial_delay_s else {}
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": port},
+        **delay,
+        "periodSeconds": 30,
+        "timeoutSeconds": 10,
+        "failureThreshold": 4,
+    }

@@ -104,10 +104,10 @@ def kind_schema(version: tuple[int, int], kind: str, api_version: str) -> dict[s
         ).encode()
     ).hexdigest()[:16]
     cached = cache_root() / "schemas" / f"{schema_file.stem}-{version[0]}.{version[1]}-{stamp}.json"
-    if cached.is_file():
+    with contextlib.suppress(OSError, ValueError):  # absent or damaged: derived again below
         loaded: dict[str, Any] = json.loads(cached.read_text())
         return loaded
-    reduced = _self_contained(json.loads(schema_file.read_text()), definitions_file)
+    reduced = _self_contained(json.loads(schema_file.read_text()), _definitions(version))
     with contextlib.suppress(OSError):  # a read-only cache only costs the next run the same work
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_name(f".{cached.name}.{os.getpid()}")
@@ -120,11 +120,17 @@ DEFINITIONS_REF = "/api/_definitions.json#/$defs/"
 """How a kind's file points into the definitions file (which points within itself as #/$defs/)."""
 
 
-def _self_contained(schema: dict[str, Any], definitions_file: Path) -> dict[str, Any]:
+@lru_cache(maxsize=4)
+def _definitions(version: tuple[int, int]) -> dict[str, Any]:
+    """The 1.4 MB definitions file, parsed once per run however many kinds miss the cache."""
+    parsed: dict[str, Any] = json.loads((_folder(version) / "_definitions.json").read_text())
+    return dict(parsed["$defs"])
+
+
+def _self_contained(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
     """The schema with its references pointed at its own `$defs`, holding every definition it
     reaches (transitively) and no other."""
-    definitions = json.loads(definitions_file.read_text())["$defs"]
-    document = json.loads(json.dumps(schema).replace(DEFINITIONS_REF, "#/$defs/"))
+    document: dict[str, Any] = json.loads(json.dumps(schema).replace(DEFINITIONS_REF, "#/$defs/"))
     needed: dict[str, Any] = {}
     pending = _references(document)
     while pending:
@@ -133,7 +139,7 @@ def _self_contained(schema: dict[str, Any], definitions_file: Path) -> dict[str,
             needed[name] = definitions[name]
             pending |= _references(needed[name]) - set(needed)
     document["$defs"] = needed
-    return dict(document)
+    return document
 
 
 def _references(node: dict[str, Any]) -> set[str]:
