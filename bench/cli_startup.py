@@ -22,6 +22,13 @@ KIMIDEPLOY = [str(Path(sys.executable).with_name("kimideploy"))]
 COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "python -c 'import click'": [sys.executable, "-c", "import click"],
+    # The floor under `render`: the libraries the house style makes it use (click for the CLI,
+    # pydantic for the strict config, Jinja for the templates, PyYAML for both ends), none of ours.
+    "import click, pydantic, jinja2, yaml": [
+        sys.executable,
+        "-c",
+        "import click, jinja2, yaml; from pydantic import BaseModel, Field",
+    ],
     "kimideploy --help": [*KIMIDEPLOY, "--help"],
     "kimideploy drafter list": [*KIMIDEPLOY, "drafter", "list"],
     "kimideploy render serve --drafter v3": [*KIMIDEPLOY, "render", "serve", "--drafter", "v3"],

@@ -195,3 +195,116 @@ def test_a_damaged_schema_cache_file_is_derived_again(
     cached.write_text(cached.read_text()[:100])
     assert kind_schema(version, "ConfigMap", "v1") == good
     assert json.loads(cached.read_text()) == good
+
+
+def _mutations(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """One change at each place in the object: null, removed, the wrong type, a bad enum."""
+    found: list[dict[str, Any]] = [obj, _broken(obj)]
+
+    def places(node: Any, path: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        children = node.items() if isinstance(node, dict) else enumerate(node)
+        out = [path] if path else []
+        for key, value in children:
+            out += (
+                places(value, (*path, key)) if isinstance(value, (dict, list)) else [(*path, key)]
+            )
+        return out
+
+    def changed(path: tuple[Any, ...], change: Any) -> dict[str, Any]:
+        copied = copy.deepcopy(obj)
+        parent = copied
+        for key in path[:-1]:
+            parent = parent[key]
+        change(parent, path[-1])
+        return copied
+
+    def retype(parent: Any, key: Any) -> None:
+        value = parent[key]
+        parent[key] = 7 if isinstance(value, str) else ["x"] if isinstance(value, dict) else "x"
+
+    def remove(parent: Any, key: Any) -> None:
+        del parent[key]
+
+    def nullify(parent: Any, key: Any) -> None:
+        parent[key] = None
+
+    def misspell(parent: Any, key: Any) -> None:
+        parent[key] = f"{parent[key]}x" if isinstance(parent[key], str) else True
+
+    for path in places(obj, ()):
+        if path[0] in ("apiVersion", "kind"):  # they choose the schema; judged apart
+            continue
+        found += [changed(path, change) for change in (retype, remove, nullify, misspell)]
+    return found
+
+
+@pytest.mark.parametrize("workload", ["serve", "train", "datagen", "bench", "extract"])
+def test_the_validator_finds_what_jsonschema_finds(example: LoadedProject, workload: str) -> None:
+    """render/json_schema.py stands in for the jsonschema package: on every rendered kind, and
+    on each object spoiled in every place it has, the same errors at the same paths, worded
+    the same."""
+    import jsonschema
+
+    from kimideploy.render.json_schema import SchemaValidator
+    from kimideploy.render.schema import crd_schema, kind_schema, schema_version_for
+
+    drafter = "v3" if workload == "serve" else None
+    request = PlanRequest(workload, "b300", drafter, monitoring_crd=True)
+    objects = render_workload(example, request).objects
+    version = schema_version_for("1.33")
+    compared = 0
+    for obj in objects:
+        kind, api = obj["kind"], obj["apiVersion"]
+        schema = crd_schema(kind, api) or kind_schema(version, kind, api)
+        ours = SchemaValidator(schema)
+        # The reduced schema judges like the package's full layout (the test above).
+        reference = jsonschema.Draft202012Validator(schema)
+        for candidate in _mutations(obj):
+            found = sorted((str(list(path)), message) for path, message in ours.errors(candidate))
+            expected = sorted(
+                (str(list(e.absolute_path)), e.message) for e in reference.iter_errors(candidate)
+            )
+            assert found == expected, (kind, candidate)
+            compared += 1
+    assert compared > 100
+
+
+def _schema_keywords(node: Any, found: set[str]) -> None:
+    """Every keyword used where a schema stands (not the names under properties or $defs)."""
+    if not isinstance(node, dict):
+        return
+    for keyword, value in node.items():
+        found.add(keyword)
+        if keyword in ("properties", "$defs", "patternProperties"):
+            for subschema in value.values():
+                _schema_keywords(subschema, found)
+        elif keyword in ("items", "additionalProperties", "not"):
+            _schema_keywords(value, found)
+        elif keyword in ("oneOf", "anyOf", "allOf", "prefixItems"):
+            for subschema in value:
+                _schema_keywords(subschema, found)
+
+
+def test_every_shipped_schema_uses_only_keywords_the_validator_applies() -> None:
+    """A schema package (or CRD schema) using a keyword json_schema.py does not implement must
+    fail here, not pass a user's render unchecked."""
+    from importlib import resources
+
+    from kimideploy.render.json_schema import ANNOTATIONS, KEYWORDS
+    from kimideploy.render.schema import _folder, available_versions
+
+    documents = [
+        json.loads(path.read_text())
+        for version in available_versions()
+        for path in _folder(version).glob("*.json")
+    ]
+    crds = resources.files("kimideploy.render") / "crd_schemas"
+    documents += [
+        json.loads(entry.read_text()) for entry in crds.iterdir() if entry.name.endswith(".json")
+    ]
+    found: set[str] = set()
+    for document in documents:
+        _schema_keywords(document, found)
+    unknown = {k for k in found if k not in KEYWORDS and k not in ANNOTATIONS}
+    assert {k for k in unknown if not k.startswith("x-kubernetes-")} == set()
+    assert {"$ref", "additionalProperties", "oneOf", "pattern"} <= found

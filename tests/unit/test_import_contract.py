@@ -191,3 +191,10 @@ def test_cli_path_loads_no_heavy_library(args: tuple[str, ...]) -> None:
 def test_help_does_not_even_load_pydantic_or_jinja() -> None:
     loaded = loaded_modules("--help")
     assert not loaded & {"pydantic", "jinja2", "jsonschema", "yaml"}
+
+
+def test_render_validates_without_the_jsonschema_package() -> None:
+    """render/json_schema.py applies the schemas; importing jsonschema (with referencing, attrs
+    and rpds) would cost more than the rest of `render` (issue 18's start-up budget)."""
+    loaded = loaded_modules("render", "serve", "--drafter", "v3")
+    assert not loaded & {"jsonschema", "referencing", "rpds", "attrs", "kubernetes_validate"}

@@ -2,7 +2,8 @@
 
 Schemas come from the kubernetes-validate package (its `-strict` variants reject unknown fields).
 Its own `validate()` re-reads the multi-megabyte definitions file on every call; this module keeps
-one validator per kind, over a self-contained schema with only that kind's definitions.
+one validator per kind, over a self-contained schema with only that kind's definitions, applied by
+render/json_schema.py (the package's schemas without the jsonschema package's import cost).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from kimideploy.errors import ManifestError
 from kimideploy.paths import cache_root
+from kimideploy.render.json_schema import SchemaValidator
 
 
 @lru_cache(maxsize=1)
@@ -74,13 +76,11 @@ def crd_schema(kind: str, api_version: str) -> dict[str, Any] | None:
 
 
 @lru_cache(maxsize=64)
-def _validator(version: tuple[int, int], kind: str, api_version: str) -> Any:
-    import jsonschema
-
+def _validator(version: tuple[int, int], kind: str, api_version: str) -> SchemaValidator:
     custom = crd_schema(kind, api_version)
     if custom is not None:
-        return jsonschema.Draft202012Validator(custom)
-    return jsonschema.Draft202012Validator(kind_schema(version, kind, api_version))
+        return SchemaValidator(custom)
+    return SchemaValidator(kind_schema(version, kind, api_version))
 
 
 def kind_schema(version: tuple[int, int], kind: str, api_version: str) -> dict[str, Any]:
@@ -155,9 +155,9 @@ def schema_errors(obj: dict[str, Any], kubernetes_version: str) -> list[str]:
     version = schema_version_for(kubernetes_version)
     validator = _validator(version, obj.get("kind", "?"), obj.get("apiVersion", "?"))
     errors = []
-    for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
-        path = _json_path(error.absolute_path)
-        errors.append(f"{path or '(object)'}: {_short(error.message)}")
+    for where, message in sorted(validator.errors(obj), key=lambda e: list(map(str, e[0]))):
+        path = _json_path(where)
+        errors.append(f"{path or '(object)'}: {_short(message)}")
     return errors
 
 
