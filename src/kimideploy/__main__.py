@@ -1,5 +1,5 @@
 """`python -m kimideploy` runs the CLI."""
 
-from kimideploy.cli.main import entrypoint
+from kimideploy.cli.launch import entrypoint
 
 entrypoint()

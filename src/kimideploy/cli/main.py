@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Any
 
 import click
 
 from kimideploy import __version__
+from kimideploy.cli.root_help import MAX_HELP_WIDTH, terminal_width
 from kimideploy.cli.state import CliState
 from kimideploy.errors import ExitCode, KimiDeployError
 
@@ -65,26 +65,12 @@ def _shortened(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
-def _terminal_width(max_width: int = 100) -> int:
-    """The help width click would compute, without its `import shutil` (and shutil's bz2 and
-    lzma) on every `--help`: $COLUMNS first, then the terminal, else 80, as shutil does."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        found = int(columns)
-    else:
-        try:
-            found = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            found = 80
-    return max(min(found, max_width) - 2, 50)
-
-
 @click.group(
     cls=LazyGroup,
     context_settings={
         "help_option_names": ["-h", "--help"],
-        "max_content_width": 100,
-        "terminal_width": _terminal_width(),
+        "max_content_width": MAX_HELP_WIDTH,
+        "terminal_width": terminal_width(),
     },
 )
 @click.option(
@@ -153,5 +139,7 @@ def _failed(
     return int(code)
 
 
-def entrypoint() -> None:
-    sys.exit(main())
+def root_help_text() -> str:
+    """What `kimideploy --help` prints: click's own rendering of the group's help."""
+    with cli.make_context("kimideploy", [], resilient_parsing=True) as ctx:
+        return ctx.get_help() + "\n"
