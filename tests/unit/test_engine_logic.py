@@ -8,7 +8,7 @@ import pytest
 
 from kimideploy.cluster import records
 from kimideploy.cluster.jobs import parse_indexes
-from kimideploy.cluster.rollout import classify
+from kimideploy.cluster.rollout import Snapshot, classify
 from kimideploy.services.runs.progress import aggregate, parse_events
 
 UID = "dep-uid"
@@ -46,9 +46,8 @@ def state(
     seconds: float = 0.0,
     **kw: Any,
 ) -> Any:
-    return classify(
-        deployment(**kw), SETS, pods, events or {}, lambda _pod, _state: seconds, 2700, 120
-    )
+    snapshot = Snapshot(deployment(**kw), SETS, pods, events or {})
+    return classify(snapshot, lambda _pod, _state: seconds, 2700, 120)
 
 
 def test_ready_needs_the_deployment_counts_not_just_a_ready_pod() -> None:
@@ -60,7 +59,7 @@ def test_ready_needs_the_deployment_counts_not_just_a_ready_pod() -> None:
 def test_unobserved_generation_is_waiting() -> None:
     d = deployment()
     d["status"]["observedGeneration"] = 1
-    assert classify(d, SETS, [], {}, lambda *_: 0, 2700, 120).phase == "waiting"
+    assert classify(Snapshot(d, SETS, [], {}), lambda *_: 0, 2700, 120).phase == "waiting"
 
 
 def test_failed_scheduling_is_a_failure_only_after_the_grace() -> None:

@@ -18,6 +18,7 @@ from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.online import SCRATCH_MOUNT, server_args
 from kimideploy.plan.resolve import resolve
+from kimideploy.plan.vllm_server import ServerBase
 from kimideploy.workloads import dataset_record
 from kimideploy.workloads.extract_vllm import engine_kwargs
 from kimideploy.workloads.runtime import BadInputError
@@ -38,10 +39,13 @@ def test_each_b300_trainer_pod_runs_the_target_on_half_its_gpus(example: LoadedP
     assert server["image"].startswith("ghcr.io/kimideploy/vllm@")  # the extraction image
     assert server["command"] == ["vllm", "serve", "/models/hub/moonshotai/Kimi-K2.5/"
                                  "3d2f1c0b9a8e7d6c5b4a39281706f5e4d3c2b1a0"]  # fmt: skip
-    assert server["args"] == server_args(
+    expected = ServerBase(
         served_name="kimi-k2.5", port=8000, tensor_parallel_size=4, max_model_len=8194,
-        gpu_memory_utilization=0.9, dtype="bfloat16", trust_remote_code=True,
-        vllm_ids=[2, 30, 58], num_hidden_layers=61, storage=SCRATCH_MOUNT,
+        gpu_memory_utilization=0.9, trust_remote_code=True,
+    )  # fmt: skip
+    assert server["args"] == server_args(
+        expected, dtype="bfloat16", vllm_ids=[2, 30, 58], num_hidden_layers=61,
+        storage=SCRATCH_MOUNT,
     )  # fmt: skip
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert job["resources"]["limits"]["nvidia.com/gpu"] == "4"

@@ -24,6 +24,7 @@ import pytest
 
 from kimideploy.config.specs import OnlineTrainSpec
 from kimideploy.plan.online import server_args
+from kimideploy.plan.vllm_server import ServerBase
 from tests.conftest import REPO
 from tests.workloads.conftest import HERE, free_port
 from tests.workloads.test_train import (
@@ -64,9 +65,10 @@ def online_settings(url: str, storage: Path, conversations: Path, **changes: Any
 def flags(
     port: int, storage: Path, served: str = "tiny", ids: tuple[int, ...] = (1, 2)
 ) -> list[str]:
-    return server_args(served_name=served, port=port, tensor_parallel_size=1, max_model_len=514,
-                       gpu_memory_utilization=0.9, dtype="float32", trust_remote_code=True,
-                       vllm_ids=list(ids), num_hidden_layers=4, storage=str(storage))  # fmt: skip
+    server = ServerBase(served_name=served, port=port, tensor_parallel_size=1, max_model_len=514,
+                        gpu_memory_utilization=0.9, trust_remote_code=True)  # fmt: skip
+    return server_args(server, dtype="float32", vllm_ids=list(ids), num_hidden_layers=4,
+                       storage=str(storage))  # fmt: skip
 
 
 def start_server(

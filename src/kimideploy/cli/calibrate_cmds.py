@@ -34,8 +34,7 @@ def run_calibrate(
     context: str | None,
     namespace: str | None,
     options: Any,
-    change: Any,
-    wait: Any,
+    apply: Any,
     quiet: bool = False,
 ) -> Any:
     """Measure and store; `quiet` leaves stdout to the caller's outcome document."""
@@ -48,7 +47,7 @@ def run_calibrate(
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
     plan = plan_calibration(session, loaded, cluster, drafter, overrides, options)
-    result = calibrate(session, loaded, plan, options, change, wait, reporter)
+    result = calibrate(session, loaded, plan, options, apply, reporter)
     calibrations.stored(session, loaded, result.cluster)  # refresh the local copy
     if quiet:
         return result

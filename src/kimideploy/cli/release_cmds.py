@@ -69,12 +69,12 @@ def rollback(
     if no_spec and to is not None:
         raise UsageError("--no-spec and --to exclude each other")
     session = _session(state, cluster, context, namespace, "rollback changes a cluster")
-    change = deploy.ChangeOptions(yes=yes, auto_rollback=False)
-    wait = deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace)
-    target = deploy.RollbackTo(to=to, no_spec=no_spec)
-    outcome = deploy.rollback(
-        session, _release(state, workload), target, change, wait, TerminalReporter()
+    apply = deploy.ApplyOptions(
+        deploy.ChangeOptions(yes=yes, auto_rollback=False),
+        deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace),
     )
+    target = deploy.RollbackTo(to=to, no_spec=no_spec)
+    outcome = deploy.rollback(session, _release(state, workload), target, apply, TerminalReporter())
     if pending:
         print_release(pending, outcome)
         return

@@ -92,10 +92,11 @@ def run(
         options = CalibrateOptions(ks=ks or DEFAULT_KS, lengths=lengths or DEFAULT_LENGTHS,
                                    concurrency=levels, image=image, again=again,
                                    bench_poll_s=poll)  # fmt: skip
-        change = deploy.ChangeOptions(yes=yes)
-        wait = deploy.WaitOptions(True, timeout, poll, scheduling_grace)
+        apply = deploy.ApplyOptions(
+            deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, scheduling_grace)
+        )
         result = run_calibrate(state, cluster, drafter, overrides, context, namespace, options,
-                               change, wait, quiet=pending is not None)  # fmt: skip
+                               apply, quiet=pending is not None)  # fmt: skip
         if pending:
             done = "complete" if result.complete else "incomplete"
             pending.print(ExitCode.OK, done, f"calibration of {result.cluster} is {done}",

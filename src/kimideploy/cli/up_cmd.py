@@ -150,11 +150,13 @@ def up(
             err=True,
         )
         return
-    change = deploy.ChangeOptions(yes=yes, force=force, auto_rollback=not no_auto_rollback)
-    wait = deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace)
+    apply = deploy.ApplyOptions(
+        deploy.ChangeOptions(yes=yes, force=force, auto_rollback=not no_auto_rollback),
+        deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace),
+    )
     reporter = TerminalReporter()
     if not gate:
-        outcome = deploy.up(session, loaded, request, change, wait, reporter)
+        outcome = deploy.up(session, loaded, request, apply, reporter)
         if pending:
             print_release(pending, outcome)
             return
@@ -165,7 +167,7 @@ def up(
     from kimideploy.services.gate.gating import GateOptions, up_gated
 
     options = GateOptions(min_speedup, at_concurrency, gate_fail_open, bench_poll_s=poll)
-    outcome, verdict = up_gated(session, loaded, request, change, wait, options, reporter)
+    outcome, verdict = up_gated(session, loaded, request, apply, options, reporter)
     if pending:
         print_release(pending, outcome, verdict)
         return

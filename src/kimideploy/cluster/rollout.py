@@ -65,15 +65,8 @@ class RolloutWatcher:
             for p in pods
             if not p.get("spec", {}).get("nodeName")
         }
-        return classify(
-            deployment,
-            sets.get("items", []),
-            pods,
-            events,
-            self._elapsed,
-            self.startup_budget_s,
-            self.scheduling_grace_s,
-        )
+        snapshot = Snapshot(deployment, sets.get("items", []), pods, events)
+        return classify(snapshot, self._elapsed, self.startup_budget_s, self.scheduling_grace_s)
 
     def _elapsed(self, pod: str, state: str) -> float:
         return time.monotonic() - self.first_seen.setdefault((pod, state), time.monotonic())
@@ -98,16 +91,24 @@ def _newest_hash(deployment: dict[str, Any], replica_sets: list[dict[str, Any]])
     return hash_value
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What one poll read: the Deployment, its ReplicaSets, its pods, and the events of the pods
+    not yet on a node (why they are not)."""
+
+    deployment: dict[str, Any]
+    replica_sets: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    events: dict[str, list[dict[str, Any]]]
+
+
 def classify(
-    deployment: dict[str, Any],
-    replica_sets: list[dict[str, Any]],
-    pods: list[dict[str, Any]],
-    events: dict[str, list[dict[str, Any]]],
-    elapsed: Callable[[str, str], float],
-    budget: float,
-    grace: float,
+    snapshot: Snapshot, elapsed: Callable[[str, str], float], budget: float, grace: float
 ) -> RolloutState:
-    """Decide the rollout's phase from one snapshot; `elapsed(pod, state)` gives seconds seen."""
+    """Decide the rollout's phase from one snapshot; `elapsed(pod, state)` gives seconds seen,
+    `budget` is the startup probe's and `grace` how long a pod may wait to be scheduled."""
+    deployment, replica_sets = snapshot.deployment, snapshot.replica_sets
+    pods, events = snapshot.pods, snapshot.events
     status, spec = deployment.get("status", {}), deployment["spec"]
     for condition in status.get("conditions", []):
         if (

@@ -119,7 +119,7 @@ def _variant_issues(project: Project) -> list[Issue]:
 
 
 MODEL_TREE = "hub"
-"""Top folder of the models volume that `host sync-model` fills (plan/context.target_model_path)."""
+"""Top folder of the models volume that `host sync-model` fills (plan/inputs.target_model_path)."""
 HUB_DRAFTERS = "drafters"
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kimideploy.config.base import quantity_to_float
 from kimideploy.config.project import Project
-from kimideploy.plan.context import Context
+from kimideploy.plan.inputs import PlanInputs
 from kimideploy.plan.model import ObjectPlan
 from kimideploy.plan.pods import LABEL_PREFIX, standard_labels
 from kimideploy.plan.storage import (
@@ -27,7 +27,7 @@ WORKLOAD_CLAIMS: dict[str, dict[str, bool]] = {
 }
 
 
-def workload_claims(ctx: Context) -> dict[str, bool]:
+def workload_claims(ctx: PlanInputs) -> dict[str, bool]:
     """The claims this plan's pods mount; online training stores no hidden states."""
     claims = dict(WORKLOAD_CLAIMS[ctx.workload])
     if ctx.workload == "train" and ctx.cluster.workloads.train.mode == "online":
@@ -52,7 +52,7 @@ class HiddenStateEstimate:
         )
 
 
-def estimate_hidden_states(project: Project, ctx: Context) -> HiddenStateEstimate:
+def estimate_hidden_states(project: Project, ctx: PlanInputs) -> HiddenStateEstimate:
     """Size the hidden-state claim from what extraction will write for the train drafter."""
     cluster = ctx.cluster
     drafter = project.drafters[cluster.workloads.train.drafter]
@@ -72,7 +72,7 @@ def estimate_hidden_states(project: Project, ctx: Context) -> HiddenStateEstimat
     )
 
 
-def claim_objects(ctx: Context, estimate: HiddenStateEstimate) -> list[ObjectPlan]:
+def claim_objects(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[ObjectPlan]:
     objects = []
     for claim in workload_claims(ctx):
         setting = getattr(ctx.cluster.storage, claim)

@@ -18,7 +18,7 @@ from typing import Any
 
 from kimideploy.paths import dashboard_path
 from kimideploy.plan import calibration
-from kimideploy.plan.context import Context, gated_levels
+from kimideploy.plan.inputs import PlanInputs, gated_levels
 from kimideploy.plan.model import ObjectPlan
 
 ACCEPTANCE_RATE_PANEL = 1
@@ -35,7 +35,7 @@ def dashboard_file_name(release: str) -> str:
     return f"kimideploy-{release}.json"
 
 
-def release_dashboard(ctx: Context, break_even_rate: float | None) -> dict[str, Any]:
+def release_dashboard(ctx: PlanInputs, break_even_rate: float | None) -> dict[str, Any]:
     """The shipped dashboard for this release (a deep copy; the shipped one stays as it is)."""
     dashboard = copy.deepcopy(shipped_dashboard())
     where = f"{ctx.namespace}/{ctx.release}"
@@ -66,7 +66,7 @@ def release_dashboard(ctx: Context, break_even_rate: float | None) -> dict[str, 
     return dashboard
 
 
-def dashboard_object(ctx: Context, common: dict[str, Any]) -> ObjectPlan | None:
+def dashboard_object(ctx: PlanInputs, common: dict[str, Any]) -> ObjectPlan | None:
     """The release's dashboard ConfigMap, or None where serve.grafana_dashboard is off."""
     settings = ctx.cluster.workloads.serve.grafana_dashboard
     if not settings.enabled:

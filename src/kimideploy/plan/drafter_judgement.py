@@ -12,7 +12,7 @@ from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.drafter_files import Expected
 from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup
-from kimideploy.plan.context import drafter_path
+from kimideploy.plan.inputs import drafter_path
 
 
 def serving_vllm(project: Project, cluster: str | None) -> str:

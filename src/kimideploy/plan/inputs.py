@@ -21,7 +21,10 @@ CHECKPOINTS_MOUNT = "/checkpoints"
 
 
 @dataclass(frozen=True)
-class Context:
+class PlanInputs:
+    """What every part of a plan is decided from: the project, the request, and the cluster,
+    drafter and image it names after defaults and overrides (the `ctx` of the plan modules)."""
+
     project: Project
     config_sha256: str
     workload: str
@@ -87,7 +90,7 @@ class Context:
         )
 
 
-def gated_levels(ctx: Context) -> list[int]:
+def gated_levels(ctx: PlanInputs) -> list[int]:
     """The concurrencies the gate decides at (gate.concurrency, else the bench's)."""
     return list(ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency)
 
@@ -110,5 +113,5 @@ def deterministic_run_id(config_sha256: str, *parts: object) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:6]
 
 
-def is_speculative(ctx: Context) -> bool:
+def is_speculative(ctx: PlanInputs) -> bool:
     return ctx.drafter_name != NO_DRAFTER

@@ -23,11 +23,11 @@ from kimideploy.config.specs import (
 from kimideploy.config.workloads import WorkloadSettings
 from kimideploy.plan import online, pods
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
-from kimideploy.plan.context import (
+from kimideploy.plan.inputs import (
     CHECKPOINTS_MOUNT,
     DATASETS_MOUNT,
     HIDDEN_STATES_MOUNT,
-    Context,
+    PlanInputs,
     drafter_path,
 )
 from kimideploy.plan.model import ObjectPlan
@@ -38,7 +38,7 @@ FINISHED_JOB_TTL_S = 7 * 24 * 3600
 INDEX_ANNOTATION = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
-def dataset_fingerprints(ctx: Context) -> dict[str, dict[str, Any]]:
+def dataset_fingerprints(ctx: PlanInputs) -> dict[str, dict[str, Any]]:
     """What each dataset of the train drafter's pipeline is made from (config.fingerprints).
 
     `samples` is not part of the conversations' fingerprint: raising it adds samples to the same
@@ -84,7 +84,7 @@ def dataset_fingerprints(ctx: Context) -> dict[str, dict[str, Any]]:
     return {"conversations": conversations, "hidden_states": features, "vocab": vocab}
 
 
-def data_dirs(ctx: Context) -> dict[str, str]:
+def data_dirs(ctx: PlanInputs) -> dict[str, str]:
     """Where one drafter's data lives: keyed by the drafter the pipeline is building, and each
     dataset by its fingerprint id (what made it), so no run reads or extends another's data."""
     drafter = ctx.cluster.workloads.train.drafter if ctx.workload != "bench" else ctx.drafter_name
@@ -99,7 +99,7 @@ def data_dirs(ctx: Context) -> dict[str, str]:
     }
 
 
-def serve_endpoint(ctx: Context) -> str:
+def serve_endpoint(ctx: PlanInputs) -> str:
     port = ctx.cluster.workloads.serve.port
     return f"http://{ctx.project.release_name('serve')}.{ctx.namespace}.svc:{port}"
 
@@ -118,7 +118,7 @@ def spec_from(spec_type: type[SpecT], settings: WorkloadSettings, **derived: Any
     return spec_type(**copied, **derived)
 
 
-def datagen_spec(ctx: Context, run_id: str) -> DatagenSpec:
+def datagen_spec(ctx: PlanInputs, run_id: str) -> DatagenSpec:
     settings = ctx.cluster.workloads.datagen
     endpoint = serve_endpoint(ctx) if settings.endpoint == "serve" else settings.endpoint
     return spec_from(
@@ -129,7 +129,7 @@ def datagen_spec(ctx: Context, run_id: str) -> DatagenSpec:
     )  # fmt: skip
 
 
-def extract_spec(ctx: Context, run_id: str, estimate: HiddenStateEstimate) -> ExtractSpec:
+def extract_spec(ctx: PlanInputs, run_id: str, estimate: HiddenStateEstimate) -> ExtractSpec:
     settings = ctx.cluster.workloads.extract
     dirs = data_dirs(ctx)
     return spec_from(
@@ -141,7 +141,7 @@ def extract_spec(ctx: Context, run_id: str, estimate: HiddenStateEstimate) -> Ex
     )  # fmt: skip
 
 
-def vocab_spec(ctx: Context, run_id: str) -> VocabSpec:
+def vocab_spec(ctx: PlanInputs, run_id: str) -> VocabSpec:
     assert ctx.drafter is not None
     dirs = data_dirs(ctx)
     return VocabSpec(
@@ -152,7 +152,7 @@ def vocab_spec(ctx: Context, run_id: str) -> VocabSpec:
     )  # fmt: skip
 
 
-def train_spec(ctx: Context, run_id: str) -> TrainSpec:
+def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
     settings, drafter = ctx.cluster.workloads.train, ctx.drafter
     assert drafter is not None
     base = settings.base_drafter
@@ -178,7 +178,7 @@ def train_spec(ctx: Context, run_id: str) -> TrainSpec:
     )  # fmt: skip
 
 
-def bench_spec(ctx: Context, run_id: str) -> BenchSpec:
+def bench_spec(ctx: PlanInputs, run_id: str) -> BenchSpec:
     settings = ctx.cluster.workloads.bench
     endpoint = serve_endpoint(ctx)
     concurrency = ctx.bench_concurrency or settings.concurrency
@@ -197,7 +197,7 @@ def bench_spec(ctx: Context, run_id: str) -> BenchSpec:
     )  # fmt: skip
 
 
-def synthetic_sweep(ctx: Context, endpoint: str) -> SyntheticSweep | None:
+def synthetic_sweep(ctx: PlanInputs, endpoint: str) -> SyntheticSweep | None:
     """`run calibrate`'s bench: the lengths to set, through the calibration revision's endpoints."""
     if ctx.synthetic_k is None:
         return None
@@ -250,7 +250,7 @@ def pod_failure_rules(container: str, gang: bool) -> list[dict[str, Any]]:
     ]
 
 
-def job_objects(ctx: Context, spec: WorkloadSpec, spec_json: str) -> list[ObjectPlan]:
+def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[ObjectPlan]:
     """The spec ConfigMap, the Job, and for multi-node training its headless Service."""
     shape = _job_shape(ctx, spec)
     labels = pods.standard_labels(ctx)
@@ -308,7 +308,7 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 """Set by the Job controller on every pod of a Job."""
 
 
-def _job_policy(ctx: Context, multi_node: bool) -> dict[str, Any]:
+def _job_policy(ctx: PlanInputs, multi_node: bool) -> dict[str, Any]:
     """No pod reaches a batch pod, except the ranks of one multi-node training Job each other
     (the rendezvous and NCCL's sockets, whose ports are not fixed)."""
     own = {JOB_NAME_LABEL: ctx.object_name}
@@ -316,7 +316,7 @@ def _job_policy(ctx: Context, multi_node: bool) -> dict[str, Any]:
     return pods.network_policy(ctx, own, ingress)
 
 
-def _job_env(ctx: Context, gpus: int) -> list[dict[str, Any]]:
+def _job_env(ctx: PlanInputs, gpus: int) -> list[dict[str, Any]]:
     entries = pods.env(ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH})
     calls_serve = ctx.workload == "bench" or (
         ctx.workload == "datagen" and ctx.cluster.workloads.datagen.endpoint == "serve"
@@ -328,7 +328,7 @@ def _job_env(ctx: Context, gpus: int) -> list[dict[str, Any]]:
     return [*entries, {"name": "JOB_COMPLETION_INDEX", "valueFrom": index}]
 
 
-def _job_shape(ctx: Context, spec: WorkloadSpec) -> JobShape:
+def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
     w = ctx.cluster.workloads
     if ctx.workload == "train":
         return _train_shape(ctx)
@@ -348,7 +348,7 @@ def _job_shape(ctx: Context, spec: WorkloadSpec) -> JobShape:
     return JobShape(res.cpu, res.memory, command, args, spec.shards, spec.shards, retries)
 
 
-def _train_shape(ctx: Context) -> JobShape:
+def _train_shape(ctx: PlanInputs) -> JobShape:
     """torchrun: standalone on one node; static ranks from the completion index across nodes."""
     train, gpus = ctx.cluster.workloads.train, ctx.cluster.gpu.per_node
     if online.is_online(ctx):

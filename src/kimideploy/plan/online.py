@@ -24,7 +24,7 @@ from kimideploy.config.specs import OnlineTrainSpec
 from kimideploy.errors import ConfigError
 from kimideploy.formats import extraction_engine
 from kimideploy.plan import pods
-from kimideploy.plan.context import Context, target_model_path
+from kimideploy.plan.inputs import PlanInputs, target_model_path
 from kimideploy.plan.vllm_server import (
     READY_PATH,
     ServerBase,
@@ -56,15 +56,15 @@ class OnlineLayout:
         )
 
 
-def is_online(ctx: Context) -> bool:
+def is_online(ctx: PlanInputs) -> bool:
     return ctx.workload == "train" and ctx.cluster.workloads.train.mode == "online"
 
 
-def _where(ctx: Context, field: str) -> str:
+def _where(ctx: PlanInputs, field: str) -> str:
     return f"clusters.{ctx.cluster_name}.workloads.train.{field}"
 
 
-def layout(ctx: Context) -> OnlineLayout:
+def layout(ctx: PlanInputs) -> OnlineLayout:
     """The GPU split of one node, or a ConfigError that says why online training cannot fit."""
     online, gpu = ctx.cluster.workloads.train.online, ctx.cluster.gpu
     weights = ctx.model.weights_gb
@@ -104,7 +104,7 @@ def layout(ctx: Context) -> OnlineLayout:
     return OnlineLayout(tp, gpu.per_node - tp, weights / tp, usable)
 
 
-def check(ctx: Context) -> OnlineLayout:
+def check(ctx: PlanInputs) -> OnlineLayout:
     """Everything that must hold before an online run is rendered, checked from the config."""
     train = ctx.cluster.workloads.train
     found = extraction_engine.version_tuple(ctx.cluster.kubernetes_version)
@@ -134,29 +134,15 @@ def check(ctx: Context) -> OnlineLayout:
     return layout(ctx)
 
 
-def server_image(ctx: Context) -> Image:
+def server_image(ctx: PlanInputs) -> Image:
     return ctx.project.images[ctx.cluster.images.extract]
 
 
 def server_args(
-    *,
-    served_name: str,
-    port: int,
-    tensor_parallel_size: int,
-    max_model_len: int,
-    gpu_memory_utilization: float,
-    dtype: str,
-    trust_remote_code: bool,
-    vllm_ids: list[int],
-    num_hidden_layers: int,
-    storage: str,
+    server: ServerBase, *, dtype: str, vllm_ids: list[int], num_hidden_layers: int, storage: str
 ) -> list[str]:
-    """`vllm serve MODEL` arguments of the target server (the pipeline tier runs them)."""
-    server = ServerBase(
-        served_name=served_name, port=port, tensor_parallel_size=tensor_parallel_size,
-        max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-        trust_remote_code=trust_remote_code,
-    )  # fmt: skip
+    """`vllm serve MODEL` arguments of the target server (the pipeline tier runs them): the base
+    both servers share, the dtype, and the hidden-state extraction of layers `vllm_ids`."""
     flags = [
         *base_args(server, "--dtype", dtype),
         *extraction_engine.serve_flags(vllm_ids, num_hidden_layers, storage),
@@ -164,17 +150,19 @@ def server_args(
     return [pods.literal(a) for a in flags]
 
 
-def server_container(ctx: Context, split: OnlineLayout) -> dict[str, Any]:
+def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
     train, model = ctx.cluster.workloads.train, ctx.model
     online = train.online
     image = server_image(ctx)
-    args = server_args(
+    server = ServerBase(
         served_name=model.served_name, port=online.port, tensor_parallel_size=split.server_gpus,
         max_model_len=train.max_seq_len + 2,
         gpu_memory_utilization=online.gpu_memory_utilization,
-        dtype=ctx.cluster.workloads.extract.dtype, trust_remote_code=model.trust_remote_code,
-        vllm_ids=ctx.layers().vllm_ids, num_hidden_layers=model.num_hidden_layers,
-        storage=SCRATCH_MOUNT,
+        trust_remote_code=model.trust_remote_code,
+    )  # fmt: skip
+    args = server_args(
+        server, dtype=ctx.cluster.workloads.extract.dtype, vllm_ids=ctx.layers().vllm_ids,
+        num_hidden_layers=model.num_hidden_layers, storage=SCRATCH_MOUNT,
     )  # fmt: skip
     period = 10
     _, claim_mounts = pods.claim_volumes(ctx, {"models": True})
@@ -206,13 +194,13 @@ def server_container(ctx: Context, split: OnlineLayout) -> dict[str, Any]:
     }
 
 
-def scratch_volume(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
+def scratch_volume(ctx: PlanInputs) -> tuple[dict[str, Any], dict[str, Any]]:
     size = ctx.cluster.workloads.train.online.scratch_size
     volume = {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": size}}
     return volume, {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_MOUNT}
 
 
-def online_spec(ctx: Context, conversations_dir: str) -> OnlineTrainSpec:
+def online_spec(ctx: PlanInputs, conversations_dir: str) -> OnlineTrainSpec:
     online, model = ctx.cluster.workloads.train.online, ctx.model
     return OnlineTrainSpec(
         endpoint=f"http://127.0.0.1:{online.port}/v1",

@@ -6,12 +6,12 @@ from typing import Any
 
 from kimideploy import __version__
 from kimideploy.config.specs import SPEC_MOUNT_DIR
-from kimideploy.plan.context import (
+from kimideploy.plan.inputs import (
     CHECKPOINTS_MOUNT,
     DATASETS_MOUNT,
     HIDDEN_STATES_MOUNT,
     MODELS_MOUNT,
-    Context,
+    PlanInputs,
 )
 
 CLAIM_MOUNTS = {
@@ -25,7 +25,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
-def selector_labels(ctx: Context) -> dict[str, str]:
+def selector_labels(ctx: PlanInputs) -> dict[str, str]:
     """Labels a Deployment selects on: stable for the release's life (selectors are immutable)."""
     return {
         "app.kubernetes.io/instance": ctx.release,
@@ -36,7 +36,7 @@ def selector_labels(ctx: Context) -> dict[str, str]:
 CALIBRATION_K_LABEL = f"{LABEL_PREFIX}/calibration-k"
 
 
-def standard_labels(ctx: Context, component: str | None = None) -> dict[str, str]:
+def standard_labels(ctx: PlanInputs, component: str | None = None) -> dict[str, str]:
     version = ctx.image.vllm or ctx.image.speculators or ctx.image_name
     labels = {
         "app.kubernetes.io/name": ctx.project.name,
@@ -57,21 +57,21 @@ def standard_labels(ctx: Context, component: str | None = None) -> dict[str, str
     return labels
 
 
-def object_annotations(ctx: Context) -> dict[str, str]:
+def object_annotations(ctx: PlanInputs) -> dict[str, str]:
     return {
         f"{LABEL_PREFIX}/config-sha256": ctx.config_sha256,
         f"{LABEL_PREFIX}/kimideploy-version": __version__,
     }
 
 
-def node_selector(ctx: Context, gpus: int) -> dict[str, str]:
+def node_selector(ctx: PlanInputs, gpus: int) -> dict[str, str]:
     selector = dict(sorted(ctx.cluster.node_selector.items()))
     if gpus:
         selector[GPU_PRODUCT_LABEL] = ctx.cluster.gpu.product
     return selector
 
 
-def priority_class(ctx: Context) -> str:
+def priority_class(ctx: PlanInputs) -> str:
     """The cluster's class for this workload, '' when the cluster profile sets none."""
     classes = ctx.cluster.priority_classes
     if classes is None:
@@ -79,7 +79,7 @@ def priority_class(ctx: Context) -> str:
     return classes.serve if ctx.workload == "serve" else classes.batch
 
 
-def api_key_env(ctx: Context, variable: str) -> list[dict[str, Any]]:
+def api_key_env(ctx: PlanInputs, variable: str) -> list[dict[str, Any]]:
     """The serve release's API key from its Secret, as `variable`; nothing when none is set."""
     secret = ctx.cluster.workloads.serve.api_key
     if secret is None:
@@ -89,7 +89,7 @@ def api_key_env(ctx: Context, variable: str) -> list[dict[str, Any]]:
 
 
 def network_policy(
-    ctx: Context, pod_selector: dict[str, str], ingress: list[dict[str, Any]]
+    ctx: PlanInputs, pod_selector: dict[str, str], ingress: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Values of a NetworkPolicy for the workload's pods; `ingress` [] admits nothing."""
     return {
@@ -101,7 +101,7 @@ def network_policy(
     }
 
 
-def serve_ingress(ctx: Context, port: int) -> list[dict[str, Any]]:
+def serve_ingress(ctx: PlanInputs, port: int) -> list[dict[str, Any]]:
     """Who may reach the serve pods' API port: the namespace's own pods (bench, datagen,
     clients), the monitoring and client namespaces, and the API server's pod proxy."""
     settings = ctx.cluster.network_policy
@@ -114,7 +114,7 @@ def serve_ingress(ctx: Context, port: int) -> list[dict[str, Any]]:
     return [{"from": peers, "ports": [{"port": port, "protocol": "TCP"}]}]
 
 
-def tolerations(ctx: Context) -> list[dict[str, Any]]:
+def tolerations(ctx: PlanInputs) -> list[dict[str, Any]]:
     return [t.model_dump(exclude_none=True) for t in ctx.cluster.tolerations]
 
 
@@ -133,7 +133,7 @@ def container_hardening(**first: Any) -> dict[str, Any]:
     return {**first, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
-def pod_security(ctx: Context) -> dict[str, Any]:
+def pod_security(ctx: PlanInputs) -> dict[str, Any]:
     uid = ctx.image.run_as_user
     return {
         "runAsUser": uid,
@@ -150,7 +150,7 @@ def literal(value: str) -> str:
     return value.replace("$(", "$$(")
 
 
-def env(ctx: Context, gpus: int, extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def env(ctx: PlanInputs, gpus: int, extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """GPU pods get the cluster's NCCL settings; every value is literal (no `$(` expansion)."""
     plain = {"KIMIDEPLOY_CLUSTER": ctx.cluster_name, "PYTHONUNBUFFERED": "1"}
     if gpus:
@@ -161,7 +161,7 @@ def env(ctx: Context, gpus: int, extra: dict[str, str] | None = None) -> list[di
     return [{"name": k, "value": literal(v)} for k, v in sorted(plain.items())]
 
 
-def claim_volumes(ctx: Context, claims: dict[str, bool]) -> tuple[list[Any], list[Any]]:
+def claim_volumes(ctx: PlanInputs, claims: dict[str, bool]) -> tuple[list[Any], list[Any]]:
     """Volumes and mounts for the named claims; the bool says read-only."""
     volumes, mounts = [], []
     for claim, read_only in claims.items():

@@ -18,12 +18,12 @@ from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import calibration, jobs, online, serve
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
-from kimideploy.plan.context import Context, deterministic_run_id, gated_levels
 from kimideploy.plan.drafter_judgement import (
     lineage_findings,
     registry_findings,
     serving_warnings,
 )
+from kimideploy.plan.inputs import PlanInputs, deterministic_run_id, gated_levels
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
@@ -35,7 +35,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
         raise UsageError(
             f"unknown workload '{request.workload}' (valid: {', '.join(WORKLOAD_NAMES)})"
         )
-    ctx = _context(loaded, request)
+    ctx = _plan_inputs(loaded, request)
     estimate = estimate_hidden_states(ctx.project, ctx)
     spec = _spec(ctx, estimate)
     spec_json = json.dumps(spec.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
@@ -65,7 +65,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
     )
 
 
-def _break_even(ctx: Context) -> dict[str, Any]:
+def _break_even(ctx: PlanInputs) -> dict[str, Any]:
     if ctx.workload != "serve" or ctx.drafter is None or ctx.synthetic_k is not None:
         return {}
     k = ctx.drafter.num_speculative_tokens
@@ -80,7 +80,7 @@ def _break_even(ctx: Context) -> dict[str, Any]:
     }
 
 
-def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
+def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
     project = loaded.project
     cluster_name = request.cluster or project.default_cluster
     if cluster_name not in project.clusters:
@@ -98,7 +98,7 @@ def _context(loaded: LoadedProject, request: PlanRequest) -> Context:
         run_id = request.run_id or deterministic_run_id(
             loaded.sha256, request.workload, cluster_name, drafter_name, request.overrides
         )
-    ctx = Context(
+    ctx = PlanInputs(
         project=project,
         config_sha256=loaded.sha256,
         workload=request.workload,
@@ -125,7 +125,7 @@ def serve_cost_model(
 ) -> tuple[CostModel, str, int]:
     """The cost model serving on `cluster` predicts with, where it comes from, and the lowest
     gated concurrency (what `drafter check` predicts at)."""
-    ctx = _context(loaded, PlanRequest("serve", cluster, NO_DRAFTER, calibrations=calibrations))
+    ctx = _plan_inputs(loaded, PlanRequest("serve", cluster, NO_DRAFTER, calibrations=calibrations))
     levels = gated_levels(ctx)
     return ctx.cost_model, _cost_source(ctx), min(levels)
 
@@ -143,7 +143,7 @@ def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
     return request.image
 
 
-def _serve_view(ctx: Context) -> Context:
+def _serve_view(ctx: PlanInputs) -> PlanInputs:
     """The cluster's serve configuration seen from any plan (train asks what serving will cost)."""
     if ctx.workload == "serve":
         return ctx
@@ -151,7 +151,7 @@ def _serve_view(ctx: Context) -> Context:
     return dataclasses.replace(ctx, image_name=name, image=ctx.project.images[name])
 
 
-def _cost_model(ctx: Context, request: PlanRequest) -> tuple[CostModel | None, str]:
+def _cost_model(ctx: PlanInputs, request: PlanRequest) -> tuple[CostModel | None, str]:
     """The newest stored calibration measured on this serve configuration; else the default
     constant, with the reason the newest one of the cluster does not apply."""
     # Complete calibrations before partial ones (a new one being measured, or interrupted).
@@ -170,7 +170,7 @@ def _cost_model(ctx: Context, request: PlanRequest) -> tuple[CostModel | None, s
 SYNTHETIC_MIN_VLLM = (0, 32)
 
 
-def _with_synthetic(ctx: Context, request: PlanRequest) -> Context:
+def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
     """Checked here, before anything is created: a drafter, lengths vLLM accepts for k, and (on
     serve) an image whose vLLM has synthetic rejection sampling."""
     synthetic = request.synthetic
@@ -227,7 +227,7 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
     return name
 
 
-def _spec(ctx: Context, estimate: HiddenStateEstimate) -> WorkloadSpec:
+def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
     run_id = ctx.run_id or "serve"
     builders: dict[str, Any] = {
         "serve": lambda: serve.serve_spec(ctx),
@@ -241,7 +241,7 @@ def _spec(ctx: Context, estimate: HiddenStateEstimate) -> WorkloadSpec:
     return spec
 
 
-def _facts(ctx: Context, estimate: HiddenStateEstimate) -> list[tuple[str, str]]:
+def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, str]]:
     image = ctx.image
     contents = ", ".join(
         f"{k} {v}" for k, v in (("vLLM", image.vllm), ("speculators", image.speculators)) if v
@@ -277,7 +277,7 @@ def _facts(ctx: Context, estimate: HiddenStateEstimate) -> list[tuple[str, str]]
     return facts
 
 
-def _datasets_fact(ctx: Context) -> str:
+def _datasets_fact(ctx: PlanInputs) -> str:
     """Which dataset folders the run reads and writes: each is named by its fingerprint, so a
     changed input shows here as a new folder before anything runs."""
     dirs = jobs.data_dirs(ctx)
@@ -295,7 +295,7 @@ def _datasets_fact(ctx: Context) -> str:
     return "; ".join(parts) + " (folders named by what makes them: `kimideploy data inspect`)"
 
 
-def _pod_monitor_fact(ctx: Context) -> str:
+def _pod_monitor_fact(ctx: PlanInputs) -> str:
     setting = ctx.cluster.workloads.serve.pod_monitor
     if serve.wants_pod_monitor(ctx):
         return f"PodMonitor rendered ({setting})"
@@ -304,7 +304,7 @@ def _pod_monitor_fact(ctx: Context) -> str:
     return f"none ({setting})"
 
 
-def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
+def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
     serve_settings = ctx.cluster.workloads.serve
     _, strategy = serve.rollout_strategy(ctx)
     facts = [
@@ -349,7 +349,7 @@ def _serve_facts(ctx: Context) -> list[tuple[str, str]]:
     return [*facts, *prediction_facts(ctx, k, gated), ("gate", policy)]
 
 
-def prediction_facts(ctx: Context, k: int, levels: list[int]) -> list[tuple[str, str]]:
+def prediction_facts(ctx: PlanInputs, k: int, levels: list[int]) -> list[tuple[str, str]]:
     """Predicted speedup per gated concurrency, saying which cost model it comes from."""
     drafter = ctx.drafter
     assert drafter is not None
@@ -377,12 +377,12 @@ def prediction_facts(ctx: Context, k: int, levels: list[int]) -> list[tuple[str,
     return facts
 
 
-def _cost_source(ctx: Context) -> str:
+def _cost_source(ctx: PlanInputs) -> str:
     source = ctx.cost_model.source
     return f"{source}; {ctx.costs_note}, so not used" if ctx.costs_note else source
 
 
-def _training_target_fact(ctx: Context) -> tuple[str, str, str | None]:
+def _training_target_fact(ctx: PlanInputs) -> tuple[str, str, str | None]:
     """What acceptance length the drafter must reach to pass the gate on this cluster."""
     drafter = ctx.drafter
     assert drafter is not None
@@ -406,7 +406,7 @@ def _training_target_fact(ctx: Context) -> tuple[str, str, str | None]:
     return "acceptance needed", text, warning
 
 
-def _drafter_findings(ctx: Context) -> tuple[CheckResult, ...]:
+def _drafter_findings(ctx: PlanInputs) -> tuple[CheckResult, ...]:
     """The registry judgement of a drafter served on this plan's cluster, with the cost model the
     plan predicts with; none for a calibration, whose acceptance is synthetic."""
     if ctx.workload != "serve" or ctx.drafter is None or ctx.synthetic_k is not None:
@@ -417,7 +417,7 @@ def _drafter_findings(ctx: Context) -> tuple[CheckResult, ...]:
     return tuple(found)
 
 
-def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
+def _warnings(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[str]:
     warnings: list[str] = []
     drafter, project = ctx.drafter, ctx.project
     if drafter is not None and ctx.workload == "train":
@@ -437,7 +437,7 @@ def _warnings(ctx: Context, estimate: HiddenStateEstimate) -> list[str]:
     return warnings
 
 
-def _inputs(ctx: Context, request: PlanRequest) -> dict[str, Any]:
+def _inputs(ctx: PlanInputs, request: PlanRequest) -> dict[str, Any]:
     """What a release record stores to re-render or explain this plan later."""
     return {
         "workload": ctx.workload,

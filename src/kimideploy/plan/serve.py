@@ -17,8 +17,8 @@ from kimideploy.config.specs import (
 )
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import pods
-from kimideploy.plan.context import Context, drafter_path, is_speculative, target_model_path
 from kimideploy.plan.dashboard import dashboard_object
+from kimideploy.plan.inputs import PlanInputs, drafter_path, is_speculative, target_model_path
 from kimideploy.plan.k_schedule import KSchedule, choose_schedule
 from kimideploy.plan.model import ObjectPlan
 from kimideploy.plan.vllm_server import (
@@ -35,7 +35,7 @@ from kimideploy.plan.vllm_server import (
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
-def speculative_config(ctx: Context) -> dict[str, Any] | None:
+def speculative_config(ctx: PlanInputs) -> dict[str, Any] | None:
     """The --speculative-config value vLLM parses as JSON; None for non-speculative serving."""
     if not is_speculative(ctx):
         return None
@@ -58,7 +58,7 @@ def speculative_config(ctx: Context) -> dict[str, Any] | None:
     return config
 
 
-def k_schedule(ctx: Context) -> KSchedule:
+def k_schedule(ctx: PlanInputs) -> KSchedule:
     """`drafters.<d>.k_schedule: auto`: k by batch size from the measured step cost and the
     drafter's measured acceptance; `fixed` (or anything missing) keeps one k."""
     drafter = ctx.drafter
@@ -73,7 +73,7 @@ def k_schedule(ctx: Context) -> KSchedule:
     )
 
 
-def config_fingerprint(ctx: Context) -> str:
+def config_fingerprint(ctx: PlanInputs) -> str:
     """What a calibration must have been measured on to predict for this serve configuration: the
     image, the non-speculative `vllm serve` arguments, replicas, GPUs and the pods' NCCL env."""
     plain = dataclasses.replace(ctx, workload="serve", drafter_name=NO_DRAFTER, drafter=None,
@@ -89,7 +89,7 @@ def config_fingerprint(ctx: Context) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def vllm_args(ctx: Context) -> list[str]:
+def vllm_args(ctx: PlanInputs) -> list[str]:
     """`vllm serve` arguments after the model path; no speculative flag at all without a drafter."""
     model, serve = ctx.model, ctx.cluster.workloads.serve
     server = ServerBase(
@@ -122,7 +122,7 @@ PER_REQUEST_SPEC_METRICS_VLLM = (0, 32)
 """The first vLLM with `metrics.speculative_decoding` in its responses."""
 
 
-def counts_per_request(ctx: Context) -> bool:
+def counts_per_request(ctx: PlanInputs) -> bool:
     """Whether the responses carry each request's own acceptance (serve.per_request_spec_metrics
     on an image whose vLLM has them)."""
     vllm = ctx.image.vllm
@@ -133,7 +133,7 @@ def counts_per_request(ctx: Context) -> bool:
     )
 
 
-def rollout_strategy(ctx: Context) -> tuple[dict[str, Any], str]:
+def rollout_strategy(ctx: PlanInputs) -> tuple[dict[str, Any], str]:
     """Rolling (maxUnavailable 0) when the cluster holds one replica more, else Recreate."""
     serve, gpus = ctx.cluster.workloads.serve, ctx.cluster.gpu.per_node
     needed = (serve.replicas + 1) * gpus
@@ -148,7 +148,7 @@ def rollout_strategy(ctx: Context) -> tuple[dict[str, Any], str]:
     )
 
 
-def probes(ctx: Context) -> dict[str, Any]:
+def probes(ctx: PlanInputs) -> dict[str, Any]:
     """Startup covers the whole weight load; readiness on /v1/models; liveness on /health.
 
     With an API key vLLM answers /v1 only with the key, which a probe cannot take from a Secret;
@@ -166,7 +166,7 @@ def probes(ctx: Context) -> dict[str, Any]:
     }
 
 
-def serve_spec(ctx: Context) -> ServeSpec:
+def serve_spec(ctx: PlanInputs) -> ServeSpec:
     drafter: Drafter | None = ctx.drafter
     return ServeSpec(
         run_id="serve",
@@ -187,7 +187,7 @@ def serve_spec(ctx: Context) -> ServeSpec:
 MODEL_MARKER = ".kimideploy-complete"
 
 
-def init_containers(ctx: Context) -> list[dict[str, Any]]:
+def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
     """Seconds-long checks before a 25-minute load: GPU architecture and driver, synced model."""
     gpus = ctx.cluster.gpu.per_node
     hardened = pods.container_hardening()
@@ -239,7 +239,7 @@ def init_containers(ctx: Context) -> list[dict[str, Any]]:
     ]
 
 
-def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[ObjectPlan]:
+def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[ObjectPlan]:
     serve, gpus = ctx.cluster.workloads.serve, ctx.cluster.gpu.per_node
     labels = pods.standard_labels(ctx)
     claim_vols, claim_mounts = pods.claim_volumes(ctx, {"models": True})
@@ -306,6 +306,6 @@ def serve_objects(ctx: Context, spec_json: str, spec_sha256: str) -> list[Object
     return objects
 
 
-def wants_pod_monitor(ctx: Context) -> bool:
+def wants_pod_monitor(ctx: PlanInputs) -> bool:
     setting = ctx.cluster.workloads.serve.pod_monitor
     return setting == "always" or (setting == "auto" and bool(ctx.monitoring_crd))

@@ -189,8 +189,7 @@ def calibrate(
     loaded: LoadedProject,
     plan: CalibrationPlan,
     options: CalibrateOptions,
-    change: deploy.ChangeOptions,
-    wait: deploy.WaitOptions,
+    apply: deploy.ApplyOptions,
     reporter: Reporter,
 ) -> Calibration:
     """Carry out a plan from plan_calibration (which has refused everything it could)."""
@@ -222,9 +221,9 @@ def calibrate(
     if session.ensure_namespace():
         reporter.info(f"created namespace {session.namespace}")
     before = f"revision {found.revision} ({found.drafter})" if found else "nothing"
-    if not (change.yes or reporter.confirm(f"calibrate, then restore {before}?")):
+    if not (apply.change.yes or reporter.confirm(f"calibrate, then restore {before}?")):
         raise KimiDeployError("cancelled; nothing was changed", hint="pass --yes to skip this")
-    sweep = Sweep(session, loaded, plan, options, replace(change, yes=True), wait, reporter)
+    sweep = Sweep(session, loaded, plan, options, apply.unattended(), reporter)
     latest: int | None = None
     try:
         if baseline is None:
@@ -262,8 +261,7 @@ class Sweep:
     loaded: LoadedProject
     plan: CalibrationPlan
     options: CalibrateOptions
-    change: deploy.ChangeOptions
-    wait: deploy.WaitOptions
+    apply: deploy.ApplyOptions
     reporter: Reporter
 
     def gate_run(self) -> GateRun:
@@ -320,9 +318,7 @@ def _deploy(sweep: Sweep, rendered: Rendered, what: str) -> int:
     note = f"calibration revision ({what})"
     revision = deploy.revision_from_render(sweep.loaded, rendered, note=note)
     sweep.reporter.info(f"calibrate: deploying the {what} revision")
-    return deploy.deploy(
-        sweep.session, revision, sweep.change, sweep.wait, sweep.reporter, "calibrate"
-    ).revision
+    return deploy.deploy(sweep.session, revision, sweep.apply, sweep.reporter, "calibrate").revision
 
 
 def _measure_baseline(sweep: Sweep, found: ReleaseRecord | None) -> tuple[StoredBench, int | None]:
@@ -400,20 +396,20 @@ def points_from(k: int, result: dict[str, Any], baseline: dict[str, Any]) -> lis
 
 def _restore(sweep: Sweep, found: ReleaseRecord | None, latest: int | None) -> str:
     """Put back what served before the calibration; say what was done."""
-    session, plan, change = sweep.session, sweep.plan, sweep.change
+    session, plan = sweep.session, sweep.plan
     if latest is None:
         return "nothing was deployed, nothing to restore"
     try:
         if found is None:
-            deploy.down(session, plan.release, change, sweep.reporter)
+            deploy.down(session, plan.release, sweep.apply.change, sweep.reporter)
             return "nothing served before the calibration, so the release was taken down again"
         target = deploy.RollbackTo(
             to=found.revision,
             note=f"restored after calibration {plan.calibration_id}",
             expect_serving=latest,
         )
-        change = replace(change, auto_rollback=False)
-        deploy.rollback(session, plan.release, target, change, sweep.wait, sweep.reporter)
+        unattended = sweep.apply.unattended(auto_rollback=False)
+        deploy.rollback(session, plan.release, target, unattended, sweep.reporter)
     except deploy.StaleRollbackError as exc:
         return f"not restored: {exc.message}"
     except KimiDeployError as exc:

@@ -84,8 +84,7 @@ class GateRun:
     loaded: LoadedProject
     gate: GateTerms
     reporter: Reporter
-    change: deploy.ChangeOptions = field(default_factory=deploy.ChangeOptions)
-    wait: deploy.WaitOptions = field(default_factory=deploy.WaitOptions)
+    apply: deploy.ApplyOptions = field(default_factory=deploy.ApplyOptions)
     bench_poll_s: float = 5.0
 
 
@@ -129,8 +128,7 @@ def up_gated(
     session: ClusterSession,
     loaded: LoadedProject,
     request: PlanRequest,
-    change: deploy.ChangeOptions,
-    wait: deploy.WaitOptions,
+    apply: deploy.ApplyOptions,
     options: GateOptions,
     reporter: Reporter,
 ) -> tuple[deploy.Outcome, Verdict]:
@@ -141,7 +139,7 @@ def up_gated(
             "--gate compares a drafter with no drafter; name one with --drafter",
             hint="e.g. `kimideploy up serve --drafter v3 --gate`",
         )
-    if not wait.wait:
+    if not apply.wait.wait:
         raise UsageError("--gate needs to follow the rollout; drop --no-wait")
     session.ensure_namespace()
     gate = gate_terms(session, loaded, request, options)
@@ -154,9 +152,9 @@ def up_gated(
     if even:
         at = ", ".join(f"c={c} {r:.1%}" for c, r in even["rate"].items())
         reporter.info(f"gate: break-even acceptance rate {at} (step cost: {even['source']})")
-    run = GateRun(session, loaded, gate, reporter, change, wait, options.bench_poll_s)
+    run = GateRun(session, loaded, gate, reporter, apply, options.bench_poll_s)
     baseline, note = _baseline(run, request)
-    outcome = deploy.up(session, loaded, request, change, wait, reporter)
+    outcome = deploy.up(session, loaded, request, apply, reporter)
     verdict = _measure_and_judge(run, request, outcome.revision, baseline, note)
     _record_verdict(session, gate.release, outcome.revision, verdict)
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
@@ -188,10 +186,8 @@ def _baseline(run: GateRun, request: PlanRequest) -> tuple[StoredBench | None, s
             "gate: deploying the non-speculative configuration first "
             "(one more model load, so that the comparison is like for like)"
         )
-        revision = deploy.up(
-            session, run.loaded, replace(request, drafter=NO_DRAFTER), run.change, run.wait,
-            reporter,
-        ).revision  # fmt: skip
+        baseline = replace(request, drafter=NO_DRAFTER)
+        revision = deploy.up(session, run.loaded, baseline, run.apply, reporter).revision
     try:
         return bench_revision(run, replace(request, drafter=NO_DRAFTER), revision), (
             f"fresh baseline measured on revision {revision} ({why})"
@@ -433,10 +429,8 @@ def _roll_back(
             note=f"gate rollback of revision {revision}: {verdict.reason}",
             expect_serving=revision,
         )
-        change = replace(run.change, yes=True, auto_rollback=False)
-        return deploy.rollback(
-            run.session, run.gate.release, target, change, run.wait, run.reporter
-        )
+        unattended = run.apply.unattended(auto_rollback=False)
+        return deploy.rollback(run.session, run.gate.release, target, unattended, run.reporter)
     except deploy.StaleRollbackError as exc:
         # Someone else's revision serves now: the drafter's revision is gone all the same.
         raise GateRejectedError(

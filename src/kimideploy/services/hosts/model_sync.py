@@ -62,53 +62,57 @@ def sync_model(
         remote = f"/tmp/kimideploy-hub-sync-{secrets.token_hex(4)}.py"
         try:
             runner.put(payload, remote)
+            sync = _HostSync(runner, host.name, remote, endpoint, token, reporter)
             for target in sync_targets(project, cluster_name, drafters):
-                _sync_one(runner, host.name, remote, endpoint, target, token, reporter)
+                sync.fetch(target)
         finally:
             runner.run(["rm", "-f", remote])
             runner.close()
 
 
-def _sync_one(
-    runner: Runner,
-    host: str,
-    script: str,
-    endpoint: str,
-    target: SyncTarget,
-    token: str,
-    reporter: Reporter,
-) -> None:
-    def on_line(line: str) -> None:
-        for event in parse_events(line):
-            if event["event"] == "progress":
-                done, total = event["done"] / 1e9, event["total"] / 1e9
-                reporter.status(
-                    f"{host}: {target.repo}: {done:,.1f}/{total:,.1f} GB, "
-                    f"{event['rate'] / 1e6:,.0f} MB/s"
-                )
+@dataclass(frozen=True)
+class _HostSync:
+    """One host's downloads: where the downloader was put, the hub it reads, the token it gets
+    on stdin, and where progress goes."""
 
-    argv = [
-        "python3",
-        script,
-        "--endpoint",
-        endpoint,
-        "--repo",
-        target.repo,
-        "--revision",
-        target.revision,
-        "--dest",
-        target.dest,
-    ]
-    result = runner.run_streaming(argv, on_line, stdin=token + "\n", timeout=None)
-    if not result.ok:
-        raise KimiDeployError(
-            f"{host}: syncing {target.repo}@{target.revision[:12]} failed "
-            f"(exit {result.exit_code}): "
-            f"{result.stderr.strip()}",
-            hint="run the same command again: finished files are kept and partial ones resume",
-        )
-    done = [e for e in parse_events(result.stdout) if e["event"] == "result"]
-    summary = json.dumps(done[-1]) if done else "done"
-    reporter.info(
-        f"{host}: {target.repo}@{target.revision[:12]} verified in {target.dest} ({summary})"
-    )
+    runner: Runner
+    host: str
+    script: str
+    endpoint: str
+    token: str
+    reporter: Reporter
+
+    def fetch(self, target: SyncTarget) -> None:
+        def on_line(line: str) -> None:
+            for event in parse_events(line):
+                if event["event"] == "progress":
+                    done, total = event["done"] / 1e9, event["total"] / 1e9
+                    self.reporter.status(
+                        f"{self.host}: {target.repo}: {done:,.1f}/{total:,.1f} GB, "
+                        f"{event['rate'] / 1e6:,.0f} MB/s"
+                    )
+
+        argv = [
+            "python3",
+            self.script,
+            "--endpoint",
+            self.endpoint,
+            "--repo",
+            target.repo,
+            "--revision",
+            target.revision,
+            "--dest",
+            target.dest,
+        ]
+        result = self.runner.run_streaming(argv, on_line, stdin=self.token + "\n", timeout=None)
+        if not result.ok:
+            raise KimiDeployError(
+                f"{self.host}: syncing {target.repo}@{target.revision[:12]} failed "
+                f"(exit {result.exit_code}): "
+                f"{result.stderr.strip()}",
+                hint="run the same command again: finished files are kept and partial ones resume",
+            )
+        done = [e for e in parse_events(result.stdout) if e["event"] == "result"]
+        summary = json.dumps(done[-1]) if done else "done"
+        where = f"{self.host}: {target.repo}@{target.revision[:12]}"
+        self.reporter.info(f"{where} verified in {target.dest} ({summary})")

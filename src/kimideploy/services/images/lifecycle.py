@@ -23,7 +23,7 @@ from kimideploy.images.dockerfile import get_image, render_dockerfile
 from kimideploy.images.lock import lock_digest
 from kimideploy.paths import cache_root, repository_root
 from kimideploy.plan.calibration import DEFAULT_LENGTHS, lengths_for
-from kimideploy.plan.context import drafter_path, target_model_path
+from kimideploy.plan.inputs import drafter_path, target_model_path
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
 from kimideploy.remote import connect as ssh_connect

@@ -41,6 +41,20 @@ class ChangeOptions:
 
 
 @dataclass(frozen=True)
+class ApplyOptions:
+    """How a revision is applied: the confirmation, force and rollback policy, and how the rollout
+    is followed. One value from the CLI to every service that changes the release."""
+
+    change: ChangeOptions = ChangeOptions()
+    wait: WaitOptions = WaitOptions()
+
+    def unattended(self, **change: Any) -> ApplyOptions:
+        """The same, asking nobody (a gate, a calibration, an automatic rollback has had its
+        one confirmation), with any other change options replaced."""
+        return replace(self, change=replace(self.change, yes=True, **change))
+
+
+@dataclass(frozen=True)
 class Outcome:
     revision: int
     status: str
@@ -88,8 +102,7 @@ def up(
     session: ClusterSession,
     loaded: LoadedProject,
     request: PlanRequest,
-    change: ChangeOptions,
-    wait: WaitOptions,
+    options: ApplyOptions,
     reporter: Reporter,
 ) -> Outcome:
     """Render, show the change, apply a new revision, follow the rollout, roll back on failure."""
@@ -97,13 +110,13 @@ def up(
     rendered = render_workload(
         loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
     )
-    _refuse_failing_drafter(rendered.plan, change.force)
+    _refuse_failing_drafter(rendered.plan, options.change.force)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)  # before any write
     if session.ensure_namespace():
         reporter.info(f"created namespace {session.namespace}")
-    return deploy(session, revision_from_render(loaded, rendered), change, wait, reporter, "up")
+    return deploy(session, revision_from_render(loaded, rendered), options, reporter, "up")
 
 
 def _refuse_failing_drafter(plan: Plan, force: bool) -> None:
@@ -122,91 +135,211 @@ def _refuse_failing_drafter(plan: Plan, force: bool) -> None:
 def deploy(
     session: ClusterSession,
     revision: Revision,
-    change: ChangeOptions,
-    wait: WaitOptions,
+    options: ApplyOptions,
     reporter: Reporter,
     action: str,
-    lock: ReleaseLock | None = None,
 ) -> Outcome:
-    """Apply one revision under the release lock (taken here unless the caller holds it); a
-    failed rollout returns to the last good one. Every write is preceded by a fence
-    (`lock.renew()`), and nothing is written before the server accepted every object in a dry run.
-    """
-    if lock is None:
-        with session.lock(revision.release, action) as held:
-            return deploy(session, revision, change, wait, reporter, action, held)
-    history = session.history(revision.release)
-    number = (history[-1].revision + 1) if history else 1
-    manifests, notes = session.keep_claim_sizes(revision.manifests)
-    revision = replace(revision, manifests=manifests)
-    for note in notes:
-        reporter.info(f"note: {note}")
-    require_prerequisites(session, revision.manifests, revision.cluster)
-    session.validate(revision.manifests, force=change.force)
-    live, existing = _existing(session, revision)
-    if not _confirm(session, revision, number, live, existing, change, reporter):
-        raise KimiDeployError(
-            "cancelled; nothing was changed",
-            hint="pass --yes to skip the question",
-            outcome={"status": "cancelled", "release": revision.release},
+    """Apply one revision under the release lock; a failed rollout returns to the last good one.
+    Every write is preceded by a fence (`lock.renew()`), and nothing is written before the server
+    accepted every object in a dry run."""
+    with session.lock(revision.release, action) as lock:
+        return _Transaction(session, lock, options, reporter, action).apply(revision)
+
+
+@dataclass(frozen=True)
+class _Transaction:
+    """One revision's application under a held release lock: what the steps share, so each step
+    takes only what it decides on."""
+
+    session: ClusterSession
+    lock: ReleaseLock
+    options: ApplyOptions
+    reporter: Reporter
+    action: str
+
+    @property
+    def change(self) -> ChangeOptions:
+        return self.options.change
+
+    @property
+    def wait(self) -> WaitOptions:
+        return self.options.wait
+
+    def apply(self, revision: Revision) -> Outcome:
+        session, change, reporter, lock = self.session, self.change, self.reporter, self.lock
+        history = session.history(revision.release)
+        number = (history[-1].revision + 1) if history else 1
+        manifests, notes = session.keep_claim_sizes(revision.manifests)
+        revision = replace(revision, manifests=manifests)
+        for note in notes:
+            reporter.info(f"note: {note}")
+        require_prerequisites(session, revision.manifests, revision.cluster)
+        session.validate(revision.manifests, force=change.force)
+        live, existing = _existing(session, revision)
+        if not self._confirm(revision, number, live, existing):
+            raise KimiDeployError(
+                "cancelled; nothing was changed",
+                hint="pass --yes to skip the question",
+                outcome={"status": "cancelled", "release": revision.release},
+            )
+        lock.renew()  # the confirmation may have outlasted the Lease
+        record = _new_record(session, revision, number)
+        session.record(record, new=True)
+        serving = next((r for r in reversed(history) if r.status == "deployed"), None)
+        self._apply_or_restore(revision, record, serving, existing)
+        state = self._wait(revision)
+        lock.renew()
+        if state is None or state.phase == "ready":
+            replaced_as = "rolled-back" if self.action == "rollback" else "superseded"
+            _mark_serving(session, history, record, replaced_as)
+            session.trim_history(revision.release, change.keep_history)
+            how = "applied (not waited for)" if state is None else "ready"
+            message = f"revision {number} of {revision.release} is {how}"
+            return Outcome(number, "deployed", message, revision.release, state is not None)
+        record.status, record.details = (
+            "failed",
+            {"failure": state.failure, "reason": state.message},
         )
-    lock.renew()  # the confirmation may have outlasted the Lease
-    record = _new_record(session, revision, number)
-    session.record(record, new=True)
-    serving = next((r for r in reversed(history) if r.status == "deployed"), None)
-    _apply_or_restore(session, lock, revision, record, serving, existing, change, reporter)
-    state = _wait(session, revision, wait, reporter, lock.renew)
-    lock.renew()
-    if state is None or state.phase == "ready":
-        _mark_serving(
-            session, history, record, "rolled-back" if action == "rollback" else "superseded"
+        session.record(record, new=False)
+        failed_init = re.search(r"init container (\S+)", state.message)
+        container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
+        log_tail = session.log(state.pod, tail=20, container=container) if state.pod else ""
+        failure = f"revision {number} failed: {state.message}"
+        if log_tail.strip():
+            failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
+        failed = {"status": "failed", "release": revision.release, "revision": number}
+        if not change.auto_rollback or self.action == "auto-rollback":
+            raise RolloutError(
+                failure,
+                hint="`kimideploy rollback serve` returns to the last good revision",
+                outcome=failed,
+            )
+        good = [r for r in history if r.good]
+        if not good:
+            raise RolloutError(
+                failure + "\nno earlier good revision to roll back to; nothing is serving",
+                outcome=failed,
+            )
+        target = good[-1]
+        reporter.info(
+            f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
         )
-        session.trim_history(revision.release, change.keep_history)
-        how = "applied (not waited for)" if state is None else "ready"
-        message = f"revision {number} of {revision.release} is {how}"
-        return Outcome(number, "deployed", message, revision.release, state is not None)
-    record.status, record.details = (
-        "failed",
-        {"failure": state.failure, "reason": state.message},
-    )
-    session.record(record, new=False)
-    failed_init = re.search(r"init container (\S+)", state.message)
-    container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
-    log_tail = session.log(state.pod, tail=20, container=container) if state.pod else ""
-    failure = f"revision {number} failed: {state.message}"
-    if log_tail.strip():
-        failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
-    failed = {"status": "failed", "release": revision.release, "revision": number}
-    if not change.auto_rollback or action == "auto-rollback":
+        back = _revision_from_record(
+            target,
+            f"automatic rollback to revision {target.revision} after "
+            f"revision {number} failed: {state.failure}",
+        )
+        unattended = replace(self, options=self.options.unattended(), action="auto-rollback")
+        outcome = unattended.apply(back)
         raise RolloutError(
-            failure,
-            hint="`kimideploy rollback serve` returns to the last good revision",
-            outcome=failed,
+            f"{failure}\nrolled back automatically: revision {outcome.revision} (a copy of "
+            f"revision {target.revision}, drafter {target.drafter}) is now serving",
+            hint="`kimideploy history serve` shows both revisions",
+            outcome={**failed, "status": "rolled-back", "serving_revision": outcome.revision},
         )
-    good = [r for r in history if r.good]
-    if not good:
-        raise RolloutError(
-            failure + "\nno earlier good revision to roll back to; nothing is serving",
-            outcome=failed,
+
+    def _confirm(
+        self,
+        revision: Revision,
+        number: int,
+        live: set[tuple[str, str]],
+        existing: set[tuple[str, str]],
+    ) -> bool:
+        wanted = [ref(o) for o in revision.manifests]
+        lines = [
+            f"revision {number} of {revision.release} in namespace {self.session.namespace} "
+            f"(drafter {revision.drafter}, {revision.image}):"
+        ]
+        for target in wanted:
+            verb = "configure" if (target.kind, target.name) in existing else "create"
+            lines.append(f"  {verb} {target}")
+        for kind, name in sorted(live - {(t.kind, t.name) for t in wanted}):
+            lines.append(f"  prune {kind}/{name}")
+        self.reporter.info("\n".join(lines))
+        return self.change.yes or self.reporter.confirm(f"apply revision {number}?")
+
+    def _apply_or_restore(
+        self,
+        revision: Revision,
+        record: ReleaseRecord,
+        serving: ReleaseRecord | None,
+        existing: set[tuple[str, str]],
+    ) -> None:
+        """Apply and prune; if the API server rejects an object half-way (the dry run passed,
+        then something changed: a quota filled, a webhook's answer), put back what the objects
+        written so far were, mark the record failed and stop, so no new ConfigMap is left under
+        old pods."""
+        session = self.session
+        self.lock.renew()
+        written: list[ObjectRef] = []
+        try:
+            for obj in revision.manifests:
+                session.apply([obj], force=self.change.force)
+                written.append(ref(obj))
+        except KimiDeployError as exc:
+            restored = self._restore(written, serving, existing)
+            record.status, record.details = (
+                "failed",
+                {"failure": "ApplyRejected", "reason": exc.message},
+            )
+            session.record(record, new=False)
+            raise type(exc)(
+                f"revision {record.revision} was rejected while being applied: {exc.message}\n"
+                f"{restored}",
+                hint=exc.hint,
+                outcome={
+                    "status": "failed",
+                    "release": revision.release,
+                    "revision": record.revision,
+                    "serving_revision": serving.revision if serving else None,
+                },
+            ) from exc
+        for pruned in session.prune(revision.release, keep=written):
+            self.reporter.info(f"pruned {pruned}")
+
+    def _restore(
+        self,
+        written: list[ObjectRef],
+        serving: ReleaseRecord | None,
+        existing: set[tuple[str, str]],
+    ) -> str:
+        """Undo the objects a rejected revision wrote: the serving revision's version back, and
+        what it created removed (claims stay: they may already hold data)."""
+        session = self.session
+        before = {
+            (o["kind"], o["metadata"]["name"]): o for o in (serving.manifests if serving else [])
+        }
+        try:
+            for target in written:
+                key = (target.kind, target.name)
+                if key in before:
+                    session.apply([before[key]], force=self.change.force)
+                elif key not in existing and target.kind != "PersistentVolumeClaim":
+                    session.delete(replace(target, namespace=session.namespace))
+        except KimiDeployError as exc:
+            return (
+                f"putting back what it had written failed too ({exc.message}); "
+                "see `kimideploy status`"
+            )
+        if not written:
+            return "nothing had been written"
+        if serving is None:
+            return "no earlier revision was serving; the objects it had created were removed"
+        return (
+            f"what it had written ({', '.join(map(str, written))}) was put back: revision "
+            f"{serving.revision} (drafter {serving.drafter}) is still serving"
         )
-    target = good[-1]
-    reporter.info(
-        f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
-    )
-    back = _revision_from_record(
-        target,
-        f"automatic rollback to revision {target.revision} after "
-        f"revision {number} failed: {state.failure}",
-    )
-    outcome = deploy(
-        session, back, replace(change, yes=True), wait, reporter, "auto-rollback", lock
-    )
-    raise RolloutError(
-        f"{failure}\nrolled back automatically: revision {outcome.revision} (a copy of revision "
-        f"{target.revision}, drafter {target.drafter}) is now serving",
-        hint="`kimideploy history serve` shows both revisions",
-        outcome={**failed, "status": "rolled-back", "serving_revision": outcome.revision},
-    )
+
+    def _wait(self, revision: Revision) -> RolloutState | None:
+        if not self.wait.wait:
+            return None
+        deployment = next(o for o in revision.manifests if o["kind"] == "Deployment")
+        watcher = self.session.rollout_watcher(
+            deployment["metadata"]["name"],
+            startup_budget_s(deployment),
+            self.wait.scheduling_grace_s,
+        )
+        return follow_rollout(watcher, self.wait, self.reporter, self.lock.renew)
 
 
 def _existing(
@@ -219,101 +352,6 @@ def _existing(
     }
     wanted = {(t.kind, t.name) for t in map(ref, revision.manifests)}
     return live, live | {(kind, name) for kind, name in wanted - live if session.get(kind, name)}
-
-
-def _confirm(
-    session: ClusterSession,
-    revision: Revision,
-    number: int,
-    live: set[tuple[str, str]],
-    existing: set[tuple[str, str]],
-    change: ChangeOptions,
-    reporter: Reporter,
-) -> bool:
-    wanted = [ref(o) for o in revision.manifests]
-    lines = [
-        f"revision {number} of {revision.release} in namespace {session.namespace} "
-        f"(drafter {revision.drafter}, {revision.image}):"
-    ]
-    for target in wanted:
-        verb = "configure" if (target.kind, target.name) in existing else "create"
-        lines.append(f"  {verb} {target}")
-    for kind, name in sorted(live - {(t.kind, t.name) for t in wanted}):
-        lines.append(f"  prune {kind}/{name}")
-    reporter.info("\n".join(lines))
-    return change.yes or reporter.confirm(f"apply revision {number}?")
-
-
-def _apply_or_restore(
-    session: ClusterSession,
-    lock: ReleaseLock,
-    revision: Revision,
-    record: ReleaseRecord,
-    serving: ReleaseRecord | None,
-    existing: set[tuple[str, str]],
-    change: ChangeOptions,
-    reporter: Reporter,
-) -> None:
-    """Apply and prune; if the API server rejects an object half-way (the dry run passed, then
-    something changed: a quota filled, a webhook's answer), put back what the objects written so
-    far were, mark the record failed and stop, so no new ConfigMap is left under old pods."""
-    lock.renew()
-    written: list[ObjectRef] = []
-    try:
-        for obj in revision.manifests:
-            session.apply([obj], force=change.force)
-            written.append(ref(obj))
-    except KimiDeployError as exc:
-        restored = _restore(session, written, serving, existing, change)
-        record.status, record.details = (
-            "failed",
-            {"failure": "ApplyRejected", "reason": exc.message},
-        )
-        session.record(record, new=False)
-        raise type(exc)(
-            f"revision {record.revision} was rejected while being applied: {exc.message}\n"
-            f"{restored}",
-            hint=exc.hint,
-            outcome={
-                "status": "failed",
-                "release": revision.release,
-                "revision": record.revision,
-                "serving_revision": serving.revision if serving else None,
-            },
-        ) from exc
-    for pruned in session.prune(revision.release, keep=written):
-        reporter.info(f"pruned {pruned}")
-
-
-def _restore(
-    session: ClusterSession,
-    written: list[ObjectRef],
-    serving: ReleaseRecord | None,
-    existing: set[tuple[str, str]],
-    change: ChangeOptions,
-) -> str:
-    """Undo the objects a rejected revision wrote: the serving revision's version back, and what
-    it created removed (claims stay: they may already hold data)."""
-    before = {(o["kind"], o["metadata"]["name"]): o for o in (serving.manifests if serving else [])}
-    try:
-        for target in written:
-            key = (target.kind, target.name)
-            if key in before:
-                session.apply([before[key]], force=change.force)
-            elif key not in existing and target.kind != "PersistentVolumeClaim":
-                session.delete(replace(target, namespace=session.namespace))
-    except KimiDeployError as exc:
-        return (
-            f"putting back what it had written failed too ({exc.message}); see `kimideploy status`"
-        )
-    if not written:
-        return "nothing had been written"
-    if serving is None:
-        return "no earlier revision was serving; the objects it had created were removed"
-    return (
-        f"what it had written ({', '.join(map(str, written))}) was put back: revision "
-        f"{serving.revision} (drafter {serving.drafter}) is still serving"
-    )
 
 
 def _new_record(session: ClusterSession, revision: Revision, number: int) -> ReleaseRecord:
@@ -334,22 +372,6 @@ def _new_record(session: ClusterSession, revision: Revision, number: int) -> Rel
         note=revision.note,
         source_revision=revision.source_revision,
     )
-
-
-def _wait(
-    session: ClusterSession,
-    revision: Revision,
-    wait: WaitOptions,
-    reporter: Reporter,
-    keep_alive: Any,
-) -> RolloutState | None:
-    if not wait.wait:
-        return None
-    deployment = next(o for o in revision.manifests if o["kind"] == "Deployment")
-    watcher = session.rollout_watcher(
-        deployment["metadata"]["name"], startup_budget_s(deployment), wait.scheduling_grace_s
-    )
-    return follow_rollout(watcher, wait, reporter, keep_alive)
 
 
 def follow_rollout(
@@ -427,8 +449,7 @@ def rollback(
     session: ClusterSession,
     release: str,
     target: RollbackTo,
-    change: ChangeOptions,
-    wait: WaitOptions,
+    options: ApplyOptions,
     reporter: Reporter,
 ) -> Outcome:
     """Roll the release back to `target`. The history is read under the lock, so the revision is
@@ -460,7 +481,7 @@ def rollback(
             revision = _revision_from_record(chosen, f"rollback to revision {chosen.revision}")
         if note:
             revision = replace(revision, note=note)
-        return deploy(session, revision, change, wait, reporter, "rollback", lock)
+        return _Transaction(session, lock, options, reporter, "rollback").apply(revision)
 
 
 class StaleRollbackError(KimiDeployError):

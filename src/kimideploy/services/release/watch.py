@@ -205,8 +205,7 @@ def watch_release(
                     session,
                     release,
                     deploy.RollbackTo(no_spec=True, note=note),
-                    deploy.ChangeOptions(yes=True),
-                    deploy.WaitOptions(),
+                    deploy.ApplyOptions().unattended(),
                     reporter,
                 )
                 return f"rolled back to non-speculative serving: {reason}"
