@@ -308,3 +308,15 @@ def test_every_shipped_schema_uses_only_keywords_the_validator_applies() -> None
     unknown = {k for k in found if k not in KEYWORDS and k not in ANNOTATIONS}
     assert {k for k in unknown if not k.startswith("x-kubernetes-")} == set()
     assert {"$ref", "additionalProperties", "oneOf", "pattern"} <= found
+
+
+def test_a_schema_keyword_the_validator_does_not_apply_is_a_clear_error() -> None:
+    """A newer schema package must stop the render with a hint, not pass unchecked or crash."""
+    from kimideploy.render.json_schema import SchemaValidator
+
+    for schema in ({"minimum": 1}, {"$ref": "#/$defs/Missing"}):
+        with pytest.raises(ManifestError) as info:
+            SchemaValidator(schema).errors(0)
+        assert "does not apply" in info.value.message and "kubernetes-validate" in (
+            info.value.hint or ""
+        )

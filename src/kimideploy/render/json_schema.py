@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kimideploy.errors import ManifestError
+
 Schema = dict[str, Any] | bool
 Path = tuple[str | int, ...]
 Error = tuple[Path, str]
@@ -81,15 +83,23 @@ class SchemaValidator:
                 continue
             check = KEYWORDS.get(keyword)
             if check is None:
-                raise ValueError(f"schema keyword {keyword!r} is not implemented by kimideploy")
+                raise _unsupported(f"the keyword {keyword!r}")
             yield from check(self, value, instance, schema, path)
 
     def resolve(self, reference: str) -> Schema:
         prefix = "#/$defs/"
         if not reference.startswith(prefix) or reference[len(prefix) :] not in self.definitions:
-            raise ValueError(f"unresolvable schema reference {reference!r}")
+            raise _unsupported(f"the reference {reference!r}")
         resolved: Schema = self.definitions[reference[len(prefix) :]]
         return resolved
+
+
+def _unsupported(what: str) -> ManifestError:
+    return ManifestError(
+        f"the OpenAPI schema uses {what}, which kimideploy's validator does not apply",
+        hint="install the kubernetes-validate version kimideploy pins (pyproject.toml), "
+        "or report a bug naming that version",
+    )
 
 
 Keyword = Callable[[SchemaValidator, Any, Any, dict[str, Any], Path], Iterator[Error]]
@@ -124,7 +134,7 @@ def _additional_properties(
     if not isinstance(instance, dict):
         return
     if "patternProperties" in schema:
-        raise ValueError("patternProperties is not implemented by kimideploy")
+        raise _unsupported("the keyword 'patternProperties'")
     known = schema.get("properties", {})
     extras = [name for name in instance if name not in known]
     if isinstance(allowed, dict):
@@ -141,7 +151,7 @@ def _items(
     v: SchemaValidator, items: Schema, instance: Any, schema: dict[str, Any], path: Path
 ) -> Iterator[Error]:
     if "prefixItems" in schema:
-        raise ValueError("prefixItems is not implemented by kimideploy")
+        raise _unsupported("the keyword 'prefixItems'")
     if not isinstance(instance, list) or not instance:
         return
     if items is False:
