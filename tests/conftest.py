@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kimideploy.config.loading import LoadedProject, load_project
+from tests.timing import Timing
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "kimideploy.yaml"
@@ -58,3 +60,16 @@ def edited_config(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return make
+
+
+TIMING = Timing()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    TIMING.add(report.nodeid, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.section("where the time went")
+    for line in TIMING.lines():
+        terminalreporter.write_line(line)

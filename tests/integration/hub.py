@@ -1,8 +1,12 @@
 """A local server speaking the two Hugging Face hub endpoints `hub_sync.py` uses.
 
 GET /api/models/{repo}/revision/{rev}?blobs=true and GET /{repo}/resolve/{rev}/{file} with Range
-support and Bearer-token checks. `drop_once` cuts the first download of a file halfway through, so
-resuming can be tested; `requests` records what was asked, including Range headers.
+(`bytes=a-b` and `bytes=a-`, answered 206 with Content-Range, as the hub's CDN does) and
+Bearer-token checks. `drop_once` cuts the first download of a file halfway through, so resuming
+can be tested; `requests` records what was asked, including Range headers, and `served` the byte
+ranges actually sent. `per_connection_bytes_per_s` limits each connection's bandwidth (as hubs
+and mirrors do per stream), `ignore_ranges` answers every request with the whole file, and
+`extra_bytes` appends bytes the listing does not count (a misbehaving mirror).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -28,6 +33,10 @@ class Hub:
         self.drop_once: set[str] = set()
         self.corrupt: set[str] = set()
         self.requests: list[tuple[str, str | None, str | None]] = []
+        self.served: list[tuple[str, int, int]] = []  # (file, start, end exclusive) sent
+        self.per_connection_bytes_per_s: float | None = None
+        self.ignore_ranges = False
+        self.extra_bytes = b""
         self.listing: list[dict[str, Any]] | None = None  # a hostile listing, served as is
         hub = self
 
@@ -80,25 +89,47 @@ class Hub:
             request.send_error(404)
 
     def send_file(self, request: BaseHTTPRequestHandler, name: str) -> None:
-        data = self.files[name]
+        data = self.files[name] + self.extra_bytes
         if name in self.corrupt:
             data = data[:-1] + bytes([data[-1] ^ 1])
-        start = 0
-        ranged = request.headers.get("Range")
+        start, end = 0, len(data)
+        ranged = request.headers.get("Range") if not self.ignore_ranges else None
         if ranged:
-            start = int(ranged.removeprefix("bytes=").split("-")[0])
-        body = data[start:]
+            first, _, last = ranged.removeprefix("bytes=").partition("-")
+            start, end = int(first), (int(last) + 1 if last else len(data))
+        body = data[start:end]
         request.send_response(206 if ranged else 200)
         request.send_header("Content-Length", str(len(body)))
+        if ranged:
+            request.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         request.end_headers()
         if name in self.drop_once:
             self.drop_once.discard(name)
             request.wfile.write(body[: len(body) // 2])
+            self.served.append((name, start, start + len(body) // 2))
             request.wfile.flush()
             request.close_connection = True
             request.connection.shutdown(2)
             return
-        request.wfile.write(body)
+        self._write_throttled(request, name, body, start)
+
+    def _write_throttled(
+        self, request: BaseHTTPRequestHandler, name: str, body: bytes, start: int
+    ) -> None:
+        rate = self.per_connection_bytes_per_s
+        step = 64 * 1024 if rate else len(body) or 1
+        began, sent = time.monotonic(), 0
+        try:
+            while sent < len(body):
+                request.wfile.write(body[sent : sent + step])
+                sent += min(step, len(body) - sent)
+                if rate:
+                    ahead = sent / rate - (time.monotonic() - began)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except OSError:  # the client went away (a kill, or it read what it asked for)
+            pass
+        self.served.append((name, start, start + sent))
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -75,6 +75,27 @@ def test_commands_are_quoted_and_exit_codes_returned(sshd: Any) -> None:
     remote.close()
 
 
+def test_a_build_streams_over_ssh_as_it_prints(sshd: Any) -> None:
+    """`image build --on CLUSTER` runs for hours: its lines (stderr folded in, as the build
+    script does) reach the caller as they are printed, not when the command ends."""
+    import time
+
+    from kimideploy.images.build import Watch
+
+    remote = runner(sshd)
+    arrived: list[tuple[float, str]] = []
+    started = time.monotonic()
+    steps: list[str] = []
+    watch = Watch(steps.append, lambda line: arrived.append((time.monotonic() - started, line)))
+    script = ("exec 2>&1; echo '#5 [builder 2/6] RUN apt-get update'; sleep 2; "
+              "echo '#5 DONE 2.0s' >&2; echo '#6 [builder 3/6] COPY x y'")  # fmt: skip
+    result = remote.run_streaming(["sh", "-c", script], watch)
+    remote.close()
+    assert result.ok and [line for _, line in arrived][1] == "#5 DONE 2.0s"
+    assert arrived[0][0] < 1.5 < arrived[1][0]
+    assert steps == ["[builder 2/6] RUN apt-get update", "[builder 3/6] COPY x y"]
+
+
 def test_file_transfer_both_ways(sshd: Any, tmp_path: Path) -> None:
     local = tmp_path / "up.txt"
     local.write_text("payload\n")

@@ -353,3 +353,107 @@ def test_a_runs_configmap_and_network_policy_go_with_its_job(
         "the garbage collector to remove the run's ConfigMap and NetworkPolicy",
         timeout=60,
     )  # fmt: skip
+
+
+# --- records read back are untrusted input --------------------------------------------------------
+
+
+def forge(session: ClusterSession, revision: int, **changes: Any) -> None:
+    """Store a release record as a namespace-level Secret writer could (no kimideploy involved)."""
+    current = session.history(RELEASE)[-1]
+    forged = records.ReleaseRecord(**{**current.__dict__, "revision": revision, "status": "superseded",
+                                      "resource_version": None, **changes})  # fmt: skip
+    body = records._secret(forged)
+    body["metadata"]["namespace"] = session.namespace  # stored here, whatever it claims inside
+    session.api.request("POST", f"/api/v1/namespaces/{session.namespace}/secrets", body=body)
+
+
+def test_rollback_to_a_forged_record_applies_nothing_outside_the_release(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    """The confused deputy: a record holding a ConfigMap in another namespace, a cluster-scoped
+    PriorityClass and a ClusterRoleBinding. The admin's `rollback --to 2` refuses it, names the
+    problems, and nothing is created."""
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    session = session_for(testcluster, namespace)
+    elsewhere = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "planted",
+            "namespace": "default",
+            "labels": {
+                "app.kubernetes.io/instance": RELEASE,
+                "app.kubernetes.io/managed-by": "kimideploy",
+            },
+        },
+    }
+    cluster_wide = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": "planted-priority"},
+        "value": 1000,
+    }
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "planted-admin"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+               "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]}  # fmt: skip
+    assert session.history(RELEASE), session.ignored_records
+    current = session.history(RELEASE)[-1]
+    forge(session, 2, manifests=[*current.manifests, elsewhere, cluster_wide, binding])
+    code, _, err = kd("rollback", "serve", "--to", "2", "--yes")
+    assert code == 2, err
+    assert "--to 2: kimideploy.release.kimi-k25-serve.v2:" in err
+    assert "ConfigMap/planted is in namespace 'default'" in err
+    assert "kind 'PriorityClass' is not one a release holds" in err
+    assert "never applied" in err and "Traceback" not in err
+    assert "planted" not in testcluster.kubectl("-n", "default", "get", "configmaps", "-o", "name")
+    assert "planted" not in testcluster.kubectl("get", "priorityclasses", "-o", "name")
+    assert "planted" not in testcluster.kubectl("get", "clusterrolebindings", "-o", "name")
+    # history still works, and says what it ignored and why
+    code, _out, err = kd("history", "serve")
+    assert code == 0 and "warning: ignored an untrusted release record" in err
+    assert [r.revision for r in session.history(RELEASE)] == [1]
+
+
+def test_a_record_naming_another_namespace_cannot_redirect_no_spec(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    """`rollback --no-spec` re-renders the serving record: a forged 'deployed' record naming
+    kube-system is not the serving one (it is not trusted), so the re-render goes to the
+    release's own namespace and nothing appears in kube-system."""
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+    session = session_for(testcluster, namespace)
+    forge(session, 5, status="deployed", namespace="kube-system")
+    code, _, err = kd("rollback", "serve", "--no-spec", *FAST)
+    assert code == 0, err
+    assert RELEASE not in testcluster.kubectl(
+        "-n", "kube-system", "get", "deployments", "-o", "name"
+    )
+    assert not speculative(testcluster, namespace)
+    assert [r.revision for r in session.history(RELEASE)] == [1, 2]
+
+
+def test_a_compressed_record_bomb_does_not_take_history_down(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    """A 0.9 MB record that would gunzip to 900 MB: history, status and up keep working."""
+    import base64
+    import gzip
+
+    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+    bomb = base64.b64encode(
+        gzip.compress(b"{" + b" " * 900_000_000 + b"}", compresslevel=9)
+    ).decode()
+    assert len(bomb) < 1_500_000
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": records.RECORD_TYPE,
+              "metadata": {"name": f"kimideploy.release.{RELEASE}.v7",
+                           "labels": {records.RECORD_LABEL: RELEASE, "kimideploy.io/revision": "7"}},
+              "data": {"release": bomb}}  # fmt: skip
+    session_for(testcluster, namespace).api.request(
+        "POST", f"/api/v1/namespaces/{namespace}/secrets", body=secret
+    )
+    code, _out, err = kd("history", "serve")
+    assert code == 0 and "decompresses to more than 16 MiB; not read" in err
+    assert kd("status")[0] == 0
+    assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0

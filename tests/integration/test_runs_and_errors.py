@@ -62,6 +62,40 @@ def test_three_index_train_job_on_b300_completes_with_progress(
     assert len({p["spec"]["nodeName"] for p in nodes}) == 3  # one 8-GPU pod per node
 
 
+HELD_OUT_RESULT = json.dumps({
+    "event": "result", "stage": "train", "drafter": "v3", "steps": 900, "num_speculative_tokens": 3,
+    "selected": {"step": 600, "held_out_length": 1.31,
+                 "reason": "step 600 has the best held-out mean acceptance length at k=3 (1.31); "
+                           "the last step (900) had 1.22"},
+    "held_out": {"depth": 3, "samples": 240,
+                 "mean_acceptance_length": {"1": 1.2, "2": 1.28, "3": 1.31}},
+})  # fmt: skip
+
+
+def test_run_train_ends_with_held_out_acceptance_against_each_clusters_break_even(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The figure that would have stopped the 15% drafter: held-out length per k, and for every
+    cluster whether it pays there, with the cost model named."""
+    harness.serve_logs(
+        testcluster, namespace,
+        harness.write_container_log(tmp_path / "train.log", [*PROGRESS[:3], HELD_OUT_RESULT]),
+    )  # fmt: skip
+    code, _out, err = kd("run", "train", "--set", annotations(run_duration="1s"), "--poll", "0.3")
+    assert code == 0, err
+    assert (
+        "held-out mean acceptance length of v3 (240 samples never trained on): "
+        "k=1 1.20, k=2 1.28, k=3 1.31" in err
+    )
+    assert "written: step 600 has the best held-out mean acceptance length at k=3 (1.31)" in err
+    # rtx6000's constant (0.143 per draft token at k=3: 1.43) is above 1.31: it does not pay there
+    assert "rtx6000: break-even acceptance length 1.43 at k=3, c=1 -> does NOT pay (1.31)" in err
+    assert "step cost: default constant step_cost_per_token" in err
+
+
 def test_a_failing_index_is_reported_and_the_run_exits_4(
     kd: Callable[..., tuple[int, str, str]],
     testcluster: harness.TestCluster,

@@ -1,15 +1,19 @@
 """The pipeline tier: the EAGLE-3 lifecycle with real vLLM 0.32 (the CPU build) on this machine.
 
 One session-scoped run of every stage, in order, each through kimideploy's own rendering and the
-workloads' own entry points (tests/pipeline/pods.py): a tiny target trained in the test, datagen
-against `vllm serve` of it, extraction with vLLM's `extract_hidden_states` (and the reference
-backend to compare), vocab, offline training of a drafter and of an untrained twin, online
-training of a third against a real vLLM sidecar started with the rendered flags, then the three
-drafters served with the rendered `--speculative-config` and benchmarked by the bench workload
-against vLLM's own counters. Tests assert on what each stage left behind; the figures (rates,
-sizes, acceptance) are collected in FIGURES and printed at the end (bench/pipeline.py prints them
-too). Skipped with the reason when the CPU vLLM cannot be installed, unless
-KIMIDEPLOY_REQUIRE_PIPELINE=1 (set by .ci/run), which turns the skip into a failure.
+workloads' own entry points (tests/pipeline/pods.py), on an informative target: a small model
+trained on the Python standard library (make_target.py, cached by target_cache.py) whose greedy
+answers carry real uncertainty, so a drafter's acceptance says how well it was trained, on which
+features, for which target. Datagen against `vllm serve` of it, extraction with vLLM's
+`extract_hidden_states` (and the reference backend to compare), vocab, offline training with the
+held-out judgement, online training against a real vLLM sidecar, then drafters served with the
+rendered `--speculative-config` and benchmarked by the bench workload against vLLM's own
+counters on held-out prompts: the correct one and one of each known mistake (untrained, layer
+ids one off, features rendered with another chat template, trained for another target of the
+same shape). Tests assert on what each stage left behind; the figures (rates, sizes, acceptance)
+are collected in FIGURES and printed at the end (bench/pipeline.py prints them too). Skipped
+with the reason when the CPU vLLM cannot be installed, unless KIMIDEPLOY_REQUIRE_PIPELINE=1
+(set by .ci/run), which turns the skip into a failure.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.pipeline import pods
-from tests.pipeline.corpus import prompts
+from tests.pipeline import pods, stdlib_corpus
 from tests.pipeline.figures import FIGURES
+from tests.pipeline.target_cache import informative_target
 
 from kimideploy.config.loading import LoadedProject, load_project
 
@@ -82,18 +86,47 @@ def volumes(tmp_path_factory: pytest.TempPathFactory) -> Volumes:
 
 
 @pytest.fixture(scope="session")
-def target(cpu_python: Path, project: LoadedProject, volumes: Volumes) -> Path:
-    """The tiny target, trained, where `host sync-model` would put it (with its marker)."""
+def built_target(cpu_python: Path) -> Path:
+    """served/ and previous/ (make_target.py), from the cache or built once (minutes)."""
+    started = time.monotonic()
+    root = informative_target(cpu_python, pods.cpu_env(cpu_python))
+    record = json.loads((root / "built.json").read_text())
+    FIGURES["target: build (s), this run / when built"] = (
+        f"{time.monotonic() - started:.1f} / {record['build_seconds']}"
+    )
+    FIGURES["target: final loss (previous, served)"] = (
+        f"{record['loss_previous']:.3f}, {record['loss']:.3f}"
+    )
+    return root
+
+
+@pytest.fixture(scope="session")
+def target(built_target: Path, project: LoadedProject, volumes: Volumes) -> Path:
+    """The served target, where `host sync-model` would put it (with its marker)."""
     rendered = pods.rendered(project, "datagen")
     path = volumes.local(rendered.spec["target"]["path"])
-    started = time.monotonic()
-    done = subprocess.run([str(cpu_python), str(HERE / "make_target.py"), str(path)],
-                          capture_output=True, text=True, timeout=600,
-                          env=pods.cpu_env(cpu_python))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    FIGURES["target: training (s)"] = round(time.monotonic() - started, 1)
-    FIGURES["target: final loss"] = round(json.loads(done.stdout.splitlines()[-1])["loss"], 3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(built_target / "served", path)
     (path / ".kimideploy-complete").write_text("synced")
+    return path
+
+
+def target_variant(built_target: Path, volumes: Volumes, name: str, template: str | None) -> Path:
+    """A copy of a built checkpoint (served or previous) on the models volume, optionally with
+    another chat template in its tokenizer config: what a training run pointed at the wrong
+    checkpoint or tokenizer would read."""
+    source = built_target / ("previous" if name == "previous" else "served")
+    path = volumes.root / "models" / "variants" / name
+    if not path.exists():
+        shutil.copytree(source, path)
+        if template is not None:
+            config_file = path / "tokenizer_config.json"
+            config = json.loads(config_file.read_text())
+            config["chat_template"] = (
+                HERE.parent / "fixtures" / "chat_templates" / template
+            ).read_text()
+            config_file.write_text(json.dumps(config, indent=2))
+            (path / "chat_template.jinja").unlink(missing_ok=True)
     return path
 
 
@@ -136,15 +169,23 @@ def conversations(
     spec = volumes.spec(rendered, **service_urls(project, target_server))
     prompt_file = Path(spec["prompts"])
     prompt_file.parent.mkdir(parents=True, exist_ok=True)
-    prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts(7, 96)))
+    samples = project.project.clusters["cpu"].workloads.datagen.samples
+    write_rows(prompt_file, stdlib_corpus.prompt_rows("prompts", "code", samples))
+    for domain in ("code", "docs"):
+        write_rows(prompt_file.parent / f"heldout-{domain}.jsonl",
+                   stdlib_corpus.prompt_rows("heldout", domain, 96))  # fmt: skip
     started = time.monotonic()
     code, out, err = pods.run_workload(cpu_python, "datagen", spec, volumes.root,
                                        **rendered.secret_env)  # fmt: skip
     seconds = time.monotonic() - started
     assert code == 0, err[-3000:]
     result = pods.events(out, "result")[-1]
-    FIGURES["datagen: samples/s"] = round(result.get("samples", 96) / seconds, 2)
+    FIGURES["datagen: samples/s"] = round(result.get("samples", samples) / seconds, 2)
     return {"spec": spec, "result": result, "stderr": err}
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 @pytest.fixture(scope="session")
@@ -200,16 +241,31 @@ def share_data(volumes: Volumes, project: LoadedProject, drafter: str, *workload
 
 
 def train(cpu_python: Path, project: LoadedProject, volumes: Volumes, *overrides: str,
-          **urls: str) -> dict[str, Any]:  # fmt: skip
+          target_path: Path | None = None, **urls: str) -> dict[str, Any]:  # fmt: skip
+    """The train Job's pod, as rendered; `target_path` points it at another checkpoint or
+    tokenizer (the mistakes the tier reproduces)."""
     rendered = pods.rendered(project, "train", overrides=overrides)
     spec = volumes.spec(rendered, **urls)
+    if target_path is not None:
+        spec["target"]["path"] = str(target_path)
     started = time.monotonic()
-    code, out, err = pods.run_workload(cpu_python, "train", spec, volumes.root, timeout=1200)
+    code, out, err = pods.run_workload(cpu_python, "train", spec, volumes.root, timeout=1800)
     seconds = time.monotonic() - started
     assert code == 0, err[-4000:]
     progress = pods.events(out, "progress")
     return {"spec": spec, "out": Path(spec["output_dir"]), "progress": progress,
-            "seconds": seconds, "rendered": rendered, "stderr": err}  # fmt: skip
+            "seconds": seconds, "rendered": rendered, "stderr": err,
+            "evaluations": pods.events(out, "evaluation"),
+            "result": pods.events(out, "result")[-1]}  # fmt: skip
+
+
+def extract_reference(cpu_python: Path, project: LoadedProject, volumes: Volumes,
+                      overrides: tuple[str, ...], target_path: Path) -> None:  # fmt: skip
+    """Features with the reference backend (transformers) of another checkpoint or tokenizer."""
+    spec = volumes.spec(pods.rendered(project, "extract", overrides=overrides))
+    spec["target"]["path"] = str(target_path)
+    code, _, err = pods.run_workload(cpu_python, "extract", spec, volumes.root)
+    assert code == 0, err[-3000:]
 
 
 @pytest.fixture(scope="session")
@@ -219,6 +275,11 @@ def good_drafter(
     run = train(cpu_python, project, volumes)
     steps = run["progress"][-1]["step"] if run["progress"] else 0
     FIGURES["train (offline): steps/s"] = round(steps / run["seconds"], 2)
+    held_out = run["result"]["held_out"]["mean_acceptance_length"]
+    FIGURES["good: held-out mean acceptance length (k=1,2,3)"] = ", ".join(
+        f"{held_out[k]:.2f}" for k in ("1", "2", "3")
+    )
+    FIGURES["good: checkpoint written"] = run["result"]["selected"]["reason"]
     return run
 
 
@@ -228,18 +289,57 @@ def untrained_drafter(
 ) -> dict[str, Any]:
     share_data(volumes, project, "untrained", "vocab", "extract")
     return train(cpu_python, project, volumes, "train.drafter=untrained", "train.lr=1e-9",
-                 "train.epochs=1")  # fmt: skip
+                 "train.epochs=1", "train.held_out_fraction=0")  # fmt: skip
 
 
 @pytest.fixture(scope="session")
-def shifted_drafter(
+def shifted_drafter(good_drafter: dict[str, Any], volumes: Volumes) -> Path:
+    """The convention mistake: good's files served where the registry records SGLang ids [2, 3,
+    4], so its config.json carries vLLM [3, 4, 5] and vLLM feeds it the layers one above the
+    ones it was trained on."""
+    out = volumes.root / "models" / "drafters" / "shifted"
+    if not out.exists():
+        shutil.copytree(good_drafter["out"], out)
+        config = json.loads((out / "config.json").read_text())
+        config["eagle_aux_hidden_state_layer_ids"] = [3, 4, 5]
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+@pytest.fixture(scope="session")
+def other_template_drafter(
+    cpu_python: Path, project: LoadedProject, vocab: Path, volumes: Volumes, built_target: Path
+) -> dict[str, Any]:
+    """Trained on features of the same conversations rendered with a Kimi-K2-shaped template
+    (no thinking): the tokenizer it was pointed at carried another chat template."""
+    share_data(volumes, project, "other-template", "vocab")
+    variant = target_variant(built_target, volumes, "k2-template", "kimi_k2_shaped.jinja")
+    overrides = ("train.drafter=other-template", "extract.backend=transformers")
+    extract_reference(cpu_python, project, volumes, overrides, variant)
+    return train(cpu_python, project, volumes, *overrides, target_path=variant)
+
+
+@pytest.fixture(scope="session")
+def other_target_drafter(
+    cpu_python: Path, project: LoadedProject, vocab: Path, volumes: Volumes, built_target: Path
+) -> dict[str, Any]:
+    """Trained on the features of the checkpoint the served target continued from (same shape,
+    same tokenizer and template, other weights)."""
+    share_data(volumes, project, "other-target", "vocab")
+    variant = target_variant(built_target, volumes, "previous", None)
+    overrides = ("train.drafter=other-target", "extract.backend=transformers")
+    extract_reference(cpu_python, project, volumes, overrides, variant)
+    return train(cpu_python, project, volumes, *overrides, target_path=variant)
+
+
+@pytest.fixture(scope="session")
+def online_drafter(
     cpu_python: Path, project: LoadedProject, vocab: Path, volumes: Volumes
 ) -> dict[str, Any]:
-    """Trained online (train.mode=online) against a real vLLM started with the rendered sidecar
-    flags, at the SGLang ids [2, 3, 4] = vLLM [3, 4, 5]; then its config.json gets the ids as
-    SpecForge writes them ([2, 3, 4]), the mistake CONTEXT §4 describes."""
-    share_data(volumes, project, "shifted", "vocab")
-    overrides = ("train.drafter=shifted", "train.mode=online")
+    """Trained online (train.mode=online, one epoch) against a real vLLM started with the
+    rendered sidecar flags; the trainer reads and deletes every file the server writes."""
+    share_data(volumes, project, "online", "vocab")
+    overrides = ("train.drafter=online", "train.mode=online", "train.epochs=1")
     rendered = pods.rendered(project, "train", overrides=overrides)
     assert rendered.vllm_model is not None
     port = pods.free_port()
@@ -260,11 +360,6 @@ def shifted_drafter(
     FIGURES["train (online): steps/s"] = round(steps / run["seconds"], 2)
     scratch = volumes.local(rendered.spec["online"]["storage_dir"])
     run["scratch_left"] = sorted(p.name for p in scratch.iterdir()) if scratch.is_dir() else []
-    config_file = run["out"] / "config.json"
-    config = json.loads(config_file.read_text())
-    run["ids_as_trained"] = config["eagle_aux_hidden_state_layer_ids"]
-    config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]
-    config_file.write_text(json.dumps(config, indent=2))
     return run
 
 
@@ -275,22 +370,26 @@ class Served:
     bench: dict[str, Any]
 
 
-@pytest.fixture(scope="session")
-def served(
-    cpu_python: Path,
-    project: LoadedProject,
-    volumes: Volumes,
-    target_server: pods.Server,
-    good_drafter: dict[str, Any],
-    untrained_drafter: dict[str, Any],
-    shifted_drafter: dict[str, Any],
-) -> dict[str, Served]:
-    """The baseline bench on the non-speculative server, then each drafter served with the
-    rendered `--speculative-config` (three servers at once) and benchmarked."""
-    results = {"none": Served("none", target_server, bench(cpu_python, project, volumes,
-                                                           "none", target_server))}  # fmt: skip
+def length(result: Served, prompt_set: str = "code", concurrency: int = 4) -> float:
+    """The mean acceptance length vLLM counted for one bench level of a served drafter."""
+    level = next(lv for lv in result.bench["levels"]
+                 if lv["prompt_set"] == prompt_set and lv["concurrency"] == concurrency)  # fmt: skip
+    value = level["mean_acceptance_length"]
+    assert value is not None, level
+    return float(value)
+
+
+SERVED_MISTAKES = ("untrained", "shifted", "other-template", "other-target")
+"""Each known mistake, served next to the correct drafter (`good`)."""
+
+
+def serve_and_bench(cpu_python: Path, project: LoadedProject, volumes: Volumes,
+                    names: tuple[str, ...]) -> dict[str, Served]:  # fmt: skip
+    """Each drafter served with the rendered `--speculative-config` (all at once), benchmarked
+    in turn, then stopped."""
     servers = {}
-    for name in ("good", "untrained", "shifted"):
+    started = time.monotonic()
+    for name in names:
         rendered = pods.rendered(project, "serve", name)
         assert rendered.vllm_model is not None
         args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port()),
@@ -299,17 +398,45 @@ def served(
                                         args, volumes.root / f"serve-{name}.log",
                                         env=rendered.secret_env,
                                         ready_path=rendered.ready_path)  # fmt: skip
+    results = {}
     try:
-        pods.wait_ready(list(servers.values()), timeout=600)
+        pods.wait_ready(list(servers.values()), timeout=900)
+        FIGURES[f"vLLM start-up, {len(names)} drafters at once (s)"] = round(
+            time.monotonic() - started, 1
+        )
         for name, server in servers.items():
             results[name] = Served(name, server, bench(cpu_python, project, volumes, name, server))
     finally:
         for server in servers.values():
             server.stop()
+    return results
+
+
+@pytest.fixture(scope="session")
+def served(
+    cpu_python: Path,
+    project: LoadedProject,
+    volumes: Volumes,
+    target_server: pods.Server,
+    good_drafter: dict[str, Any],
+    untrained_drafter: dict[str, Any],
+    shifted_drafter: Path,
+    other_template_drafter: dict[str, Any],
+    other_target_drafter: dict[str, Any],
+) -> dict[str, Served]:
+    """The baseline bench on the non-speculative server, then the drafters in two waves of
+    servers (memory: each CPU vLLM holds about 4 GB)."""
+    results = {"none": Served("none", target_server, bench(cpu_python, project, volumes,
+                                                           "none", target_server))}  # fmt: skip
+    results.update(serve_and_bench(cpu_python, project, volumes, ("good", "untrained", "shifted")))
+    results.update(
+        serve_and_bench(cpu_python, project, volumes, ("other-template", "other-target"))
+    )
     for name, result in results.items():
         level = result.bench["levels"][0]
-        FIGURES[f"acceptance length, {name} (k=3, greedy)"] = level.get("mean_acceptance_length")
-        FIGURES[f"acceptance rate, {name}"] = level.get("acceptance_rate")
+        FIGURES[f"acceptance length, {name} (k=3, greedy, held-out code)"] = level.get(
+            "mean_acceptance_length"
+        )
     return results
 
 

@@ -26,6 +26,7 @@ from kimideploy.services.calibrate.sweep import ACCEPTANCE_TOLERANCE, points_fro
 K = 2
 LENGTHS = (1.5, 2.5, 3.0)
 LEVELS = "bench.concurrency=[4]"
+PROMPTS = "bench.num_prompts=12"  # three passes (lengths): fewer prompts than the acceptance bench
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def calibration_run(
                              ready_path=rendered.ready_path)  # fmt: skip
     try:
         pods.wait_ready([server], timeout=600)
-        bench = pods.rendered(project, "bench", "untrained", overrides=(LEVELS,),
+        bench = pods.rendered(project, "bench", "untrained", overrides=(LEVELS, PROMPTS),
                               synthetic=synthetic)  # fmt: skip
         spec = volumes.spec(bench, **service_urls(project, server))
         code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,

@@ -7,6 +7,7 @@ workloads' entry points; these tests read what the stages left behind.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -17,32 +18,28 @@ from typing import Any
 import pytest
 from tests.conftest import REPO
 from tests.pipeline import pods
-from tests.pipeline.conftest import CONFIG, HERE, Served, copy_drafter
+from tests.pipeline.conftest import CONFIG, HERE, Served, copy_drafter, length
 from tests.pipeline.figures import FIGURES
 
 from kimideploy.formats.chat_template import SAMPLE_FORMAT, generated_turn
 from kimideploy.services.gate.verdict import GateMeasurementError, judge
 
-# Thresholds set from what this tier measured (see the README's pipeline section): a trained
-# drafter reached ~2.7-3.2 mean acceptance length at k=3 on the held-out bench prompts, an
-# untrained one ~1.0.
-TRAINED_AT_LEAST = 2.0
-UNTRAINED_AT_MOST = 1.3
+SAMPLES = 480  # tests/pipeline/kimideploy.yaml: datagen.samples
 
 
 def test_datagen_against_real_vllm_serve_writes_every_sample_with_its_reasoning(
     conversations: dict[str, Any],
 ) -> None:
     result = conversations["result"]
-    assert result["samples"] == 96 and result["failed_requests"] == 0, result
+    assert result["samples"] == SAMPLES and result["failed_requests"] == 0, result
     out = Path(conversations["spec"]["output_dir"])
     samples = [json.loads(line) for chunk in sorted(out.glob("shard-*/chunk-*.jsonl"))
                for line in chunk.read_text().splitlines() if line]  # fmt: skip
-    assert len(samples) == 96
+    assert len(samples) == SAMPLES
     # vLLM's kimi_k2 reasoning parser split <think>...</think> from the answer; datagen put both
     # back in the format the target sees.
     with_reasoning = [s for s in samples if s["reasoning"].strip()]
-    assert len(with_reasoning) >= 90, samples[0]
+    assert len(with_reasoning) >= 0.9 * SAMPLES, samples[0]
     assert all(s["format"] == SAMPLE_FORMAT and s["answer"] for s in samples)
 
 
@@ -58,7 +55,7 @@ def test_vllm_extraction_equals_the_reference_backend_at_the_declared_layers(
     assert done.returncode == 0, done.stderr[-2000:]
     compared = json.loads(done.stdout.splitlines()[-1])
     FIGURES["extract: vLLM vs reference, max rel. error"] = f"{compared['max_relative_error']:.1e}"
-    assert compared["samples"] == 96 and compared["same_names"], compared
+    assert compared["samples"] == SAMPLES and compared["same_names"], compared
     assert compared["problems"] == [], compared
     assert compared["max_relative_error"] < 1e-4, compared  # float32 on both sides
     # Nothing of vLLM's connector is left: every file and its lock were read and removed.
@@ -72,21 +69,20 @@ def test_offline_training_learns_and_writes_what_vllm_reads(good_drafter: dict[s
     assert progress[-1]["loss"] < progress[0]["loss"] * 0.7, (progress[0], progress[-1])
     config = json.loads((good_drafter["out"] / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
-    assert config["draft_vocab_size"] == 256
+    assert config["draft_vocab_size"] == 512
 
 
 def test_online_training_against_the_rendered_sidecar_reads_and_deletes_every_file(
-    shifted_drafter: dict[str, Any],
+    online_drafter: dict[str, Any],
 ) -> None:
-    progress = shifted_drafter["progress"]
+    progress = online_drafter["progress"]
     assert progress[-1]["loss"] < progress[0]["loss"] * 0.7, (progress[0], progress[-1])
-    assert shifted_drafter["scratch_left"] == []  # no hidden states and no lock files left
-    lineage = json.loads((shifted_drafter["out"] / "kimideploy-lineage.json").read_text())
-    assert lineage["dataset"]["mode"] == "online" and lineage[
-        "eagle_aux_hidden_state_layer_ids"
-    ] == [3, 4, 5]
-    # SGLang ids [2, 3, 4] = vLLM [3, 4, 5]: kimideploy wrote them in vLLM's convention.
-    assert shifted_drafter["ids_as_trained"] == [3, 4, 5]
+    assert online_drafter["scratch_left"] == []  # no hidden states and no lock files left
+    lineage = json.loads((online_drafter["out"] / "kimideploy-lineage.json").read_text())
+    assert lineage["dataset"]["mode"] == "online"
+    assert lineage["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
+    # The held-out samples were requested from the server too, and judged.
+    assert lineage["held_out"]["samples"] >= 1 and lineage["held_out"]["mean_acceptance_length"]
 
 
 def drafter_check(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
@@ -96,49 +92,24 @@ def drafter_check(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_drafter_check_refuses_the_off_by_one_drafter_before_serving(
-    good_drafter: dict[str, Any], shifted_drafter: dict[str, Any], tmp_path: Path
+    good_drafter: dict[str, Any], shifted_drafter: Path, tmp_path: Path
 ) -> None:
     good = drafter_check("good", copy_drafter(good_drafter, tmp_path / "g"))
     assert good.returncode == 0, good.stdout + good.stderr
-    shifted = drafter_check("shifted", copy_drafter(shifted_drafter, tmp_path / "s"))
+    assert "held-out mean acceptance length" in good.stdout  # its lineage's judgement, shown
+    # Recorded as SGLang [2, 3, 4] = vLLM [3, 4, 5], trained on vLLM [2, 3, 4]: the lineage says so.
+    shifted = drafter_check("shifted", shifted_drafter)
     assert shifted.returncode != 0
-    assert "config.json says [2, 3, 4]; trained at [3, 4, 5] in vLLM's convention" in shifted.stdout
-    assert '"eagle_aux_hidden_state_layer_ids": [3, 4, 5]' in shifted.stdout
-
-
-def length(result: Served, prompt_set: str = "chat", concurrency: int = 1) -> float:
-    level = next(lv for lv in result.bench["levels"]
-                 if lv["prompt_set"] == prompt_set and lv["concurrency"] == concurrency)  # fmt: skip
-    value = level["mean_acceptance_length"]
-    assert value is not None, level
-    return float(value)
-
-
-def test_vllm_serves_the_trained_drafter_and_it_beats_the_untrained_one(
-    served: dict[str, Served],
-) -> None:
-    for prompt_set in ("chat", "reasoning"):
-        trained, untrained = (
-            length(served["good"], prompt_set),
-            length(served["untrained"], prompt_set),
-        )
-        print(f"{prompt_set}: mean acceptance length trained {trained:.2f}, untrained "
-              f"{untrained:.2f}, off-by-one {length(served['shifted'], prompt_set):.2f}")  # fmt: skip
-        assert trained >= TRAINED_AT_LEAST and untrained <= UNTRAINED_AT_MOST
-
-
-def test_the_off_by_one_drafter_served_anyway_is_measured_next_to_the_correct_one(
-    served: dict[str, Served],
-) -> None:
-    """Forced past `drafter check`, vLLM serves the shifted drafter and its acceptance is measured.
-    Not asserted lower: on this 6-layer target adjacent layers carry nearly the same features, and
-    the measured gap was ~1% (3.78 vs 3.82 mean acceptance length at k=3, chat), far from the
-    ~45% -> ~10% first-position drop reported on large models; one seed cannot call that reliable.
-    `drafter check` refusing it (above) is what protects the user."""
-    for prompt_set in ("chat", "reasoning"):
-        good, shifted = length(served["good"], prompt_set), length(served["shifted"], prompt_set)
-        FIGURES[f"off-by-one vs correct, {prompt_set}"] = f"{shifted:.2f} vs {good:.2f}"
-        assert shifted > UNTRAINED_AT_MOST  # it was trained; vLLM fed it (shifted) features
+    assert "trained on vLLM layers [2, 3, 4], registry [3, 4, 5]" in shifted.stdout
+    # And as SpecForge writes SGLang ids into config.json: the exact fix is named.
+    spec_forge = tmp_path / "s"
+    shutil.copytree(shifted_drafter, spec_forge)
+    config = json.loads((spec_forge / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]
+    (spec_forge / "config.json").write_text(json.dumps(config))
+    written = drafter_check("shifted", spec_forge)
+    assert "config.json says [2, 3, 4]; trained at [3, 4, 5] in vLLM's convention" in written.stdout
+    assert '"eagle_aux_hidden_state_layer_ids": [3, 4, 5]' in written.stdout
 
 
 def test_the_gate_judges_the_real_counters_with_the_code_up_gate_uses(
@@ -146,12 +117,9 @@ def test_the_gate_judges_the_real_counters_with_the_code_up_gate_uses(
 ) -> None:
     baseline = served["none"].bench
     assert all(lv["acceptance_rate"] is None for lv in baseline["levels"])
-    keep, reason, rows = judge(served["good"].bench, baseline, [("chat", 1), ("reasoning", 1)], 0.0)
+    keep, reason, rows = judge(served["good"].bench, baseline, [("code", 4)], 0.0)
     assert keep, reason
-    assert [r["mean_acceptance_length"] for r in rows] == [
-        length(served["good"], "chat"),
-        length(served["good"], "reasoning"),
-    ]
+    assert [r["mean_acceptance_length"] for r in rows] == [length(served["good"])]
     # The serve plan asked vLLM 0.32 for each response's own acceptance, and the bench counted
     # those; with no other traffic in a level's window they equal what /metrics counted.
     for level in served["good"].bench["levels"]:
@@ -159,7 +127,7 @@ def test_the_gate_judges_the_real_counters_with_the_code_up_gate_uses(
         assert level["acceptance_rate"] == pytest.approx(level["scraped_acceptance_rate"]), level
     # A server without a drafter has no spec-decode counters: the gate refuses to guess.
     with pytest.raises(GateMeasurementError, match="counters are missing"):
-        judge(baseline, baseline, [("chat", 1)], 1.0)
+        judge(baseline, baseline, [("code", 4)], 1.0)
 
 
 def test_the_serve_release_with_an_api_key_refuses_v1_without_it_and_keeps_probes_open(

@@ -105,7 +105,7 @@ def greedy_traffic(url: str, stop: threading.Event, api_key: str) -> None:
             "messages": [
                 {
                     "role": "user",
-                    "content": "In a few sentences, explain batching to an engineer (#3).",
+                    "content": "Write the function `dumps` of `json`.",
                 }
             ],
         }

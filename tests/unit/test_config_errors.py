@@ -213,3 +213,22 @@ def test_names_the_api_server_would_reject_are_config_errors(
     """Found at load time with the file's path, not by the API server half-way through an apply."""
     issues = issues_of(edited_config(edit))
     assert any(message in issue for issue in issues), issues
+
+
+def test_a_bench_prompt_set_must_be_built_in_or_a_named_file(
+    edited_config: Callable[..., Path],
+) -> None:
+    old = "        concurrency: [1, 4, 8, 32]\n"
+    path = edited_config((old, old + "        prompt_sets: [chat, mine]\n"))
+    with pytest.raises(ConfigError, match=r"prompt_sets \['mine'\] are neither built in"):
+        load_project(path)
+    named = edited_config(
+        (
+            old,
+            old
+            + "        prompt_sets: [chat, mine]\n        prompt_files: {mine: prompts/mine.jsonl}\n",
+        )
+    )
+    assert load_project(named).project.clusters["rtx6000"].workloads.bench.prompt_files == {
+        "mine": "prompts/mine.jsonl"
+    }

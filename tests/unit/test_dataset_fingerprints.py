@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.specs import SPEC_FILE_NAME
 from kimideploy.plan.model import PlanRequest
@@ -104,3 +106,48 @@ def test_online_training_expects_the_conversations_fingerprint() -> None:
 
     assert spec(train)["data_fingerprint"] == spec(datagen)["fingerprint"]
     assert spec(train)["online"]["conversations_dir"] == spec(datagen)["output_dir"]
+
+
+def _claim(root: str, prompts: str, barrier: Any, results: Any) -> None:
+    from kimideploy.workloads import dataset_record
+    from kimideploy.workloads.runtime import BadInputError
+
+    barrier.wait()
+    try:
+        dataset_record.claim(Path(root), {"stage": "datagen"}, {"prompts_sha256": prompts})
+        results.put("won")
+    except BadInputError:
+        results.put("refused")
+
+
+def test_two_first_writers_of_a_fingerprint_never_both_win(tmp_path: Path) -> None:
+    """Two runs starting a fresh folder with different prompt files at the same moment: exactly
+    one writes the fingerprint, the other compares and is refused (before: both won, 19 of 20)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for trial in range(20):
+        barrier, results = context.Barrier(2), context.Queue()
+        racers = [context.Process(target=_claim, args=(str(tmp_path / str(trial)), prompts,
+                                                       barrier, results))
+                  for prompts in ("a" * 64, "b" * 64)]  # fmt: skip
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(timeout=30)
+        assert sorted(results.get(timeout=5) for _ in racers) == ["refused", "won"], trial
+        assert not [p for p in (tmp_path / str(trial)).iterdir() if p.name != "fingerprint.json"]
+
+
+def test_a_corrupt_fingerprint_is_a_named_refusal(tmp_path: Path) -> None:
+    from kimideploy.workloads import dataset_record
+    from kimideploy.workloads.runtime import BadInputError
+
+    (tmp_path / "fingerprint.json").write_text("{half")
+    with pytest.raises(BadInputError, match="not valid JSON") as caught:
+        dataset_record.claim(tmp_path, {"stage": "datagen"}, {})
+    assert caught.value.exit_code == 2
+    (tmp_path / "fingerprint.json").unlink()
+    (tmp_path / "fingerprint.json").symlink_to("/dev/zero")
+    with pytest.raises(BadInputError, match="is a symbolic link"):
+        dataset_record.read(tmp_path)

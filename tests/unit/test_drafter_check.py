@@ -56,7 +56,10 @@ def write_lineage(folder: Path, example: LoadedProject, **changes: Any) -> Path:
     model = example.project.model
     lineage = {"kind": "kimideploy.drafter-lineage.v1", "run_id": "abc123", "trained_for": model.repo,
                "trained_for_revision": model.revision, "eagle_aux_hidden_state_layer_ids": [2, 30, 58],
-               "metrics": {"accuracy_per_position": [0.7, 0.6, 0.5]}, **changes}  # fmt: skip
+               "metrics": {"accuracy_per_position": [0.7, 0.6, 0.5]},
+               "held_out": {"depth": 3, "samples": 500, "mean_acceptance_length": {"1": 1.7, "2": 2.2, "3": 2.5}},
+               "selected_checkpoint": {"step": 900, "reason": "the last step has the best held-out mean acceptance length at k=3 (2.5)"},
+               **changes}  # fmt: skip
     (folder / "kimideploy-lineage.json").write_text(json.dumps(lineage))
     return folder
 
@@ -300,3 +303,94 @@ def test_a_published_prior_predicts_until_acceptance_is_measured(example: Loaded
     assert "prior: published mean acceptance length 3.13" in predicted and "x (k=3" in predicted
     warnings = " ".join(resolve(example, PlanRequest("serve", "b200", "k25")).warnings)
     assert "cluster b200 serves variant nvfp4" in warnings
+
+
+V3_STATUS = "    status: candidate              # EXAMPLE"
+
+
+def held_out_config(edited_config: Callable[..., Path], lengths: str, extra: str = "") -> Path:
+    """v3 with a training run's held-out judgement in the registry (what `drafter publish` or a
+    user copies from kimideploy-lineage.json)."""
+    record = (f"    held_out: {{mean_acceptance_length: {lengths}, samples: 240, step: 600, "
+              f"run: abc123}}\n{extra}")  # fmt: skip
+    return edited_config(("  v3:\n", "  v3:\n" + record))
+
+
+def test_held_out_acceptance_predicts_ahead_of_a_prior_and_behind_serving(
+    edited_config: Callable[..., Path],
+) -> None:
+    from kimideploy.services.drafters.listing import drafter_rows
+
+    prior = "    published: {mean_acceptance_length: {mt-bench: 3.3}, num_speculative_tokens: 3, source: card}\n"
+    loaded = load_project(held_out_config(edited_config, "{1: 1.7, 2: 2.2, 3: 2.5}", prior))
+    plan = resolve(loaded, PlanRequest("serve", "rtx6000", "v3"))
+    predicted = dict(plan.facts)["predicted"]
+    assert (
+        "held-out mean acceptance length 2.50 (training run abc123, 240 samples never trained on, step 600)"
+        in predicted
+    )
+    assert "c=1 1.75x" in predicted  # 2.5 / 1.43
+    row = {r["name"]: r for r in drafter_rows(loaded.project)}["v3"]
+    assert row["held_out_length"] == "2.50 @k=3 (held-out, run abc123)"
+    shown = {f.name: f for f in check(loaded.project, "v3", None)}["acceptance"].detail
+    assert shown.index("held-out mean acceptance length 2.50") < shown.index(
+        "prior: published mean acceptance length 3.30"
+    )
+    # What serving measured wins over both.
+    measured = load_project(
+        held_out_config(edited_config, "{3: 2.5}", prior + "    acceptance: [0.3, 0.2, 0.1]\n")
+    )
+    assert (
+        "measured mean acceptance length"
+        in dict(resolve(measured, PlanRequest("serve", "rtx6000", "v3")).facts)["predicted"]
+    )
+
+
+def test_up_refuses_a_drafter_whose_held_out_length_is_below_break_even(
+    edited_config: Callable[..., Path],
+) -> None:
+    from kimideploy.errors import UsageError
+    from kimideploy.services.release.deploy import _refuse_failing_drafter
+
+    loaded = load_project(held_out_config(edited_config, "{1: 1.1, 2: 1.2, 3: 1.31}"))
+    found = {f.name: f for f in check(loaded.project, "v3", None)}["predicted speedup"]
+    assert not found.ok and found.blocking
+    assert "held-out mean acceptance length 1.31 at k=3, break-even 1.43" in found.detail
+    assert "0.92x (SLOWER than no speculation) at c=1" in found.detail
+    with pytest.raises(UsageError, match="drafter v3 fails its check: predicted speedup"):
+        _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v3")), force=False)
+    _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v3")), force=True)
+    # A published prior below break-even warns but does not block: it was measured elsewhere.
+    prior = load_project(
+        edited_config(
+            (
+                "  v3:\n",
+                "  v3:\n    published: {mean_acceptance_length: {x: 1.2}, num_speculative_tokens: 3, source: card}\n",
+            )
+        )
+    )
+    assert not {f.name: f for f in check(prior.project, "v3", None)}["predicted speedup"].blocking
+
+
+def test_drafter_check_reads_the_held_out_judgement_from_the_lineage_file(
+    example: LoadedProject, tmp_path: Path
+) -> None:
+    folder = write_lineage(drafter_dir(tmp_path / "d"), example, held_out={
+        "depth": 3, "samples": 64, "by_k": {"3": {"acceptance_per_position": [0.5, 0.4, 0.3]}},
+        "mean_acceptance_length": {"1": 1.5, "2": 1.7, "3": 1.8}},
+        selected_checkpoint={"step": 40, "reason": "step 40 has the best held-out mean acceptance length at k=3 (1.8)"})  # fmt: skip
+    found = findings(example, "v3", folder)
+    assert found["lineage: held-out"].ok
+    assert (
+        "k=1 1.5, k=2 1.7, k=3 1.8 on 64 samples never trained on"
+        in found["lineage: held-out"].detail
+    )
+    assert "step 40 has the best" in found["lineage: held-out"].detail
+    # The registry has none for v3: the lineage file's figure predicts, labelled held-out.
+    assert "held-out mean acceptance length 1.80" in found["acceptance"].detail
+    assert found["predicted speedup"].ok and "1.26x" in found["predicted speedup"].detail
+    older = write_lineage(drafter_dir(tmp_path / "old"), example, held_out=None)
+    assert not findings(example, "v3", older)["lineage: held-out"].ok
+    (older / "kimideploy-lineage.json").write_text("{not json")
+    broken = findings(example, "v3", older)["lineage file"]
+    assert not broken.ok and "not valid JSON" in broken.detail

@@ -135,12 +135,15 @@ def test_index_lists() -> None:
 
 def test_release_records_round_trip_compressed() -> None:
     record = records.ReleaseRecord(
-        release="kimi-k25-serve", revision=3, status="deployed", created_at="t", user="u",
-        cluster="rtx6000", namespace="kimi", drafter="v3", image="i@sha256:x", config_sha256="c",
-        config_text="name: x\n" * 500, overrides=["serve.replicas=1"], manifests=[{"kind": "Deployment"}],
+        release="kimi-k25-serve", revision=3, status="deployed", created_at="2026-12-01T00:00:00Z",
+        user="u", cluster="rtx6000", namespace="kimi", drafter="v3", image="i@sha256:x",
+        config_sha256="c", config_text="name: x\n" * 500, overrides=["serve.replicas=1"],
+        manifests=[{"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "m",
+                    "labels": {"app.kubernetes.io/instance": "kimi-k25-serve",
+                               "app.kubernetes.io/managed-by": "kimideploy"}}}],
     )  # fmt: skip
     secret = records._secret(record)
     assert secret["type"] == "kimideploy.io/release.v1"
     assert secret["metadata"]["labels"]["kimideploy.io/status"] == "deployed"
     assert len(secret["data"]["release"]) < len(record.config_text) / 5  # gzip pays for itself
-    assert records._decode(secret) == record
+    assert records._decode(secret, "kimi", "kimi-k25-serve") == record

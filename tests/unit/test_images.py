@@ -6,6 +6,8 @@ import io
 import shutil
 import subprocess
 import tarfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,22 +90,40 @@ def test_context_and_tag_are_stable_and_follow_the_inputs(
     assert changed.tag("r") != first.tag("r")
 
 
+DOCKER = REPO / "tests" / "fixtures" / "docker"
+
+
 class RecordingRunner:
-    """Records the commands a build issues (there is no engine on this machine)."""
+    """Records the commands a build issues and answers with recorded transcripts (there is no
+    Docker engine on this machine)."""
 
     host = "gpu-host"
 
-    def __init__(self, digest: str) -> None:
+    def __init__(self, push_output: str = "push.txt", inspect: str = "") -> None:
         self.calls: list[list[str]] = []
         self.uploads: list[tuple[bytes, str]] = []
-        self.digest = digest
+        self.push_output = push_output
+        self.inspect = inspect  # what `docker image inspect` would say, if anyone asked
 
     def run(
         self, argv: list[str], sudo: bool = False, timeout: float = 60, stdin: str | None = None
     ) -> CommandResult:
         self.calls.append(argv)
-        out = self.digest + "\n" if argv[:3] == ["docker", "image", "inspect"] else ""
+        out = "/tmp/kimideploy-build.Ab12Cd34Ef\n" if argv[0] == "mktemp" else ""
+        if argv[:3] == ["docker", "image", "inspect"]:
+            out = self.inspect
         return CommandResult(" ".join(argv), 0, out, "")
+
+    def run_streaming(
+        self, argv: list[str], on_line: Callable[[str], None], stdin: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:  # fmt: skip
+        self.calls.append(argv)
+        name = "build-plain.txt" if argv[3] == "build" else self.push_output
+        text = (DOCKER / name).read_text()
+        for line in text.splitlines():
+            on_line(line)
+        return CommandResult(" ".join(argv), 0, text, "")
 
     def put(self, local: Path, remote: str) -> None:
         self.uploads.append((local.read_bytes(), remote))
@@ -112,36 +132,131 @@ class RecordingRunner:
         pass
 
 
-def test_build_and_push_issue_these_commands(example: LoadedProject) -> None:
+def watch() -> tuple[building.Watch, list[str], list[str]]:
+    steps: list[str] = []
+    lines: list[str] = []
+    return building.Watch(steps.append, lines.append), steps, lines
+
+
+def test_build_and_push_stream_and_record_the_pushed_digest(
+    example: LoadedProject, tmp_path: Path
+) -> None:
     context = build_context(example.project, "vllm-0.16-kimi")
-    reference = "ghcr.io/kimideploy/vllm@sha256:" + "a" * 64
-    runner = RecordingRunner(reference)
-    result = building.build(runner, context, "ghcr.io/kimideploy/vllm", "abc123", True, "/tmp/kd")  # type: ignore[arg-type]
+    runner = RecordingRunner()
+    seen, steps, lines = watch()
+    result = building.build(
+        runner, context, "ghcr.io/kimideploy/vllm", "abc123", True, seen, tmp_path
+    )  # type: ignore[arg-type]
     tag = context.tag("ghcr.io/kimideploy/vllm")
-    remote = f"/tmp/kd/vllm-0.16-kimi-{context.sha256[:12]}.tar"
+    remote = f"/tmp/kimideploy-build.Ab12Cd34Ef/vllm-0.16-kimi-{context.sha256[:12]}.tar"
     assert runner.uploads == [(context.tar, remote)]
     assert runner.calls == [
-        ["mkdir", "-p", "/tmp/kd"],
+        ["mktemp", "-d", "-t", "kimideploy-build.XXXXXXXXXX"],
         ["sh", "-c", building.BUILD_SCRIPT, "build", tag, remote, "abc123"],
-        ["docker", "push", tag],
-        ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", tag],
+        ["sh", "-c", building.PUSH_SCRIPT, "push", tag],
+        ["rm", "-rf", "--", "/tmp/kimideploy-build.Ab12Cd34Ef"],
     ]
-    assert result == reference
+    assert "--progress=plain" in building.BUILD_SCRIPT and "exec 2>&1" in building.BUILD_SCRIPT
+    assert (
+        result
+        == "ghcr.io/kimideploy/vllm@sha256:c5c5fda71656f28e49ac9c5416b3643eaa6a108a8093151d6d1afc9463be8e33"
+    )
+    # Every step shown once, as it started, in order; every line streamed as status.
+    assert steps == [
+        "[internal] load build definition from Dockerfile",
+        steps[1],
+        "[internal] load .dockerignore",
+        "[builder 1/6] FROM docker.io/nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04@sha256:28c78fb12c758649ad36bf952e29269c806ea683cfbe6872075dbf188648163e",
+        "[builder 2/6] RUN apt-get update && apt-get install -y --no-install-recommends python3.12 python3.12-venv patch",
+        "[builder 3/6] COPY docker/constraints/vllm-0.16-kimi.txt /tmp/constraints.txt",
+        steps[6],
+        steps[7],
+        "[builder 6/6] RUN /opt/venv/bin/python -m kimideploy.images.selfcheck patch-0001 patch-0002 patch-0003",
+    ]
+    pushed = (DOCKER / "push.txt").read_text().splitlines()
+    assert lines == (DOCKER / "build-plain.txt").read_text().splitlines() + pushed
+    assert not list(tmp_path.iterdir())  # the staged tarball is gone
 
 
-def test_a_failed_build_names_the_step() -> None:
+def test_an_image_that_carries_another_repositorys_digest_records_this_push(
+    example: LoadedProject, tmp_path: Path
+) -> None:
+    """RepoDigests lists every repository the image was pushed to or pulled from: its first
+    entry named the mirror. The push's own output is read instead, and nothing asks inspect."""
+    context = build_context(example.project, "vllm-0.16-kimi")
+    runner = RecordingRunner(inspect="registry.example.com/mirror/vllm@sha256:" + "e" * 64)
+    seen, _, _ = watch()
+    result = building.build(runner, context, "ghcr.io/kimideploy/vllm", "x", True, seen, tmp_path)  # type: ignore[arg-type]
+    assert result is not None and result.startswith("ghcr.io/kimideploy/vllm@sha256:c5c5fda7")
+    assert not [c for c in runner.calls if c[:2] == ["docker", "image"]]
+    other = RecordingRunner(push_output="push-other-repo.txt")
+    with pytest.raises(
+        KimiDeployError,
+        match=r"the push went to registry.example.com/mirror/vllm, not ghcr.io/kimideploy/vllm",
+    ):
+        building.build(other, context, "ghcr.io/kimideploy/vllm", "x", True, seen, tmp_path)  # type: ignore[arg-type]
+
+
+def test_push_output_parsing_and_repository_names() -> None:
+    text = (DOCKER / "push.txt").read_text()
+    assert building.pushed_reference(text, "ghcr.io/kimideploy/vllm").endswith("8e33")
+    with pytest.raises(KimiDeployError, match="names no repository and digest"):
+        building.pushed_reference("5f70bf18a086: Pushed\n", "ghcr.io/kimideploy/vllm")
+    assert building.normalize("ubuntu") == building.normalize("docker.io/library/ubuntu")
+    assert building.normalize("me/app") == "docker.io/me/app"
+    assert building.normalize("localhost:5000/app") == "localhost:5000/app"
+
+
+def test_a_failed_build_names_the_step_and_keeps_the_tail(tmp_path: Path) -> None:
     class Failing(RecordingRunner):
-        def run(
-            self, argv: list[str], sudo: bool = False, timeout: float = 60, stdin: str | None = None
-        ) -> CommandResult:
-            code = 1 if argv[:2] == ["sh", "-c"] else 0
-            return CommandResult(
-                " ".join(argv), code, "", "FAIL 0003-kimi-k25-supports-eagle3.patch: ..."
-            )
+        def run_streaming(
+            self, argv: list[str], on_line: Callable[[str], None], stdin: str | None = None,
+            timeout: float | None = None,
+        ) -> CommandResult:  # fmt: skip
+            lines = ["#9 [builder 6/6] RUN python -m kimideploy.images.selfcheck patch-0003",
+                     "#9 2.1 FAIL 0003-kimi-k25-supports-eagle3.patch: no SupportsEagle3"]  # fmt: skip
+            for line in lines:
+                on_line(line)
+            return CommandResult(" ".join(argv), 1, "\n".join(lines), "")
 
     context = build_context(load_project(EXAMPLE).project, "tools")
-    with pytest.raises(KimiDeployError, match=r"building .* on gpu-host failed"):
-        building.build(Failing(""), context, "r", "x", False, "/tmp/kd")  # type: ignore[arg-type]
+    seen, _, _ = watch()
+    with pytest.raises(
+        KimiDeployError, match=r"building .* on gpu-host failed at step \[builder 6/6\]"
+    ) as info:
+        building.build(Failing(), context, "r", "x", False, seen, tmp_path)  # type: ignore[arg-type]
+    assert "FAIL 0003-kimi-k25-supports-eagle3.patch" in info.value.message
+
+
+def test_the_local_runner_streams_lines_as_they_are_printed() -> None:
+    from kimideploy.remote.local_runner import LocalRunner
+
+    arrived: list[float] = []
+    started = time.monotonic()
+    script = "echo first; sleep 1.5; echo second >&2; echo third"
+    result = LocalRunner().run_streaming(
+        ["sh", "-c", script], lambda _: arrived.append(time.monotonic() - started)
+    )
+    assert result.ok and result.stdout == "first\nthird\n" and result.stderr == "second\n"
+    assert arrived[0] < 1.0 < arrived[1]  # the first line came before the command ended
+
+
+def test_lock_refuses_a_digest_of_another_repository(tmp_path: Path) -> None:
+    from kimideploy.services.images.lifecycle import lock_image
+
+    config = tmp_path / "kimideploy.yaml"
+    config.write_text(EXAMPLE.read_text())
+    project = load_project(config).project
+    other = "registry.example.com/mirror/vllm@sha256:" + "e" * 64
+    with pytest.raises(
+        UsageError,
+        match=r"is a digest of registry\.example\.com/mirror/vllm, not of images\.vllm-0\.32-kimi",
+    ):
+        lock_image(config, project, "vllm-0.32-kimi", other)
+    assert config.read_text() == EXAMPLE.read_text()
+    ours = project.images["vllm-0.32-kimi"].repository + "@sha256:" + "f" * 64
+    lock_image(config, project, "vllm-0.32-kimi", ours)
+    assert load_project(config).project.images["vllm-0.32-kimi"].digest == "sha256:" + "f" * 64
 
 
 def test_lock_writes_the_digest_and_keeps_comments(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ ALLOWED = {
     "config": set(),
     "plan": {"config", "formats"},
     "render": {"config", "plan"},
-    "cluster": {"config", "plan"},
+    "cluster": {"config", "plan", "formats"},
     "images": {"config", "plan", "render", "remote", "formats"},
     "remote": {"config"},
     "provision": {"config", "remote"},

@@ -50,7 +50,8 @@ def test_the_plan_carries_its_spec_and_the_release_names(
 DERIVED = {
     "datagen": {"prompts", "endpoint"},
     "bench": {"concurrency"},
-    "train": {"drafter", "online"},
+    # ttt_steps: unset means the drafter's k (at least 3); an explicit value is copied (below).
+    "train": {"drafter", "online", "ttt_steps"},
 }
 
 
@@ -62,7 +63,14 @@ def test_job_specs_carry_every_setting_of_the_same_name(
         "datagen": ("datagen.top_p=0.5", "datagen.chunk_samples=7"),
         "extract": ("extract.backend=transformers",),
         "vocab": (),
-        "train": ("train.seed=11", "train.lr=0.003", "train.draft_layers=2"),
+        "train": (
+            "train.seed=11",
+            "train.lr=0.003",
+            "train.draft_layers=2",
+            "train.ttt_steps=5",
+            "train.lr_schedule=linear",
+            "train.held_out_fraction=0.1",
+        ),
         "bench": ("bench.num_prompts=9",),
     }[workload]
     plan = resolve(example, PlanRequest(workload, "rtx6000", overrides=overrides, run_id="abc123"))

@@ -23,16 +23,22 @@ def secret(**changes: Any) -> dict[str, Any]:
     )  # fmt: skip
     data = {**asdict(record), **changes}
     raw = base64.b64encode(gzip.compress(json.dumps(data).encode())).decode()
-    return {"metadata": {"name": "kimideploy.release.kimi-k25-serve.v3"}, "data": {"release": raw}}
+    return {"metadata": {"name": "kimideploy.release.kimi-k25-serve.v3",
+                         "labels": {"kimideploy.io/revision": "3"}},
+            "data": {"release": raw}}  # fmt: skip
+
+
+def decode(item: dict[str, Any]) -> records.ReleaseRecord:
+    return records._decode(item, "kimi", "kimi-k25-serve")
 
 
 def test_a_record_written_now_carries_the_schema_and_reads_back() -> None:
-    record = records._decode(secret())
+    record = decode(secret())
     assert record.schema == records.SCHEMA and record.revision == 3
 
 
 def test_unknown_fields_of_a_newer_minor_are_ignored() -> None:
-    record = records._decode(secret(schema="1.7", canary_weight=0.1))
+    record = decode(secret(schema="1.7", canary_weight=0.1))
     assert record.drafter == "v3" and not hasattr(record, "canary_weight")
 
 
@@ -41,12 +47,12 @@ def test_a_record_from_before_the_field_reads_as_1_0() -> None:
     raw = json.loads(gzip.decompress(base64.b64decode(data["data"]["release"])))
     del raw["schema"]
     data["data"]["release"] = base64.b64encode(gzip.compress(json.dumps(raw).encode())).decode()
-    assert records._decode(data).revision == 3
+    assert decode(data).revision == 3
 
 
 def test_a_newer_major_is_refused_with_what_to_do() -> None:
     with pytest.raises(UsageError) as caught:
-        records._decode(secret(schema="2.0"))
+        decode(secret(schema="2.0"))
     assert (
         "kimideploy.release.kimi-k25-serve.v3 was written by a newer kimideploy (record schema "
         "2.0; this one reads 1.x)" in caught.value.message

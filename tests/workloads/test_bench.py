@@ -85,3 +85,25 @@ def test_a_missing_baseline_fails_before_measuring(tmp_path: Path, tiny_model: P
     _, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "cannot read the baseline result" in err
     assert not (tmp_path / "x").exists()  # nothing measured, nothing written
+
+
+def test_a_prompt_file_is_a_named_prompt_set(tmp_path: Path, tiny_model: Path) -> None:
+    from kimideploy.workloads.bench import spec_prompts
+
+    rows = [{"prompt": "Write the function `dumps` of `json`."}, {"bad": 1},
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]},
+            {"prompt": "third"}]  # fmt: skip
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = bench_spec(tmp_path, "http://127.0.0.1:1", tiny_model, "f", prompt_sets=["mine"],
+                      prompt_files={"mine": str(tmp_path / "mine.jsonl")}, num_prompts=2)  # fmt: skip
+    spec = BenchSpec.model_validate_json(path.read_text())
+    assert spec_prompts(spec, "mine") == [
+        [{"role": "user", "content": "Write the function `dumps` of `json`."}],
+        [{"role": "user", "content": "hi"}],  # the last answer is what gets generated
+    ]
+    assert spec_prompts(spec, "chat") == make_prompts("chat", 2)
+    gone = bench_spec(tmp_path, "http://127.0.0.1:1", tiny_model, "g", prompt_sets=["mine"],
+                      prompt_files={"mine": str(tmp_path / "gone.jsonl")})  # fmt: skip
+    process = run_workload("bench", gone)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and "bench.prompt_files.mine: cannot read" in err

@@ -17,6 +17,8 @@ from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from tests.workloads.conftest import run_workload
 
 GOOD = 12
+FAST_TAKEOVER = {"KIMIDEPLOY_WRITER_STALE_S": "3"}
+"""A dead writer's lock is taken over after 3 s of silence here (30 s in pods)."""
 
 
 def write_prompts(path: Path) -> None:
@@ -73,9 +75,14 @@ def test_kill_in_the_middle_then_resume_loses_and_duplicates_nothing(
     first.wait()
     partial = records(tmp_path / "out")
     assert 0 < len(partial) < GOOD
-    second = run_workload("datagen", path)
+    # What a kill between write and rename leaves: the restart removes it once it holds the lock.
+    leftover = tmp_path / "out/shard-00000/.chunk-000009.jsonl.tmp-99999"
+    leftover.write_text('{"id": "half"')
+    second = run_workload("datagen", path, **FAST_TAKEOVER)
     out, err = second.communicate(timeout=300)
     assert second.returncode == 0, err
+    assert "took over the lock of" in err and "whose heartbeat stopped" in err
+    assert not leftover.exists() and ".chunk-000009.jsonl.tmp-99999" in err
     final = records(tmp_path / "out")
     counts = Counter(r["id"] for r in final)
     assert len(counts) == GOOD and max(counts.values()) == 1
@@ -148,3 +155,79 @@ def test_no_usable_prompts_is_bad_input(tmp_path: Path, tiny_model: Path) -> Non
     process = run_workload("datagen", path)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "no usable prompts" in err
+
+
+def test_a_removed_chunk_is_made_again_without_overwriting_another(
+    tmp_path: Path, openai_server: str, tiny_model: Path
+) -> None:
+    """What `data inspect` tells users to do with a damaged chunk: remove it and run again."""
+    path = spec(tmp_path, openai_server, tiny_model)
+    process = run_workload("datagen", path)
+    process.communicate(timeout=300)
+    shard = tmp_path / "out/shard-00000"
+    chunks = sorted(c.name for c in shard.glob("chunk-*.jsonl"))
+    assert len(chunks) == GOOD // 2
+    (shard / chunks[1]).unlink()
+    for _ in range(2):  # every later restart too
+        process = run_workload("datagen", path)
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    counts = Counter(r["id"] for r in records(tmp_path / "out"))
+    assert len(counts) == GOOD and max(counts.values()) == 1
+    after = sorted(c.name for c in shard.glob("chunk-*.jsonl"))
+    assert after == sorted({*chunks} - {chunks[1]} | {f"chunk-{len(chunks) + 1:06d}.jsonl"})
+
+
+def test_a_second_writer_of_the_same_shard_is_refused(
+    tmp_path: Path, openai_server: str, tiny_model: Path
+) -> None:
+    """Ctrl-C detaches `run`; the Job keeps going. Running again must not write the same
+    samples a second time: the second writer sees the first one's heartbeat and stops."""
+    path = spec(tmp_path, openai_server, tiny_model, concurrency=1)
+    first = run_workload("datagen", path)
+    wait_for_chunks(tmp_path / "out", 1)
+    second = run_workload("datagen", path)
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 2, err
+    assert "is being written by" in err and "a second writer would duplicate samples" in err
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    counts = Counter(r["id"] for r in records(tmp_path / "out"))
+    assert len(counts) == GOOD and max(counts.values()) == 1
+    assert not (tmp_path / "out/shard-00000/.writer.lock").exists()  # released
+
+
+def test_a_full_volume_is_reported_and_leaves_nothing_half_written(
+    tmp_path: Path, openai_server: str, tiny_model: Path
+) -> None:
+    """A real small filesystem (tmpfs) that fills up: exit 1 naming the folder and the free
+    space, no temporary file left, and a run on a bigger volume resumes."""
+    import shutil
+    import subprocess
+
+    volume = tmp_path / "small"
+    volume.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(volume)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        path = spec(tmp_path, openai_server, tiny_model, output_dir=str(volume / "out"),
+                    max_tokens=200, chunk_samples=6)  # fmt: skip
+        process = run_workload("datagen", path)
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 1, err
+        assert f"no space left in {volume}/out/shard-00000" in err and "bytes free" in err
+        assert "nothing half-written was left" in err and "Traceback" not in err
+        assert not [p for p in volume.rglob("*") if ".tmp-" in p.name]
+        kept = sorted(volume.rglob("chunk-*.jsonl"))
+        for chunk in kept:  # what is visible is whole: every line a sample
+            assert all(json.loads(line)["id"] for line in chunk.read_text().splitlines())
+        shutil.copytree(volume / "out", tmp_path / "out")
+    finally:
+        subprocess.run(["umount", str(volume)], check=False)
+    process = run_workload("datagen", spec(tmp_path, openai_server, tiny_model, max_tokens=200,
+                                           chunk_samples=6), **FAST_TAKEOVER)  # fmt: skip
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert len({r["id"] for r in records(tmp_path / "out")}) == GOOD

@@ -16,6 +16,7 @@ import pytest
 
 from kimideploy.config.drafters import to_vllm_layer_ids
 from kimideploy.config.specs import LayerSelection, TrainSpec, VocabSpec
+from kimideploy.formats.safetensors_files import read_header
 from kimideploy.images.verify import vllm_venv
 from tests.conftest import REPO
 from tests.workloads.conftest import run_workload
@@ -76,6 +77,10 @@ def train(python: Path, spec: Path, timeout: float = 600) -> tuple[int, str, str
 
 def losses(out: str) -> dict[int, float]:
     return {p["step"]: p["loss"] for p in events(out, "progress")}
+
+
+def rates(out: str) -> dict[int, float]:
+    return {p["step"]: p["lr"] for p in events(out, "progress")}
 
 
 def offline_losses(
@@ -165,10 +170,15 @@ def test_training_lowers_the_loss_and_writes_a_drafter_vllm_reads(
 def test_a_stopped_run_resumes_at_its_step_with_the_same_numbers(
     tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
 ) -> None:
-    settings = {"epochs": 20, "batch_size": 2, "checkpoint_every_steps": 1000}
-    straight = offline_losses(
-        speculators_python, tmp_path / "straight", features, tiny_model, **settings
+    # A warmed-up cosine schedule: the resumed run must continue on the same learning rates.
+    settings = {"epochs": 20, "batch_size": 2, "checkpoint_every_steps": 1000,
+                "lr_schedule": "cosine", "warmup_ratio": 0.1, "min_lr_ratio": 0.0}  # fmt: skip
+    code, out, err = train(
+        speculators_python, train_spec(tmp_path / "straight", features, tiny_model, **settings)
     )
+    assert code == 0, err
+    straight, straight_lr = losses(out), rates(out)
+    assert straight_lr[1] < straight_lr[4] and straight_lr[40] < 0.05 * max(straight_lr.values())
     assert max(straight) == 40  # 4 samples, batch 2: two steps per epoch
     spec = train_spec(tmp_path / "stopped", features, tiny_model, **settings)
     stopped_at, err = stop_after(speculators_python, spec, 5)
@@ -181,6 +191,7 @@ def test_a_stopped_run_resumes_at_its_step_with_the_same_numbers(
     assert min(after) == stopped_at + 1 and max(after) == 40
     for step, loss in after.items():
         assert loss == pytest.approx(straight[step], rel=1e-4, abs=1e-6), step
+        assert rates(out)[step] == straight_lr[step], step
 
 
 def two_ranks(python: Path, spec: Path) -> subprocess.Popen[str]:
@@ -252,3 +263,70 @@ def test_an_explicit_conversion_trains_and_writes_vllm_ids(
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2]
     lineage = json.loads((tmp_path / "drafter" / "kimideploy-lineage.json").read_text())
     assert lineage["written_as"] == {"ids": [0, 1], "convention": "sglang"}
+
+
+@pytest.fixture(scope="module")
+def duplicated(features: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The features with every sample copied under 12 more ids: held-out samples (chosen by id)
+    are then copies of trained ones, so the held-out judgement follows what training learns."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("duplicated")
+    shutil.copytree(features / "vocab", root / "vocab")
+    shutil.copytree(features / "hs", root / "hs")
+    for shard in (root / "hs").glob("shard-*"):
+        manifest = json.loads((shard / "manifest.json").read_text())
+        originals = sorted(shard.glob("*.safetensors"))
+        for original in originals:
+            for copy in range(12):
+                shutil.copy(original, shard / f"{original.stem}-copy{copy}.safetensors")
+        manifest["samples"] = len(list(shard.glob("*.safetensors")))
+        (shard / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_held_out_judgement_keeps_the_best_checkpoint_when_the_last_is_worse(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, duplicated: Path
+) -> None:
+    """Constructed: a learning rate warmed up to 0.5 wrecks the drafter in the second half, so the
+    last checkpoint is worse than an earlier one; the drafter written is the earlier one, and the
+    lineage and the result say which step and why."""
+    spec = train_spec(tmp_path, duplicated, tiny_model, epochs=1, batch_size=4, lr=0.5,
+                      warmup_ratio=0.5, lr_schedule="constant", held_out_fraction=0.2,
+                      checkpoint_every_steps=1)  # fmt: skip
+    code, out, err = train(speculators_python, spec)
+    assert code == 0, err
+    judged = events(out, "evaluation")
+    lengths = {e["step"]: e["held_out"]["mean_acceptance_length"]["3"] for e in judged}
+    assert len(lengths) >= 8 and set(judged[0]["held_out"]["mean_acceptance_length"]) == {
+        "1",
+        "2",
+        "3",
+    }
+    best = max(lengths, key=lambda s: (lengths[s], -s))
+    last = max(lengths)
+    assert lengths[best] > lengths[last], lengths  # the construction holds
+    [result] = events(out, "result")
+    assert result["selected"]["step"] == best
+    assert (
+        f"step {best} has the best held-out mean acceptance length at k=3"
+        in result["selected"]["reason"]
+    )
+    lineage = json.loads((tmp_path / "drafter" / "kimideploy-lineage.json").read_text())
+    assert lineage["selected_checkpoint"]["step"] == best
+    assert lineage["held_out"]["mean_acceptance_length"]["3"] == lengths[best]
+    assert lineage["dataset"]["held_out"]["held_out_samples"] >= 1
+    assert f"writing the drafter of step {best}" in err
+    # The written weights are the best checkpoint's, not the last step's.
+    written, kept = tmp_path / "drafter", tmp_path / "ckpt" / f"step-{best:08d}"
+    last_dir = tmp_path / "ckpt" / f"step-{last:08d}"
+    assert tensor_bytes(written, "fc.weight") == tensor_bytes(kept, "fc.weight")
+    assert tensor_bytes(written, "fc.weight") != tensor_bytes(last_dir, "fc.weight")
+
+
+def tensor_bytes(folder: Path, name: str) -> bytes:
+    header, offset = read_header(folder / "model.safetensors")
+    start, end = header[name]["data_offsets"]
+    with (folder / "model.safetensors").open("rb") as handle:
+        handle.seek(offset + start)
+        return handle.read(end - start)

@@ -96,10 +96,12 @@ def history(
     output: str,
 ) -> None:
     """Revisions of the release: time, drafter, image digest, status, note."""
-    from kimideploy.services.release.status import history_rows
+    from kimideploy.services.release.status import history_rows, ignored_records
 
-    rows = history_rows(_session(state, cluster, context, namespace), _release(state, workload))
+    session, release = _session(state, cluster, context, namespace), _release(state, workload)
+    rows = history_rows(session, release)
     click.echo(machine(rows, output) or format_table(rows))
+    _warn_ignored(ignored_records(session, release))
 
 
 @click.command()
@@ -111,13 +113,11 @@ def status(
     state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
 ) -> None:
     """The serving release, its phase, and running and recent jobs."""
-    from kimideploy.services.release.status import status_report
+    from kimideploy.services.release.status import ignored_records, status_report
 
-    report = status_report(
-        _session(state, cluster, context, namespace),
-        _release(state, "serve"),
-        state.project().project.name,
-    )
+    session, release = _session(state, cluster, context, namespace), _release(state, "serve")
+    report = status_report(session, release, state.project().project.name)
+    _warn_ignored(ignored_records(session, release))
     if output in MACHINE_FORMATS:
         click.echo(machine(report, output))
         return
@@ -198,3 +198,8 @@ def watch(
             session, state.project(), TerminalReporter(), windows, interval_s=interval, act=act
         )
     )
+
+
+def _warn_ignored(problems: list[str]) -> None:
+    for problem in problems:
+        click.echo(f"warning: ignored an untrusted release record: {problem}", err=True)

@@ -142,6 +142,15 @@ def run(
             session, started.job, started.run_id, reporter, poll_s=poll, resume=resume
         )
         rows = None
+        if workload == "train":
+            from kimideploy.services.calibrate.calibrations import cached
+            from kimideploy.services.drafters.held_out import held_out_lines
+
+            final = batch_runs.run_results(snapshot).get("0") or {}
+            known = {c: cached(loaded, c) for c in loaded.project.clusters}
+            known[cluster_name] = request.calibrations or ()
+            for line in held_out_lines(loaded, started.rendered.plan.drafter or "", final, known):
+                reporter.info(line)
         if workload == "bench":
             from kimideploy.services.gate.gating import bench_comparison, record_bench_run
 

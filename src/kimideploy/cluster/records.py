@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from kimideploy.cluster import record_trust
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.resources import path
 from kimideploy.errors import ClusterError, UsageError
@@ -75,21 +76,43 @@ def _encode(record: ReleaseRecord) -> str:
     return base64.b64encode(gzip.compress(raw, mtime=0)).decode()
 
 
-def _decode(secret: dict[str, Any]) -> ReleaseRecord:
-    raw = gzip.decompress(base64.b64decode(secret["data"]["release"]))
-    data = json.loads(raw)
+class UntrustedRecordError(UsageError):
+    """A stored record failed the trust checks (cluster/record_trust.py): never applied."""
+
+
+def _decode(secret: dict[str, Any], namespace: str, release: str) -> ReleaseRecord:
+    """The record a Secret holds, if it is one kimideploy may act on for `release` in
+    `namespace`; otherwise UntrustedRecordError naming the Secret and every problem."""
+    meta = record_trust.mapping(secret.get("metadata"))
+    name = str(meta.get("name", "a release record"))
+    try:
+        raw = record_trust.decompress(record_trust.mapping(secret.get("data")).get("release"), name)
+        data = record_trust.parse(raw, name)
+    except record_trust.RecordTrustError as exc:
+        raise UntrustedRecordError(str(exc), hint=UNTRUSTED_HINT) from exc
     found = str(data.get("schema", "1.0"))  # records before the field existed are 1.0
-    if int(found.split(".")[0]) > int(SCHEMA.split(".")[0]):
-        name = (secret.get("metadata") or {}).get("name", "a release record")
+    major = found.split(".")[0]
+    if major.isdigit() and int(major) > int(SCHEMA.split(".")[0]):
         raise UsageError(
             f"{name} was written by a newer kimideploy (record schema {found}; this one reads "
             f"{SCHEMA.split('.')[0]}.x), so its history cannot be read safely here",
             hint="upgrade kimideploy to the version that wrote it (pip install -U kimideploy)",
         )
+    labels = record_trust.mapping(meta.get("labels"))
+    wrong = record_trust.problems(data, name, labels, namespace, release)
+    if wrong:
+        raise UntrustedRecordError(f"{name}: " + "; ".join(wrong[:8]), hint=UNTRUSTED_HINT)
     known = {f.name for f in fields(ReleaseRecord) if f.metadata.get("stored", True)}
     record = ReleaseRecord(**{key: value for key, value in data.items() if key in known})
-    record.resource_version = (secret.get("metadata") or {}).get("resourceVersion")
+    record.resource_version = meta.get("resourceVersion")
     return record
+
+
+UNTRUSTED_HINT = (
+    "kimideploy wrote no such record: someone with write access to Secrets in this namespace "
+    "did, or it was damaged; it is ignored and never applied. Delete it once you have looked "
+    "(kubectl delete secret NAME)"
+)
 
 
 def _labels(record: ReleaseRecord) -> dict[str, str]:
@@ -158,22 +181,36 @@ def update(api: KubeApi, record: ReleaseRecord) -> None:
     record.resource_version = stored["metadata"]["resourceVersion"]
 
 
-def history(api: KubeApi, namespace: str, release: str) -> list[ReleaseRecord]:
-    """Every stored revision, oldest first."""
+def read_history(
+    api: KubeApi, namespace: str, release: str
+) -> tuple[list[ReleaseRecord], list[UntrustedRecordError]]:
+    """Every stored revision that passes the trust checks, oldest first, and why the others
+    did not (they are never acted on)."""
     listed = api.request(
         "GET", path("Secret", namespace), {"labelSelector": f"{RECORD_LABEL}={release}"}
     )
-    records = [_decode(item) for item in listed.get("items", []) if item.get("type") == RECORD_TYPE]
-    return sorted(records, key=lambda r: r.revision)
+    records, refused = [], []
+    for item in listed.get("items", []):
+        if item.get("type") != RECORD_TYPE:
+            continue
+        try:
+            records.append(_decode(item, namespace, release))
+        except UntrustedRecordError as exc:
+            refused.append(exc)
+    return sorted(records, key=lambda r: r.revision), refused
+
+
+def history(api: KubeApi, namespace: str, release: str) -> list[ReleaseRecord]:
+    """Every trusted stored revision, oldest first."""
+    return read_history(api, namespace, release)[0]
 
 
 def get(api: KubeApi, namespace: str, release: str, revision: int) -> ReleaseRecord:
     try:
-        return _decode(
-            api.request("GET", path("Secret", namespace, secret_name(release, revision)))
-        )
+        secret = api.request("GET", path("Secret", namespace, secret_name(release, revision)))
     except NotFoundError as exc:
         raise KeyError(revision) from exc
+    return _decode(secret, namespace, release)
 
 
 def trim(api: KubeApi, namespace: str, release: str, keep: int = DEFAULT_KEEP) -> list[int]:

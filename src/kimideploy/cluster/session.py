@@ -7,7 +7,7 @@ which cluster (context, namespace) and tests can pass their own.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kimideploy.cluster import apply as applying
@@ -25,6 +25,8 @@ from kimideploy.plan.calibration import Calibration
 class ClusterSession:
     api: KubeApi
     namespace: str
+    ignored_records: dict[str, list[records.UntrustedRecordError]] = field(default_factory=dict)
+    """Per release, the stored records the last history read refused (never acted on)."""
 
     # namespaces -----------------------------------------------------------------------------
     def namespace_exists(self) -> bool:
@@ -141,7 +143,11 @@ class ClusterSession:
 
     # history and locking --------------------------------------------------------------------
     def history(self, release: str) -> list[records.ReleaseRecord]:
-        return records.history(self.api, self.namespace, release)
+        """The release's trusted records; those that failed the trust checks are kept in
+        `ignored_records` for the commands that show history to report."""
+        found, refused = records.read_history(self.api, self.namespace, release)
+        self.ignored_records[release] = refused
+        return found
 
     def record(self, record: records.ReleaseRecord, new: bool) -> None:
         (records.create if new else records.update)(self.api, record)

@@ -177,6 +177,11 @@ class HostSetup(StrictModel):
     )
     infiniband: bool = Field(default=False, description="Check InfiniBand ports and peer memory.")
     mirrors: Mirrors = Field(default_factory=Mirrors)
+    download_streams: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=8,
+        description="`host sync-model`: connections at once, over several files and byte ranges "
+        "of large ones (a hub or mirror limits each connection well below a host's link).",
+    )
 
 
 class Cluster(StrictModel):

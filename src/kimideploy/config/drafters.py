@@ -51,6 +51,24 @@ class PublishedAcceptance(StrictModel):
         return sum(values) / len(values)
 
 
+class HeldOutAcceptance(StrictModel):
+    """What training measured on conversations it never trained on, counted as vLLM counts
+    (the drafter drafting on its own drafts, greedy verification over the full vocabulary)."""
+
+    mean_acceptance_length: dict[
+        Annotated[int, Field(ge=1, le=16)], Annotated[float, Field(ge=1, le=17)]
+    ] = Field(min_length=1, description="k -> mean acceptance length on held-out samples.")
+    acceptance_per_position: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=list,
+        description="Conditional acceptance per draft position at the deepest k measured.",
+    )
+    samples: Annotated[int, Field(ge=1)] = Field(description="Held-out samples judged.")
+    step: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="The training step of the checkpoint written as the drafter."
+    )
+    run: str | None = Field(default=None, description="The training run id.")
+
+
 class Lineage(StrictModel):
     """Where a drafter came from; `drafter check` compares it with the target."""
 
@@ -93,10 +111,16 @@ class Drafter(StrictModel):
         description="Measured conditional acceptance per draft position (training or bench); "
         "feeds the speedup estimate.",
     )
+    held_out: HeldOutAcceptance | None = Field(
+        default=None,
+        description="Acceptance its training run measured on held-out conversations (from the "
+        "drafter's kimideploy-lineage.json); predictions use it ahead of a published prior and "
+        "after `acceptance` measured by serving.",
+    )
     published: PublishedAcceptance | None = Field(
         default=None,
         description="Acceptance its publisher reported: a prior, shown next to the measured one "
-        "and used for predictions only until `acceptance` is measured.",
+        "and used for predictions only until `acceptance` or `held_out` is known.",
     )
     k_schedule: Literal["fixed", "auto"] = Field(
         default="fixed",

@@ -131,6 +131,19 @@ class TrainSpec(WorkloadSpec):
     seed: int = 0
     resume_dir: str | None = None
     online: OnlineTrainSpec | None = None
+    ttt_steps: int = 3
+    ttt_step_loss_decay: float = 1.0
+    lr_schedule: Literal["cosine", "linear", "constant"] = "constant"
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 1.0
+    weight_decay: float = 0.01
+    held_out_fraction: float = 0.0
+    held_out_max_samples: int = 256
+
+    @property
+    def judged_depth(self) -> int:
+        """Held-out acceptance is measured up to the deeper of training and serving."""
+        return max(self.ttt_steps, self.num_speculative_tokens)
 
 
 SYNTHETIC_CONTROL_EXTENSION = "kimideploy.workloads.synthetic_acceptance.SyntheticAcceptanceControl"
@@ -155,6 +168,9 @@ class BenchSpec(WorkloadSpec):
     metrics_url: str
     drafter: str
     prompt_sets: list[str]
+    prompt_files: dict[str, str] = Field(
+        default_factory=dict, description="Prompt set name -> file inside the pod."
+    )
     concurrency: list[int]
     num_prompts: int
     max_tokens: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kimideploy.config.base import LabelValue, Name, Port, QualifiedName, Quantity, StrictModel
 from kimideploy.config.target import SecretRef
@@ -169,6 +169,41 @@ class TrainSettings(WorkloadSettings):
         description="Accept a dataset whose layer ids are written in the other convention when "
         "they name the same layers as the drafter's (the output config is in vLLM's convention).",
     )
+    ttt_steps: Annotated[int, Field(ge=1, le=16)] | None = Field(
+        default=None,
+        description="Test-time-training steps the drafter is unrolled over in training, "
+        "independent of the serving k; default: the drafter's num_speculative_tokens (at least "
+        "3, speculators' default). Held-out acceptance is measured up to max(ttt_steps, k).",
+    )
+    ttt_step_loss_decay: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=1.0,
+        description="Loss weight of TTT step i is decay**i (speculators' ttt_step_loss_decay; "
+        "1.0 weighs every step alike, below 1 favours the first positions, which count most).",
+    )
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field(
+        default="cosine",
+        description="Learning-rate decay after warmup, to min_lr_ratio * lr at the last step "
+        "(constant: no decay).",
+    )
+    warmup_ratio: Annotated[float, Field(ge=0, le=0.5)] = Field(
+        default=0.03, description="Linear warmup over this fraction of all steps."
+    )
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.1, description="The learning rate at the end of the schedule, relative to lr."
+    )
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.01, description="AdamW weight decay (speculators' default)."
+    )
+    held_out_fraction: Annotated[float, Field(ge=0, le=0.5)] = Field(
+        default=0.05,
+        description="Fraction of the conversations (by a hash of the sample id) never trained "
+        "on: at every checkpoint the drafter is judged on them as vLLM would count it, and the "
+        "best checkpoint by held-out acceptance length at the serving k is the drafter written. "
+        "0 disables it (the last checkpoint is written).",
+    )
+    held_out_max_samples: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=256, description="At most this many held-out samples are judged per checkpoint."
+    )
     seed: Annotated[int, Field(ge=0)] = 0
     resume_run: Annotated[str, Field(pattern=r"^[a-z0-9]{1,16}$")] | None = Field(
         default=None,
@@ -180,11 +215,11 @@ class TrainSettings(WorkloadSettings):
     online: OnlineTrainSettings = Field(default_factory=OnlineTrainSettings)
 
 
-PromptSet = Literal["chat", "reasoning"]
-PROMPT_SETS: tuple[PromptSet, ...] = ("chat", "reasoning")
+PROMPT_SETS: tuple[str, ...] = ("chat", "reasoning")
+"""The bench's built-in, seeded prompt sets."""
 
 
-def _all_prompt_sets() -> list[PromptSet]:
+def _all_prompt_sets() -> list[Name]:
     return list(PROMPT_SETS)
 
 
@@ -192,7 +227,31 @@ class BenchSettings(WorkloadSettings):
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         min_length=1, description="Concurrency levels to measure."
     )
-    prompt_sets: list[PromptSet] = Field(default_factory=_all_prompt_sets)
+    prompt_sets: list[Name] = Field(
+        default_factory=_all_prompt_sets,
+        description="Prompt sets to measure: the built-in `chat` and `reasoning`, or a name "
+        "from `prompt_files`.",
+    )
+    prompt_files: dict[Name, str] = Field(
+        default_factory=dict,
+        description="Named prompt sets read from the datasets volume (JSON Lines or Parquet, "
+        "plain prompts or ShareGPT/OpenAI conversations, as datagen reads them): your own "
+        "traffic, or held-out prompts of the training distribution. The first num_prompts "
+        "usable rows are sent.",
+    )
+
+    @model_validator(mode="after")
+    def _known_prompt_sets(self) -> BenchSettings:
+        unknown = [
+            n for n in self.prompt_sets if n not in PROMPT_SETS and n not in self.prompt_files
+        ]
+        if unknown:
+            raise ValueError(
+                f"prompt_sets {unknown} are neither built in ({', '.join(PROMPT_SETS)}) nor "
+                "named in prompt_files"
+            )
+        return self
+
     num_prompts: Annotated[int, Field(ge=1, le=100_000)] = 200
     max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 1024
     baseline_run: str | None = Field(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kimideploy.formats.bounded_io import UnreadableFileError, read_json_object
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.formats.safetensors_files import read_headers
@@ -206,7 +207,18 @@ def _lineage_findings(expected: Expected, path: Path) -> list[CheckResult]:
                 blocking=False,
             )
         ]
-    lineage = json.loads(path.read_text())
+    try:
+        lineage = read_json_object(path)
+    except UnreadableFileError as exc:
+        return [
+            CheckResult(
+                "lineage file",
+                False,
+                str(exc),
+                "copy the drafter again from where it was trained (the file is written by "
+                "`kimideploy run train`)",
+            )
+        ]
     trained = (lineage.get("trained_for"), lineage.get("trained_for_revision"))
     accuracy = (lineage.get("metrics") or {}).get("accuracy_per_position")
     short = expected.target_revision[:12]
@@ -232,4 +244,40 @@ def _lineage_findings(expected: Expected, path: Path) -> list[CheckResult]:
             "copy the measured per-position acceptance into the registry's `acceptance`",
             blocking=False,
         ),
+        _held_out_finding(lineage),
     ]
+
+
+def _held_out_finding(lineage: dict[str, Any]) -> CheckResult:
+    judged = lineage.get("held_out")
+    if not isinstance(judged, dict):
+        judged = {}
+    lengths = judged.get("mean_acceptance_length")
+    selected = lineage.get("selected_checkpoint") or {}
+    if not isinstance(lengths, dict) or not lengths:
+        return CheckResult(
+            "lineage: held-out",
+            False,
+            "no held-out judgement: trained without held-out samples (train.held_out_fraction "
+            "0) or by an older kimideploy; its last checkpoint was written",
+            "train again with train.held_out_fraction > 0 to know its acceptance before serving",
+            blocking=False,
+        )
+    shown = ", ".join(f"k={k} {v}" for k, v in sorted(lengths.items(), key=lambda kv: int(kv[0])))
+    return CheckResult(
+        "lineage: held-out",
+        True,
+        f"held-out mean acceptance length {shown} on {judged.get('samples')} samples never "
+        f"trained on; written: {selected.get('reason', 'step ' + str(selected.get('step')))}",
+        "",
+        blocking=False,
+    )
+
+
+def read_lineage(path: Path) -> dict[str, Any] | None:
+    """The lineage file as an object, or None when there is none or it cannot be read (the
+    folder's checks report why)."""
+    try:
+        return read_json_object(path)
+    except UnreadableFileError:
+        return None

@@ -7,11 +7,12 @@ blocking failure), `render` (warnings) and `drafter check` (which adds the files
 
 from __future__ import annotations
 
-from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
+from kimideploy.config.drafters import Drafter, HeldOutAcceptance, to_vllm_layer_ids
 from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.drafter_files import Expected
-from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup
+from kimideploy.plan.acceptance import Evidence, all_evidence
+from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup, speedup
 from kimideploy.plan.inputs import drafter_path
 
 
@@ -45,11 +46,13 @@ def registry_findings(
     cluster: str | None = None,
     costs: CostModel | None = None,
     concurrency: int = 1,
+    held_out: HeldOutAcceptance | None = None,
 ) -> list[CheckResult]:
     """What the registry alone says about serving the drafter on `cluster` (no files needed),
-    with the step cost `costs` measures there (else the cluster's constant)."""
+    with the step cost `costs` measures there (else the cluster's constant). `held_out` is the
+    drafter's own lineage file's judgement, used when the registry records none."""
     findings = lineage_findings(project, drafter, cluster)
-    findings += _token_findings(project, drafter, cluster, costs, concurrency)
+    findings += _token_findings(project, drafter, cluster, costs, concurrency, held_out)
     return findings + _record_findings(name, drafter)
 
 
@@ -137,16 +140,20 @@ def _token_findings(
     cluster_name: str | None,
     costs: CostModel | None,
     concurrency: int,
+    held_out: HeldOutAcceptance | None = None,
 ) -> list[CheckResult]:
-    """k and the predicted speedup, from the measured step cost when `costs` is one."""
+    """k and the predicted speedup from the most trusted acceptance there is (measured, then
+    held-out, then a published prior), each figure shown with its label. Measured and held-out
+    acceptance below break-even block `up` (a prior does not: it was measured elsewhere)."""
     k = drafter.num_speculative_tokens
     cluster = project.clusters[cluster_name or project.default_cluster]
-    if not drafter.acceptance:
+    found = all_evidence(drafter, k, held_out)
+    if not found:
         return [
             CheckResult(
                 "speculative tokens",
                 k <= 3,
-                f"drafts {k} tokens with no measured acceptance",
+                f"drafts {k} tokens with no measured, held-out or published acceptance",
                 "published Kimi EAGLE-3 recipes use 3; measure before going higher",
                 blocking=False,
             )
@@ -154,27 +161,57 @@ def _token_findings(
     costs = costs or DefaultCost(
         cluster.step_cost_per_token, cluster_name or project.default_cluster
     )
-    at, source = concurrency, costs.source
+    shown = CheckResult(
+        "acceptance",
+        True,
+        "; ".join(e.label() for e in found) + f" at k={k}",
+        "",
+        blocking=False,
+    )
+    return [shown, *_speedup_findings(found[0], k, costs, concurrency)]
+
+
+def _speedup_findings(best: Evidence, k: int, costs: CostModel, at: int) -> list[CheckResult]:
+    even = costs.cost(k, at)
+    length = best.length
+    rates = list(best.per_position or ())
 
     def predicted(n: int) -> float:
-        return drafter_speedup(costs, list(drafter.acceptance), n, at)
+        """At the drafter's own k its length as measured; other k from per-position rates."""
+        if n == k or not rates:
+            return speedup(costs, k, length, at)
+        return drafter_speedup(costs, rates, n, at)
 
-    best_k = max(range(1, 17), key=predicted)
+    best_k = max(range(1, 17), key=predicted) if rates else k
     chosen = predicted(k)
     verdict = "faster" if chosen > 1 else "SLOWER than no speculation"
-    describe = f"{chosen:.2f}x ({verdict}) at c={at}; step cost: {source}"
-    return [
+    describe = (
+        f"{chosen:.2f}x ({verdict}) at c={at}: {best.source} mean acceptance length "
+        f"{length:.2f} at k={k}, break-even {even:.2f}; step cost: {costs.source}"
+    )
+    findings = []
+    if best.per_position:
+        findings.append(
+            CheckResult(
+                "speculative tokens",
+                k == best_k or abs(chosen - predicted(best_k)) < 0.01,
+                f"k={k} predicts {chosen:.2f}x at c={at}; k={best_k} predicts "
+                f"{predicted(best_k):.2f}x ({best.source} acceptance)",
+                f"set num_speculative_tokens to {best_k}",
+                blocking=False,
+            )
+        )
+    fix = (
+        "do not serve it speculatively; improve the drafter or the verify path"
+        if best.source == "measured"
+        else "train it further or on more data (its held-out length is below break-even), "
+        "or pass --force to measure it anyway"
+        if best.source == "held-out"
+        else "measure it here (`kimideploy run bench`) before relying on the prior"
+    )
+    findings.append(
         CheckResult(
-            "speculative tokens",
-            k == best_k or abs(chosen - predicted(best_k)) < 0.01,
-            f"k={k} predicts {describe}",
-            f"set num_speculative_tokens to {best_k}",
-            blocking=False,
-        ),
-        CheckResult(
-            "predicted speedup",
-            chosen > 1,
-            describe,
-            "do not serve it speculatively; improve the drafter or the verify path",
-        ),
-    ]
+            "predicted speedup", chosen > 1, describe, fix, blocking=best.source != "published"
+        )
+    )
+    return findings

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
-from kimideploy.config.drafters import to_vllm_layer_ids
+from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
 from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.specs import (
     API_KEY_ENV,
@@ -172,10 +172,15 @@ def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
         draft_vocab_size=drafter.draft_vocab_size,
         num_speculative_tokens=drafter.num_speculative_tokens, gpus_per_node=gpus,
         resume_dir=f"{dirs['checkpoints']}/{settings.resume_run}" if settings.resume_run else None,
-        online=online_spec,
+        online=online_spec, ttt_steps=train_depth(settings.ttt_steps, drafter),
         data_fingerprint=dataset_fingerprints(ctx)[
             "conversations" if online_spec else "hidden_states"],
     )  # fmt: skip
+
+
+def train_depth(ttt_steps: int | None, drafter: Drafter) -> int:
+    """train.ttt_steps, else the drafter's k but at least speculators' default of 3."""
+    return ttt_steps or max(drafter.num_speculative_tokens, 3)
 
 
 def bench_spec(ctx: PlanInputs, run_id: str) -> BenchSpec:
@@ -187,6 +192,8 @@ def bench_spec(ctx: PlanInputs, run_id: str) -> BenchSpec:
         run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(), endpoint=endpoint,
         metrics_url=f"{endpoint}/metrics", drafter=ctx.drafter_name,
         concurrency=sorted(concurrency),
+        prompt_files={n: f"{DATASETS_MOUNT}/{path}" for n, path in settings.prompt_files.items()
+                      if n in settings.prompt_sets},
         results_dir=f"{data_dirs(ctx)['bench']}/{run_id}",
         baseline_path=(
             f"{data_dirs(ctx)['bench']}/{settings.baseline_run}/result.json"

@@ -15,7 +15,7 @@ from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, 
 from kimideploy.errors import UsageError
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import calibration, jobs, online, serve
+from kimideploy.plan import acceptance, calibration, jobs, online, serve
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.drafter_judgement import (
@@ -354,19 +354,12 @@ def prediction_facts(ctx: PlanInputs, k: int, levels: list[int]) -> list[tuple[s
     drafter = ctx.drafter
     assert drafter is not None
     costs = ctx.cost_model
-    if drafter.acceptance:
+    found = acceptance.evidence(drafter, k)
+    if found is not None:
         at = ", ".join(
-            f"c={c} {calibration.drafter_speedup(costs, list(drafter.acceptance), k, c):.2f}x"
-            for c in levels
+            f"c={c} {calibration.speedup(costs, k, found.length, c):.2f}x" for c in levels
         )
-        predicted = f"{at} (k={k}, measured acceptance {list(drafter.acceptance)})"
-    elif drafter.published and drafter.published.num_speculative_tokens == k:
-        length = drafter.published.mean_length
-        at = ", ".join(f"c={c} {calibration.speedup(costs, k, length, c):.2f}x" for c in levels)
-        predicted = (
-            f"{at} (k={k}, prior: published mean acceptance length {length:.2f}, "
-            f"{drafter.published.source}; not measured here)"
-        )
+        predicted = f"{at} (k={k}, {found.label()})"
     else:
         even = ", ".join(f"c={c} {calibration.break_even_length(costs, k, c):.2f}" for c in levels)
         predicted = f"unknown: no measured acceptance; break-even acceptance length {even} (k={k})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,10 +30,35 @@ class LocalRunner:
         self, argv: list[str], on_line: Callable[[str], None], stdin: str | None = None,
         timeout: float | None = None,
     ) -> CommandResult:  # fmt: skip
-        result = self.run(argv, timeout=timeout or 24 * 3600, stdin=stdin)
-        for line in result.stdout.splitlines():
-            on_line(line)
-        return result
+        """Each stdout line to on_line as the command prints it (a build runs for hours);
+        stderr is collected beside it."""
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+            )  # fmt: skip
+        except FileNotFoundError as exc:
+            return CommandResult(quote(argv), 127, "", str(exc))
+        errors: list[str] = []
+        reader = threading.Thread(target=lambda: errors.extend(process.stderr or []), daemon=True)
+        reader.start()
+        if stdin is not None and process.stdin is not None:
+            process.stdin.write(stdin)
+            process.stdin.close()
+        timer = threading.Timer(timeout, process.kill) if timeout else None
+        if timer is not None:
+            timer.start()
+        lines = []
+        try:
+            for line in process.stdout or []:
+                lines.append(line)
+                on_line(line.rstrip("\n"))
+            code = process.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+        reader.join(timeout=5)
+        return CommandResult(quote(argv), code, "".join(lines), "".join(errors))
 
     def run_script(
         self, script: str, args: list[str] | None = None, timeout: float = 60

@@ -27,6 +27,7 @@ from typing import Any
 
 from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
 from kimideploy.formats.vllm_metrics import acceptance, from_requests, parse_with_client
+from kimideploy.workloads.prompts import load_prompts
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
     EXIT_OK,
@@ -50,6 +51,27 @@ TOPICS = [
 ]
 
 
+def spec_prompts(spec: BenchSpec, prompt_set: str) -> list[list[dict[str, Any]]]:
+    """A named file's first num_prompts usable prompts, or a built-in set."""
+    path = spec.prompt_files.get(prompt_set)
+    if path is None:
+        return make_prompts(prompt_set, spec.num_prompts)
+    try:
+        found = load_prompts(Path(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInputError(
+            f"bench.prompt_files.{prompt_set}: cannot read {path} ({exc})",
+            hint="copy the prompt file onto the datasets volume first",
+        ) from exc
+    usable = [p.messages for p in found.prompts][: spec.num_prompts]
+    if not usable:
+        raise BadInputError(
+            f"bench.prompt_files.{prompt_set}: no usable prompt in {path} "
+            f"({'; '.join(found.bad[:3]) or 'empty'})"
+        )
+    return usable
+
+
 def make_prompts(prompt_set: str, count: int) -> list[list[dict[str, str]]]:
     """The same prompts every run (seeded), so runs and baselines compare like with like."""
     rng = random.Random(f"kimideploy-bench-{prompt_set}")
@@ -66,7 +88,7 @@ def make_prompts(prompt_set: str, count: int) -> list[list[dict[str, str]]]:
     return prompts
 
 
-def request(spec: BenchSpec, messages: list[dict[str, str]]) -> dict[str, Any]:
+def request(spec: BenchSpec, messages: list[dict[str, Any]]) -> dict[str, Any]:
     body = {
         "model": spec.target.served_name,
         "messages": messages,
@@ -130,7 +152,7 @@ def scrape(url: str) -> str | None:
 
 
 def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any]:
-    prompts = make_prompts(prompt_set, spec.num_prompts)
+    prompts = spec_prompts(spec, prompt_set)
     before = scrape(spec.metrics_url)
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:

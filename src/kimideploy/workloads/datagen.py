@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import DatagenSpec
+from kimideploy.formats.bounded_io import MIB, UnreadableFileError, read_bytes
 from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from kimideploy.workloads import dataset_record
 from kimideploy.workloads.prompts import Prompt, load_prompts
@@ -36,8 +38,10 @@ from kimideploy.workloads.runtime import (
     emit,
     json_request_headers,
     log,
+    remove_dead_temporaries,
     shard_index,
 )
+from kimideploy.workloads.writer_lock import WriterLock
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -136,13 +140,44 @@ def generate(spec: DatagenSpec, prompt: Prompt, stopper: Stopper) -> dict[str, A
     }
 
 
+CHUNK_NAME = re.compile(r"^chunk-(\d{6,})\.jsonl$")
+CHUNK_LIMIT = 1024 * MIB
+
+
 def finished_ids(shard_dir: Path) -> tuple[set[str], int]:
-    """Sample ids in complete chunks, and the next chunk number."""
+    """Sample ids in complete chunks, and the next chunk number: one past the highest there,
+    so a removed chunk (what `data inspect` tells users to do with a damaged one) never makes a
+    restart overwrite another."""
     ids: set[str] = set()
-    chunks = sorted(shard_dir.glob("chunk-*.jsonl"))
-    for chunk in chunks:
-        ids.update(json.loads(line)["id"] for line in chunk.read_text().splitlines() if line)
-    return ids, len(chunks) + 1
+    highest = 0
+    for chunk in sorted(shard_dir.glob("chunk-*.jsonl")):
+        named = CHUNK_NAME.match(chunk.name)
+        if named is None:
+            continue
+        highest = max(highest, int(named.group(1)))
+        ids.update(chunk_ids(chunk))
+    return ids, highest + 1
+
+
+def chunk_ids(chunk: Path) -> list[str]:
+    try:
+        text = read_bytes(chunk, CHUNK_LIMIT).decode("utf-8")
+    except (UnreadableFileError, UnicodeDecodeError) as exc:
+        raise BadInputError(
+            f"{chunk}: {exc}", hint="move the chunk aside; a restart generates its samples again"
+        ) from exc
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line:
+            continue
+        try:
+            found.append(str(json.loads(line)["id"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadInputError(
+                f"{chunk}: line {number} is not a sample ({exc})",
+                hint="move the chunk aside; a restart generates its samples again",
+            ) from exc
+    return found
 
 
 def run(spec: DatagenSpec) -> int:
@@ -158,6 +193,16 @@ def run(spec: DatagenSpec) -> int:
     )
     shard_dir = Path(spec.output_dir) / f"shard-{index:05d}"
     shard_dir.mkdir(parents=True, exist_ok=True)
+    with WriterLock(shard_dir, f"shard {index} of {spec.output_dir}"):
+        leftovers = remove_dead_temporaries(shard_dir)
+        if leftovers:
+            log(f"shard {index}: removed what a dead writer left half-written: {leftovers}")
+        return _generate(spec, index, shard_dir, prompts, mine)
+
+
+def _generate(
+    spec: DatagenSpec, index: int, shard_dir: Path, prompts: Any, mine: list[Prompt]
+) -> int:
     done_ids, next_chunk = finished_ids(shard_dir)
     todo = [p for p in mine if p.id not in done_ids]
     log(f"shard {index}/{spec.shards}: {len(mine)} prompts, {len(mine) - len(todo)} already done")
@@ -210,7 +255,8 @@ def _finish(
     records = [
         json.loads(line)
         for chunk in sorted(shard_dir.glob("chunk-*.jsonl"))
-        for line in chunk.read_text().splitlines()
+        if CHUNK_NAME.match(chunk.name)
+        for line in read_bytes(chunk, CHUNK_LIMIT).decode("utf-8").splitlines()
         if line
     ]
     tokens = sum(int((r.get("usage") or {}).get("completion_tokens") or 0) for r in records)

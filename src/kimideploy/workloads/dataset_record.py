@@ -10,6 +10,8 @@ refusal that names each differing field.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +21,24 @@ from kimideploy.config.fingerprints import (
     differences,
     fingerprint_id,
 )
+from kimideploy.formats.bounded_io import UnreadableFileError, read_json_object
 from kimideploy.formats.chat_template import template_fingerprint
-from kimideploy.workloads.runtime import BadInputError, atomic_write
+from kimideploy.workloads.runtime import TEMP_MARK, BadInputError, atomic_write
 
 DATA_FILES = ("chunk-*.jsonl", "*.safetensors", "manifest.json")
 
 
 def read(root: Path) -> dict[str, Any] | None:
     path = root / FINGERPRINT_FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
-    record: dict[str, Any] = json.loads(path.read_text())
-    return record
+    try:
+        return read_json_object(path)
+    except UnreadableFileError as exc:
+        raise BadInputError(
+            f"{exc}: the dataset's fingerprint cannot be read, so what it was made from is unknown",
+            hint=f"move {root} aside and run the stage that makes it again",
+        ) from exc
 
 
 def _has_data(root: Path) -> bool:
@@ -58,8 +66,10 @@ def claim(root: Path, fields: dict[str, Any], observed: dict[str, Any]) -> dict[
                 hint=f"move {root} aside (or delete it) and run again",
             )
         root.mkdir(parents=True, exist_ok=True)
-        atomic_write(root / FINGERPRINT_FILE, json.dumps(record, indent=2, sort_keys=True).encode())
-        return record
+        if _create_exclusively(root / FINGERPRINT_FILE, record):
+            return record
+        existing = read(root)  # another shard or run wrote it first: it must be ours
+        assert existing is not None
     changed = differences(
         {"fields": existing.get("fields"), "observed": existing.get("observed")},
         {"fields": fields, "observed": observed},
@@ -73,6 +83,20 @@ def claim(root: Path, fields: dict[str, Any], observed: dict[str, Any]) -> dict[
             f"model) needs a new name, or {root} moved aside",
         )
     return existing
+
+
+def _create_exclusively(path: Path, record: dict[str, Any]) -> bool:
+    """Write the whole record beside `path`, then link it into place: the link fails if another
+    writer got there first (False), and no reader ever sees half a record."""
+    partial = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{time.monotonic_ns()}")
+    atomic_write(partial, json.dumps(record, indent=2, sort_keys=True).encode())
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        return False
+    finally:
+        partial.unlink(missing_ok=True)
+    return True
 
 
 def require(root: Path, what: str, fields: dict[str, Any]) -> dict[str, Any]:

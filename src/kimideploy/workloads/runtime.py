@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -102,11 +104,41 @@ class Stopper:
         self.stopping = True
 
 
+class DiskFullError(KimiDeployError):
+    """The volume has no room for what must be written (exit 1: free space, then resume)."""
+
+
+TEMP_MARK = ".tmp-"
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write next to the target, fsync, rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    """Write next to the target, fsync, rename: a reader never sees half a file. A full disk
+    leaves nothing behind and says how much room there is."""
+    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(path.parent).free
+            raise DiskFullError(
+                f"no space left in {path.parent} to write {path.name} ({len(data):,} bytes; "
+                f"{free:,} bytes free); nothing half-written was left",
+                hint="free space or grow the volume's claim, then run again: it resumes",
+            ) from exc
+        raise
+
+
+def remove_dead_temporaries(folder: Path) -> list[str]:
+    """Half-written files of a writer that died (a kill between write and rename); call only
+    while holding the folder's writer lock."""
+    removed = []
+    for leftover in folder.glob(f".*{TEMP_MARK}*"):
+        if leftover.is_file() and not leftover.is_symlink():
+            leftover.unlink(missing_ok=True)
+            removed.append(leftover.name)
+    return removed

@@ -27,7 +27,7 @@ from typing import Any
 
 from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.specs import TrainSpec
-from kimideploy.workloads import dataset_record, train_data
+from kimideploy.workloads import dataset_record, heldout, train_checkpoints, train_data
 from kimideploy.workloads.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -39,12 +39,12 @@ from kimideploy.workloads.runtime import (
     emit,
     log,
 )
+from kimideploy.workloads.train_checkpoints import STATE_FILE
 from kimideploy.workloads.train_features import Features, ServerUnavailableError, open_features
+from kimideploy.workloads.train_schedule import build_scheduler
 from kimideploy.workloads.vocab import load_vocab_maps
 
 LINEAGE_FILE = "kimideploy-lineage.json"
-STATE_FILE = "state.json"
-KEEP_CHECKPOINTS = 3
 # PyTorch's own default for NCCL: long enough for a checkpoint write on rank 0, short enough
 # that a hung rank does not hold a whole cluster for an hour.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -83,12 +83,15 @@ def run(spec: TrainSpec) -> int:
     ranks = _ranks()
     features = open_features(spec)
     try:
-        steps = train_data.steps_per_epoch(features.samples, ranks.world, spec.batch_size)
+        ids = [features.sample_id(i) for i in range(features.samples)]
+        split = heldout.split_samples(ids, spec.held_out_fraction, spec.held_out_max_samples)
+        steps = train_data.steps_per_epoch(len(split.train), ranks.world, spec.batch_size)
         if steps == 0:
             source = "extract" if spec.mode == "offline" else "generate"
             raise BadInputError(
-                f"{features.samples} samples cannot fill one batch of {spec.batch_size} on each "
-                f"of {ranks.world} ranks; lower train.batch_size or {source} more samples"
+                f"{len(split.train)} training samples ({len(split.held_out)} more held out) "
+                f"cannot fill one batch of {spec.batch_size} on each of {ranks.world} ranks; "
+                f"lower train.batch_size or {source} more samples"
             )
         _same_conversations(spec)
         d2t, t2d = load_vocab_maps(Path(spec.vocab_dir), spec.target.vocab_size)
@@ -97,7 +100,7 @@ def run(spec: TrainSpec) -> int:
                 f"the vocab maps in {spec.vocab_dir} have {len(d2t)} draft tokens, drafter "
                 f"{spec.drafter} wants {spec.draft_vocab_size}; run `kimideploy run vocab` again"
             )
-        return Trainer(spec, features, ranks, d2t, t2d, steps).train()
+        return Trainer(spec, features, ranks, d2t, t2d, split, steps).train()
     except ServerUnavailableError as exc:
         log(f"error: {exc}")
         return EXIT_FAILED
@@ -126,11 +129,12 @@ class Trainer:
         ranks: Ranks,
         d2t: Any,
         t2d: Any,
+        split: heldout.Split,
         steps_per_epoch: int,
     ) -> None:
         import torch
 
-        self.spec, self.features, self.ranks = spec, features, ranks
+        self.spec, self.features, self.ranks, self.split = spec, features, ranks, split
         self.group: Any = None
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = steps_per_epoch * spec.epochs
@@ -156,10 +160,13 @@ class Trainer:
         torch.manual_seed(spec.seed)
         self.model = build_model(spec, d2t, t2d).to(self.device)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr)
+        self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=spec.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, self.total_steps, spec)
         self.position = Position()
         self.loss_config = _loss_config()
         self.stopper = Stopper()
+        self.best: dict[str, Any] | None = None
+        self.head: heldout.TargetHead | None = None
 
     # -- the loop ------------------------------------------------------------------------------
     def train(self) -> int:
@@ -175,7 +182,7 @@ class Trainer:
         last: dict[str, Any] = {}
         while self.position.epoch < self.spec.epochs:
             order = train_data.epoch_order(
-                self.features.samples,
+                self.split.train,
                 self.spec.seed,
                 self.position.epoch,
                 self.ranks.rank,
@@ -191,20 +198,23 @@ class Trainer:
                 model.train()
                 _, loss, metrics = model(
                     **batch,
-                    ttt_steps=self.spec.num_speculative_tokens,
+                    ttt_steps=self.spec.ttt_steps,
+                    ttt_step_loss_decay=self.spec.ttt_step_loss_decay,
                     loss_config=self.loss_config,
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                lr = self.scheduler.get_last_lr()[0]
                 self.optimizer.step()
+                self.scheduler.step()
                 tokens = int(batch["input_ids"].shape[1]) * self.ranks.world
                 self.position.step += 1
                 self.position.step_in_epoch += 1
                 self.position.tokens += tokens
                 start_tokens += tokens
                 last = self._report(
-                    float(loss.detach()), metrics, started, start_step, start_tokens
+                    float(loss.detach()), lr, metrics, started, start_step, start_tokens
                 )
                 if self.position.step % self.spec.checkpoint_every_steps == 0:
                     self._checkpoint(last)
@@ -254,21 +264,25 @@ class Trainer:
     def _report(
         self,
         loss: float,
+        lr: float,
         metrics: dict[str, Any],
         started: float,
         start_step: int,
         start_tokens: int,
     ) -> dict[str, Any]:
-        accuracy = per_position_accuracy(metrics, self.spec.num_speculative_tokens)
+        accuracy = per_position_accuracy(metrics, self.spec.ttt_steps)
         elapsed = max(time.monotonic() - started, 1e-6)
         rate = (self.position.step - start_step) / elapsed
         figures = {
             "step": self.position.step,
             "epoch": self.position.epoch + 1,
             "loss": round(loss, 6),
+            "lr": float(f"{lr:.6g}"),
             "accuracy_per_position": [round(a, 4) for a in accuracy],
             "tokens_per_s": round(start_tokens / elapsed, 1),
         }
+        if self.best is not None:
+            figures["held_out_length"] = self.best["latest_length"]
         if self.ranks.leader:
             remaining = self.total_steps - self.position.step
             emit(
@@ -302,63 +316,121 @@ class Trainer:
 
             dist.barrier(group=self.group)
 
+    # -- held-out judgement ----------------------------------------------------------------------
+    def _judge(self) -> dict[str, Any] | None:
+        """The held-out figures of the model as it is now; every rank judges its share of the
+        held-out samples and the draft counts are summed (they add up across samples)."""
+        import torch
+
+        mine = self.split.held_out[self.ranks.rank :: self.ranks.world]
+        if not self.split.held_out:
+            return None
+        if self.head is None:
+            eps = float(self.model.config.transformer_layer_config.rms_norm_eps)
+            self.head = heldout.TargetHead(self.spec.target.path, eps, self.device)
+        depth = self.spec.judged_depth
+        per_turn: list[list[int]] = []
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for start in range(0, len(mine), self.spec.batch_size):
+                ids = mine[start : start + self.spec.batch_size]
+                self.features.prefetch(ids)
+                batch = self._batch(ids)
+                targets = self.head.greedy(batch["verifier_last_hidden_states"][0])
+                lengths = heldout.rollout(self.model, batch, depth, targets)
+                per_turn += heldout.turns(lengths, batch)
+        self.model.train(was_training)
+        walks = heldout.judge_turns(per_turn, depth)
+        if self.ranks.world > 1:
+            self._sum_walks(walks)
+        return heldout.figures(walks, len(self.split.held_out))
+
+    def _sum_walks(self, walks: dict[int, heldout.Walk]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        for k, one in walks.items():
+            counts = torch.tensor([one.drafts, one.accepted, *one.at_position], device=self.device)
+            dist.all_reduce(counts, group=self.group)
+            values = [int(v) for v in counts.tolist()]
+            walks[k] = heldout.Walk(k, values[0], values[1], values[2:])
+
+    def _consider(self, judged: dict[str, Any] | None) -> None:
+        """Keep track of the best checkpoint by held-out acceptance length at the serving k
+        (the earliest of equals: fewer steps, same prediction)."""
+        if judged is None:
+            return
+        k = str(self.spec.num_speculative_tokens)
+        length = float(judged["mean_acceptance_length"][k])
+        best = self.best
+        if best is None or length > best["length"]:
+            self.best = {"step": self.position.step, "length": length, "k": int(k)}
+        assert self.best is not None
+        self.best["latest_length"] = length
+        emit(
+            {
+                "event": "evaluation",
+                "stage": "train",
+                "step": self.position.step,
+                "held_out": judged,
+                "best_step": self.best["step"],
+                "best_length": self.best["length"],
+            }
+        )
+        log(
+            f"step {self.position.step}: held-out mean acceptance length "
+            + ", ".join(f"k={kk} {v}" for kk, v in judged["mean_acceptance_length"].items())
+            + f" (best at k={k}: {self.best['length']} at step {self.best['step']})"
+        )
+
     # -- checkpoints ---------------------------------------------------------------------------
     def _checkpoint(self, figures: dict[str, Any]) -> None:
-        """Rank 0 writes step-N/ next to the others and renames it in; state.json last."""
+        """Judged on the held-out samples, then written by rank 0 (step-N/, state.json last)."""
+        root = Path(self.spec.checkpoint_dir)
+        judged = None
+        if not (train_checkpoints.step_dir(root, self.position.step) / STATE_FILE).is_file():
+            judged = self._judge()
+            self._consider(judged)
         if self.ranks.leader:
-            import torch
-            from safetensors.torch import save_file
-
-            root = Path(self.spec.checkpoint_dir)
-            root.mkdir(parents=True, exist_ok=True)
-            final = root / f"step-{self.position.step:08d}"
-            if not (final / STATE_FILE).is_file():
-                tmp = root / f".tmp-step-{self.position.step:08d}-{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir()
-                weights = self.model.state_dict().items()
-                state = {k: v.detach().cpu().contiguous() for k, v in weights}
-                save_file(state, str(tmp / "model.safetensors"))
-                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-                record = {
-                    **self.position.__dict__,
-                    "run_id": self.spec.run_id,
-                    "metrics": figures,
-                    "world": self.ranks.world,
-                    "dataset": self.features.lineage().get("fingerprint"),
-                }
-                atomic_write(tmp / STATE_FILE, json.dumps(record, indent=2).encode())
-                if final.exists():  # an incomplete directory left by a crash mid-write
-                    shutil.rmtree(final)
-                tmp.rename(final)
-                self._prune_checkpoints(root)
+            weights = self.model.state_dict().items()
+            record = {
+                **self.position.__dict__,
+                "run_id": self.spec.run_id,
+                "metrics": figures,
+                "held_out": judged,
+                "best": self.best,
+                "split": self.split.record,
+                "world": self.ranks.world,
+                "dataset": self.features.lineage().get("fingerprint"),
+            }
+            final = train_checkpoints.write(
+                root, self.position.step,
+                {k: v.detach().cpu().contiguous() for k, v in weights},
+                self.optimizer, self.scheduler, record,
+            )  # fmt: skip
+            best = self.best["step"] if self.best else None
+            keep = {train_checkpoints.step_dir(root, best).name} if best is not None else set()
+            train_checkpoints.prune(root, keep)
             emit(
                 {
                     "event": "checkpoint",
                     "stage": "train",
                     "step": self.position.step,
                     "path": str(final),
+                    "held_out_length": (self.best or {}).get("latest_length"),
                 }
             )
         self._barrier()
 
-    @staticmethod
-    def _prune_checkpoints(root: Path) -> None:
-        complete = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
-        for old in complete[:-KEEP_CHECKPOINTS]:
-            shutil.rmtree(old, ignore_errors=True)
-
     def _resume(self) -> None:
-        import torch
-        from safetensors.torch import load_file
-
-        found = latest_checkpoint(Path(self.spec.checkpoint_dir))
+        found = train_checkpoints.latest(Path(self.spec.checkpoint_dir))
         if found is None and self.spec.resume_dir:
-            found = latest_checkpoint(Path(self.spec.resume_dir))
+            found = train_checkpoints.latest(Path(self.spec.resume_dir))
         if found is None:
             log(f"starting at step 0 ({self.total_steps} steps, {self.spec.epochs} epochs)")
             return
-        state = json.loads((found / STATE_FILE).read_text())
+        state = train_checkpoints.state(found)
         dataset = self.features.lineage().get("fingerprint")
         if state.get("dataset") and dataset and state["dataset"] != dataset:
             raise BadInputError(
@@ -366,13 +438,23 @@ class Trainer:
                 "its step and data order belong to the other dataset",
                 hint="start a new run (without train.resume_run), or train on that dataset",
             )
-        self.model.load_state_dict(load_file(str(found / "model.safetensors")), strict=True)
-        self.optimizer.load_state_dict(
-            torch.load(found / "optimizer.pt", map_location=self.device, weights_only=True)
-        )
+        recorded = (state.get("split") or {}).get("held_out_ids_sha256")
+        if recorded and recorded != self.split.record["held_out_ids_sha256"]:
+            raise BadInputError(
+                f"{found} held out other samples ({state['split']['held_out_samples']} at "
+                f"fraction {state['split']['fraction']}) than this run would "
+                f"({self.split.record['held_out_samples']} at {self.spec.held_out_fraction}): "
+                "resuming would train on samples it was judged on",
+                hint="keep train.held_out_fraction as it was, or start a new run",
+            )
+        train_checkpoints.restore(found, self.model, self.optimizer, self.scheduler, self.device)
         self.position = Position(
             state["step"], state["epoch"], state["step_in_epoch"], state["tokens"]
         )
+        if self.scheduler.last_epoch != self.position.step:  # written before schedules existed
+            self.scheduler.last_epoch = self.position.step - 1
+            self.scheduler.step()
+        self.best = state.get("best")
         log(f"resuming from {found} at step {self.position.step} of {self.total_steps}")
         if self.ranks.leader:
             emit(
@@ -386,7 +468,43 @@ class Trainer:
             )
 
     # -- the drafter ---------------------------------------------------------------------------
+    def _select(self) -> dict[str, Any]:
+        """Load the best checkpoint's weights when it is not the last step; say which and why."""
+        last = self.position.step
+        if self.best is None:
+            return {
+                "step": last,
+                "reason": "the last step: no held-out samples to judge on "
+                f"(train.held_out_fraction {self.spec.held_out_fraction})",
+            }
+        k, step, length = self.best["k"], self.best["step"], self.best["length"]
+        latest = self.best.get("latest_length")
+        if step == last:
+            return {
+                "step": step,
+                "held_out_length": length,
+                "reason": f"the last step has the best held-out mean acceptance length at k={k} "
+                f"({length})",
+            }
+        path = train_checkpoints.step_dir(Path(self.spec.checkpoint_dir), step)
+        train_checkpoints.load_weights(path, self.model)
+        reason = (
+            f"step {step} has the best held-out mean acceptance length at k={k} ({length}); "
+            f"the last step ({last}) had {latest}"
+        )
+        log(f"writing the drafter of {reason}")
+        return {"step": step, "held_out_length": length, "reason": reason}
+
+    def _held_out_of(self, step: int) -> dict[str, Any] | None:
+        path = train_checkpoints.step_dir(Path(self.spec.checkpoint_dir), step)
+        if not (path / STATE_FILE).is_file():
+            return None
+        judged: dict[str, Any] | None = train_checkpoints.state(path).get("held_out")
+        return judged
+
     def _write_drafter(self, figures: dict[str, Any]) -> None:
+        selected = self._select()
+        held_out = self._held_out_of(selected["step"])
         out = Path(self.spec.output_dir)
         tmp = out.with_name(f".{out.name}.tmp-{self.spec.run_id}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -399,7 +517,8 @@ class Trainer:
         methods = config["speculators_config"]["proposal_methods"]
         methods[0]["speculative_tokens"] = self.spec.num_speculative_tokens
         atomic_write(config_path, json.dumps(config, indent=2, sort_keys=True).encode())
-        atomic_write(tmp / LINEAGE_FILE, json.dumps(self._lineage(figures), indent=2).encode())
+        lineage = self._lineage(figures, selected, held_out)
+        atomic_write(tmp / LINEAGE_FILE, json.dumps(lineage, indent=2).encode())
         if out.exists():  # never overwrite a drafter: the previous one moves aside
             aside = out.with_name(f"{out.name}.previous-{datetime.now(UTC):%Y%m%dT%H%M%S}")
             out.rename(aside)
@@ -412,12 +531,17 @@ class Trainer:
                 "drafter": self.spec.drafter,
                 "output_dir": str(out),
                 "steps": self.position.step,
+                "selected": selected,
+                "held_out": held_out,
+                "num_speculative_tokens": self.spec.num_speculative_tokens,
                 **figures,
             }
         )
-        log(f"wrote drafter {self.spec.drafter} to {out}")
+        log(f"wrote drafter {self.spec.drafter} (step {selected['step']}) to {out}")
 
-    def _lineage(self, figures: dict[str, Any]) -> dict[str, Any]:
+    def _lineage(
+        self, figures: dict[str, Any], selected: dict[str, Any], held_out: dict[str, Any] | None
+    ) -> dict[str, Any]:
         from importlib.metadata import version
 
         spec_json = self.spec.model_dump_json()
@@ -433,20 +557,22 @@ class Trainer:
             "written_as": {"ids": self.spec.layers.ids, "convention": self.spec.layers.convention},
             "draft_vocab_size": self.spec.draft_vocab_size,
             "num_speculative_tokens": self.spec.num_speculative_tokens,
+            "ttt_steps": self.spec.ttt_steps,
             "base_drafter": self.spec.base_drafter_path,
-            "dataset": self.features.lineage(),
+            "dataset": {**self.features.lineage(), "held_out": self.split.record},
             "vocab": self.spec.vocab_dir,
             "config_sha256": hashlib.sha256(spec_json.encode()).hexdigest(),
             "speculators_version": version("speculators"),
             "world_size": self.ranks.world,
+            "selected_checkpoint": selected,
+            "held_out": held_out,
             "metrics": {**figures, "epochs": self.spec.epochs, "tokens": self.position.tokens},
         }
 
 
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest step-N directory whose state.json was written (the last thing written)."""
-    complete = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
-    return complete[-1] if complete else None
+    return train_checkpoints.latest(root)
 
 
 def per_position_accuracy(metrics: dict[str, Any], positions: int) -> list[float]:
@@ -507,7 +633,7 @@ def build_model(spec: TrainSpec, d2t: Any, t2d: Any) -> Any:
         target_layer_ids=list(spec.layers.vllm_ids),
         draft_vocab_size=spec.draft_vocab_size,
         norm_before_residual=True,
-        ttt_steps=spec.num_speculative_tokens,
+        ttt_steps=spec.ttt_steps,
         verifier_name_or_path=spec.target.path,
         draft_attn_impl=attention,
     )

@@ -42,6 +42,8 @@ class Features(Protocol):
     @property
     def samples(self) -> int: ...
 
+    def sample_id(self, index: int) -> str: ...
+
     def prefetch(self, indexes: list[int]) -> None: ...
 
     def load(self, index: int) -> dict[str, Any]: ...
@@ -79,6 +81,10 @@ class StoredFeatures:
     @property
     def samples(self) -> int:
         return self.dataset.samples
+
+    def sample_id(self, index: int) -> str:
+        """The conversation's id: extraction names each sample's file by it."""
+        return self.dataset.files[index].stem
 
     def prefetch(self, indexes: list[int]) -> None:
         """Reading a local file is fast enough to do when the batch is built."""
@@ -183,6 +189,9 @@ class OnlineFeatures:
             delay = min(delay * 2, 60.0)
 
     # -- samples -------------------------------------------------------------------------------
+    def sample_id(self, index: int) -> str:
+        return str(self.conversations[index]["id"])
+
     def prefetch(self, indexes: list[int]) -> None:
         for index in indexes:
             if index not in self.pending:

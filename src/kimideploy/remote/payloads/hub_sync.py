@@ -1,13 +1,26 @@
 #!/usr/bin/env python3
-"""Download one pinned Hugging Face revision to a local folder: resumable, verified, marked.
+"""Download one pinned Hugging Face revision to a local folder: parallel, resumable, verified.
 
 Runs ON the GPU host (uploaded by `kimideploy host sync-model`), so it uses the standard library
 only. The token is read from the first line of stdin, never from the command line. Progress is
-printed as JSON lines on stdout; human messages go to stderr.
+printed as JSON lines on stdout (bytes, bytes/s and ETA for the whole revision); human messages
+go to stderr.
 
-Exit codes: 0 done, 2 refused (token, unknown revision), 3 verification failed (a file's hash, or
-a listing that names a path outside the destination or a file without a hash: refused before
-anything is written), 4 network error.
+Parallel: a hub or mirror limits what one connection carries far below a host's link, so up to
+`--streams` connections run at once, over several files and over byte ranges ("pieces") of large
+files. Each file is written in place (`NAME.part`, its full size allocated up front) and each
+piece's progress is recorded in `NAME.part.journal` after the bytes it covers are on disk
+(fdatasync first), so a kill at any point loses at most the last unrecorded RECORD_EVERY bytes
+of each piece in flight: a restart fetches every piece from its recorded offset, none twice and
+none missed. A server that ignores ranges gets one sequential stream for that file.
+
+Verified: each file's sha256 (LFS) or git blob id is checked before it is renamed into place,
+and the completion marker is written only when every file is verified. A response is read only
+up to the size the listing gives; a body longer than that is refused (exit 3).
+
+Exit codes: 0 done, 2 refused (token, unknown revision), 3 verification failed (a file's hash or
+size, or a listing that names a path outside the destination or a file without a hash: refused
+before anything is written), 4 network error (run again to resume).
 """
 
 from __future__ import annotations
@@ -18,16 +31,22 @@ import http.client
 import json
 import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 MARKER = ".kimideploy-complete"
 VERIFIED = ".kimideploy-verified.json"
-CHUNK = 8 * 1024 * 1024
+CHUNK = 1024 * 1024
+PIECE = 64 * 1024 * 1024
+RECORD_EVERY = 16 * 1024 * 1024
+DEFAULT_STREAMS = 8
 
 
 class SameHostAuthRedirect(urllib.request.HTTPRedirectHandler):
@@ -47,6 +66,14 @@ class SameHostAuthRedirect(urllib.request.HTTPRedirectHandler):
 OPENER = urllib.request.build_opener(SameHostAuthRedirect)
 
 
+class Refused(Exception):  # noqa: N818 - a payload with its own small vocabulary
+    """Verification failed: exit 3."""
+
+
+class NoRanges(Exception):  # noqa: N818
+    """The server answered a range request with the whole file."""
+
+
 def request(url: str, token: str, headers: dict[str, str] | None = None) -> Any:
     all_headers = dict(headers or {})
     if token:
@@ -57,7 +84,7 @@ def request(url: str, token: str, headers: dict[str, str] | None = None) -> Any:
 def listing(endpoint: str, repo: str, revision: str, token: str) -> list[dict[str, Any]]:
     url = f"{endpoint}/api/models/{repo}/revision/{revision}?blobs=true"
     with request(url, token) as response:
-        info = json.load(response)
+        info = json.loads(response.read(64 * 1024 * 1024))
     if info.get("sha") and info["sha"] != revision:
         raise SystemExit(f"the hub resolved {revision} to {info['sha']}: pin a full commit hash")
     files: list[dict[str, Any]] = info.get("siblings", [])
@@ -72,6 +99,11 @@ def expected_hash(entry: dict[str, Any]) -> tuple[str, str]:
     return "git-sha1", entry.get("blobId", "")
 
 
+def entry_size(entry: dict[str, Any]) -> int:
+    return int((entry.get("lfs") or {}).get("size") or entry.get("size") or 0)
+
+
+OWN_SUFFIXES = (".part", ".part.journal")
 OWN_FILES = (MARKER, VERIFIED)
 
 
@@ -91,10 +123,15 @@ def listing_problems(dest: Path, files: list[dict[str, Any]]) -> list[str]:
         ):  # fmt: skip
             problems.append(f"{name!r}: not a relative path inside {dest}")
             continue
-        if name in OWN_FILES or name.endswith(".part"):
+        if name in OWN_FILES or name.endswith(OWN_SUFFIXES):
             problems.append(f"{name!r}: collides with the downloader's own files")
         if not expected_hash(entry)[1]:
             problems.append(f"{name!r}: the listing gives no hash (lfs.sha256 or blobId)")
+        try:
+            if entry_size(entry) < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            problems.append(f"{name!r}: the listing gives no usable size")
     return problems
 
 
@@ -103,7 +140,7 @@ def file_hash(path: Path, kind: str, size: int) -> str:
     if kind == "git-sha1":
         digest.update(f"blob {size}\0".encode())
     with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
+        while chunk := handle.read(8 * CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -112,99 +149,266 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
-def download(url: str, token: str, part: Path, size: int, progress: Any) -> None:
-    """Append to the .part file from where it stopped (HTTP Range)."""
-    if size == 0:  # nothing to fetch (a Range request for it would be unsatisfiable)
-        part.touch()
-        return
-    have = part.stat().st_size if part.exists() else 0
-    if have > size:
-        part.unlink()
-        have = 0
-    if have == size:
-        return
-    headers = {"Range": f"bytes={have}-"} if have else {}
-    with request(url, token, headers) as response, part.open("ab" if have else "wb") as out:
-        if have and response.status != 206:  # server ignored the range: start over
-            out.truncate(0)
-        while chunk := response.read(CHUNK):
-            out.write(chunk)
-            progress(len(chunk))
+class Progress:
+    """Bytes of the whole revision: done (including what earlier runs fetched), bytes/s of this
+    run, ETA; printed at most once a second from any worker."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.fetched = total, 0, 0
+        self.start, self.last = time.monotonic(), 0.0
+        self.lock = threading.Lock()
+
+    def present(self, count: int) -> None:
+        with self.lock:
+            self.done += count
+
+    def fetched_bytes(self, count: int) -> None:
+        with self.lock:
+            self.done += count
+            self.fetched += count
+            now = time.monotonic()
+            if now - self.last < 1.0 and self.done < self.total:
+                return
+            self.last = now
+            rate = self.fetched / max(now - self.start, 1e-6)
+        emit({"event": "progress", "stage": "sync-model", "done": self.done, "total": self.total,
+              "unit": "bytes", "rate": round(rate, 1),
+              "eta_s": round((self.total - self.done) / rate, 1) if rate else None})  # fmt: skip
 
 
-def sync(args: argparse.Namespace, token: str) -> int:
-    dest = Path(args.dest)
-    files = listing(args.endpoint, args.repo, args.revision, token)
-    problems = listing_problems(dest, files)
-    if problems:
-        for problem in problems:
-            print(f"refused: {problem}", file=sys.stderr)
-        print(f"the listing from {args.endpoint} was not followed; nothing was written",
-              file=sys.stderr)  # fmt: skip
-        return 3
-    dest.mkdir(parents=True, exist_ok=True)
-    verified_file = dest / VERIFIED
-    verified: dict[str, str] = (
-        json.loads(verified_file.read_text()) if verified_file.exists() else {}
-    )
-    total = sum(int((f.get("lfs") or {}).get("size") or f.get("size") or 0) for f in files)
-    done, start = 0, time.monotonic()
+@dataclass
+class Target:
+    """One file of the listing and its in-place download: pieces and their recorded offsets."""
 
-    def progress(count: int) -> None:
-        nonlocal done
-        done += count
-        rate = done / max(time.monotonic() - start, 1e-6)
-        emit(
-            {
-                "event": "progress",
-                "stage": "sync-model",
-                "done": done,
-                "total": total,
-                "unit": "bytes",
-                "rate": rate,
-                "eta_s": (total - done) / rate if rate else None,
-            }
-        )
+    name: str
+    url: str
+    size: int
+    kind: str
+    want: str
+    path: Path
+    piece: int = PIECE
+    offsets: dict[int, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sequential: bool = False
 
-    for entry in files:
-        name = entry["rfilename"]
-        size = int((entry.get("lfs") or {}).get("size") or entry.get("size") or 0)
-        kind, want = expected_hash(entry)
-        target = dest / name
-        if verified.get(name) == want and target.exists() and target.stat().st_size == size:
-            progress(size)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(target.name + ".part")
-        url = f"{args.endpoint}/{args.repo}/resolve/{args.revision}/{urllib.parse.quote(name)}"
-        already = part.stat().st_size if part.exists() else 0
-        progress(min(already, size))
-        download(url, token, part, size, progress)
-        if part.stat().st_size < size:  # the connection ended early: keep it and resume next time
-            print(
-                f"{name}: transfer stopped at {part.stat().st_size} of {size} bytes; run again "
-                "to resume",
-                file=sys.stderr,
+    @property
+    def part(self) -> Path:
+        return self.path.with_name(self.path.name + ".part")
+
+    @property
+    def journal(self) -> Path:
+        return self.path.with_name(self.path.name + ".part.journal")
+
+    def pieces(self) -> list[tuple[int, int]]:
+        """(start, end) byte ranges, end exclusive."""
+        return [(s, min(s + self.piece, self.size)) for s in range(0, self.size, self.piece)]
+
+    def header(self) -> dict[str, Any]:
+        return {"size": self.size, "hash": self.want, "piece": self.piece}
+
+    def load(self) -> None:
+        """The recorded offsets, or a fresh start when the journal is of another file."""
+        self.offsets = {}
+        if self.journal.is_file() and self.part.is_file():
+            lines = self.journal.read_text().splitlines()
+            try:
+                if lines and json.loads(lines[0]) == self.header():
+                    for line in lines[1:]:
+                        piece, done = json.loads(line)
+                        self.offsets[int(piece)] = max(self.offsets.get(int(piece), 0), int(done))
+                    return
+            except (ValueError, TypeError):
+                pass  # a journal cut mid-line by a kill: its earlier lines were read above
+            if self.offsets:
+                return
+        elif self.part.is_file() and not self.journal.exists():
+            # A .part from the one-stream downloader: its bytes are a valid prefix.
+            self._adopt_prefix(self.part.stat().st_size)
+            return
+        self.part.unlink(missing_ok=True)
+        self.journal.unlink(missing_ok=True)
+
+    def _adopt_prefix(self, have: int) -> None:
+        have = min(have, self.size)
+        self.journal.write_text(json.dumps(self.header()) + "\n")
+        for number, (start, end) in enumerate(self.pieces()):
+            if have > start:
+                self.record(number, min(have, end) - start, sync=False)
+
+    def open(self) -> int:
+        fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(fd).st_size != self.size:
+            os.ftruncate(fd, self.size)
+        if not self.journal.is_file():
+            self.journal.write_text(json.dumps(self.header()) + "\n")
+        return fd
+
+    def record(self, piece: int, done: int, fd: int | None = None, sync: bool = True) -> None:
+        """The bytes are on disk first, then the journal says so."""
+        if fd is not None and sync:
+            os.fdatasync(fd)
+        with self.lock:
+            self.offsets[piece] = done
+            with self.journal.open("a") as journal:
+                journal.write(json.dumps([piece, done]) + "\n")
+                journal.flush()
+                if sync:
+                    os.fsync(journal.fileno())
+
+    def remaining(self) -> list[int]:
+        return [n for n, (s, e) in enumerate(self.pieces()) if self.offsets.get(n, 0) < e - s]
+
+
+class Sync:
+    def __init__(self, args: argparse.Namespace, token: str) -> None:
+        self.args, self.token = args, token
+        self.dest = Path(args.dest)
+        self.piece = max(int(args.piece_bytes), CHUNK)
+        self.record_every = max(int(args.record_every), 1)
+        self.verified_lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def fetch_piece(self, target: Target, number: int, fd: int, progress: Progress) -> None:
+        start, end = target.pieces()[number]
+        done = target.offsets.get(number, 0)
+        if done >= end - start:
+            return
+        headers = {"Range": f"bytes={start + done}-{end - 1}"}
+        with request(target.url, self.token, headers) as response:
+            if response.status != 206:
+                raise NoRanges(target.name)
+            self._check_total(target, response.headers.get("Content-Range"))
+            recorded = done
+            while done < end - start and not self.stop.is_set():
+                chunk = response.read(min(CHUNK, end - start - done))
+                if not chunk:
+                    break
+                os.pwrite(fd, chunk, start + done)
+                done += len(chunk)
+                progress.fetched_bytes(len(chunk))
+                if done - recorded >= self.record_every:
+                    target.record(number, done, fd)
+                    recorded = done
+            target.record(number, done, fd)
+        if done < end - start and not self.stop.is_set():
+            raise ConnectionError(f"{target.name}: the connection ended at byte {start + done}")
+
+    @staticmethod
+    def _check_total(target: Target, content_range: str | None) -> None:
+        total = (content_range or "").rpartition("/")[2]
+        if total.isdigit() and int(total) != target.size:
+            raise Refused(
+                f"{target.name}: the server says the file has {total} bytes, the listing "
+                f"{target.size}; refusing to write it"
             )
-            return 4
-        got = file_hash(part, kind, size)
-        if part.stat().st_size != size or got != want:
-            part.unlink()
-            print(f"{name}: {kind} {got} != expected {want}; removed the download", file=sys.stderr)
+
+    def fetch_whole(self, target: Target, fd: int, progress: Progress) -> None:
+        """One stream from byte 0 for a server without ranges, never past the listed size."""
+        target.offsets = {}
+        os.ftruncate(fd, target.size)
+        target.journal.write_text(json.dumps(target.header()) + "\n")
+        done = 0
+        with request(target.url, self.token) as response:
+            while done < target.size:
+                chunk = response.read(min(CHUNK, target.size - done))
+                if not chunk:
+                    break
+                os.pwrite(fd, chunk, done)
+                done += len(chunk)
+                progress.fetched_bytes(len(chunk))
+            if done == target.size and response.read(1):
+                raise Refused(f"{target.name}: the server sent more than the listed {done} bytes")
+        for number, (start, end) in enumerate(target.pieces()):
+            target.record(number, max(0, min(done, end) - start), fd)
+        if done < target.size:
+            raise ConnectionError(f"{target.name}: the connection ended at byte {done}")
+
+    def finish(self, target: Target, verified: dict[str, str]) -> None:
+        """Verify the whole file, then rename it into place and remember it."""
+        got = file_hash(target.part, target.kind, target.size)
+        if got != target.want:
+            target.part.unlink(missing_ok=True)
+            target.journal.unlink(missing_ok=True)
+            raise Refused(f"{target.name}: {target.kind} {got} != expected {target.want}; "
+                          "removed the download")  # fmt: skip
+        target.part.replace(target.path)
+        target.journal.unlink(missing_ok=True)
+        with self.verified_lock:
+            verified[target.name] = target.want
+            partial = self.dest / (VERIFIED + ".tmp")
+            partial.write_text(json.dumps(verified, indent=1, sort_keys=True))
+            partial.replace(self.dest / VERIFIED)
+
+    def run_file(self, target: Target, progress: Progress, verified: dict[str, str]) -> None:
+        """Every remaining piece of one file, `streams` at a time across all files."""
+        fd = target.open()
+        try:
+            futures = [self.pool.submit(self.fetch_piece, target, n, fd, progress)
+                       for n in target.remaining()]  # fmt: skip
+            errors = []
+            for future in futures:
+                try:
+                    future.result()
+                except NoRanges:
+                    target.sequential = True
+                except Exception as exc:  # every piece settles before the file's fate is decided
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+            if target.sequential:
+                self.fetch_whole(target, fd, progress)
+        finally:
+            os.close(fd)
+        if self.stop.is_set():
+            return
+        self.finish(target, verified)
+
+    def run(self) -> int:
+        files = listing(self.args.endpoint, self.args.repo, self.args.revision, self.token)
+        problems = listing_problems(self.dest, files)
+        if problems:
+            for problem in problems:
+                print(f"refused: {problem}", file=sys.stderr)
+            print(f"the listing from {self.args.endpoint} was not followed; nothing was written",
+                  file=sys.stderr)  # fmt: skip
             return 3
-        part.replace(target)
-        verified[name] = want
-        verified_file.write_text(json.dumps(verified, indent=1, sort_keys=True))
-    marker = {
-        "repo": args.repo,
-        "revision": args.revision,
-        "files": len(files),
-        "bytes": total,
-        "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    (dest / MARKER).write_text(json.dumps(marker, indent=1))
-    emit({"event": "result", "stage": "sync-model", **marker})
-    return 0
+        self.dest.mkdir(parents=True, exist_ok=True)
+        verified_file = self.dest / VERIFIED
+        verified: dict[str, str] = (
+            json.loads(verified_file.read_text()) if verified_file.exists() else {}
+        )
+        progress = Progress(sum(entry_size(f) for f in files))
+        targets = []
+        for entry in files:
+            name, size = entry["rfilename"], entry_size(entry)
+            kind, want = expected_hash(entry)
+            path = self.dest / name
+            if verified.get(name) == want and path.exists() and path.stat().st_size == size:
+                progress.present(size)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            quoted = urllib.parse.quote(name)
+            url = f"{self.args.endpoint}/{self.args.repo}/resolve/{self.args.revision}/{quoted}"
+            target = Target(name, url, size, kind, want, path, self.piece)
+            target.load()
+            progress.present(sum(target.offsets.values()))
+            targets.append(target)
+        streams = max(1, self.args.streams)
+        # Pieces run on `pool`; files are coordinated by `files` (their waits hold no stream).
+        with ThreadPoolExecutor(streams) as self.pool, ThreadPoolExecutor(streams) as files_pool:
+            jobs = [files_pool.submit(self.run_file, t, progress, verified) for t in targets]
+            finished, _ = wait(jobs, return_when=FIRST_EXCEPTION)
+            failed = [job.exception() for job in finished if job.exception()]
+            if failed:
+                self.stop.set()
+                wait(jobs)
+                raise failed[0]  # type: ignore[misc]
+        marker = {"repo": self.args.repo, "revision": self.args.revision, "files": len(files),
+                  "bytes": progress.total,
+                  "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        (self.dest / MARKER).write_text(json.dumps(marker, indent=1))
+        emit({"event": "result", "stage": "sync-model", **marker})
+        return 0
 
 
 def main() -> int:
@@ -215,10 +419,16 @@ def main() -> int:
     parser.add_argument("--repo", required=True)
     parser.add_argument("--revision", required=True)
     parser.add_argument("--dest", required=True)
+    parser.add_argument("--streams", type=int, default=DEFAULT_STREAMS)
+    parser.add_argument("--piece-bytes", type=int, default=PIECE, help=argparse.SUPPRESS)
+    parser.add_argument("--record-every", type=int, default=RECORD_EVERY, help=argparse.SUPPRESS)
     args = parser.parse_args()
     token = sys.stdin.readline().strip() if not sys.stdin.isatty() else ""
     try:
-        return sync(args, token)
+        return Sync(args, token).run()
+    except Refused as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 3
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             print(
@@ -229,7 +439,7 @@ def main() -> int:
         if exc.code == 404:
             print(f"{args.repo}@{args.revision} not found on {args.endpoint}", file=sys.stderr)
             return 2
-        print(f"HTTP {exc.code} from {exc.url}", file=sys.stderr)
+        print(f"HTTP {exc.code} from {exc.url}; run again to resume", file=sys.stderr)
         return 4
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         print(f"network error: {exc}; run again to resume", file=sys.stderr)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kimideploy.config.drafters import HeldOutAcceptance
 from kimideploy.config.project import Project
 from kimideploy.formats.check_result import CheckResult
+from kimideploy.formats.drafter_files import LINEAGE_FILE, read_lineage
 from kimideploy.formats.drafter_files import folder_findings as files_findings
+from kimideploy.plan.acceptance import held_out_from_lineage
 from kimideploy.plan.calibration import CostModel
 from kimideploy.plan.drafter_judgement import expected_files, registry_findings
 
@@ -27,7 +30,15 @@ def check(
     """Registry findings for serving on `cluster` (default: the default cluster), and the files'
     when a local copy is given, judged by the vLLM of that cluster's serve image."""
     drafter = project.drafters[name]
-    findings = registry_findings(project, name, drafter, cluster, costs, concurrency)
+    held_out = lineage_held_out(folder) if folder is not None else None
+    findings = registry_findings(project, name, drafter, cluster, costs, concurrency, held_out)
     if folder is not None:
         findings = files_findings(expected_files(project, drafter, cluster), folder) + findings
     return findings
+
+
+def lineage_held_out(folder: Path) -> HeldOutAcceptance | None:
+    """The held-out judgement the drafter's training run wrote beside it, if any (a lineage file
+    that cannot be read is reported by the files' own checks)."""
+    lineage = read_lineage(folder / LINEAGE_FILE)
+    return held_out_from_lineage(lineage) if lineage is not None else None

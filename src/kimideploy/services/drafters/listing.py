@@ -6,6 +6,7 @@ from typing import Any
 
 from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
 from kimideploy.config.project import Project
+from kimideploy.plan.acceptance import held_out_length
 from kimideploy.plan.speedup import rates_at_k, tokens_per_step
 
 
@@ -30,8 +31,10 @@ def drafter_rows(project: Project) -> list[dict[str, Any]]:
                 "draft_vocab": d.draft_vocab_size,
                 "trained_for": d.lineage.trained_for,
                 "variant": d.lineage.trained_for_variant or "default",
-                # The publisher's figure is a prior; the measured one (training or bench) wins.
+                # The publisher's figure is a prior; training's held-out judgement comes next;
+                # what serving measured wins (plan/acceptance.py orders them for predictions).
                 "prior_length": _prior(d),
+                "held_out_length": _held_out(d),
                 "measured_length": _measured(d),
                 "status": d.status,
             }
@@ -46,6 +49,16 @@ def _prior(drafter: Drafter) -> str | None:
     values = published.mean_acceptance_length.values()
     spread = f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else f"{min(values):.2f}"
     return f"{spread} @k={published.num_speculative_tokens} (published)"
+
+
+def _held_out(drafter: Drafter) -> str | None:
+    judged = drafter.held_out
+    if judged is None:
+        return None
+    k = drafter.num_speculative_tokens
+    length = held_out_length(judged, k)
+    run = f", run {judged.run}" if judged.run else ""
+    return None if length is None else f"{length:.2f} @k={k} (held-out{run})"
 
 
 def _measured(drafter: Drafter) -> str | None:

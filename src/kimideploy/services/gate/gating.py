@@ -26,6 +26,7 @@ from kimideploy.config.gate import GateSettings
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import BenchSpec
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.plan.inputs import DATASETS_MOUNT
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
 from kimideploy.services.gate.verdict import (
@@ -120,7 +121,9 @@ def gate_terms(
         needed=[(p, c) for p in bench.prompt_sets for c in levels],
         bench_concurrency=tuple(sorted(levels)),
         serve_print=serve_fingerprint(baseline.objects),
-        bench_print=bench_fingerprint(list(bench.prompt_sets), bench.num_prompts, bench.max_tokens),
+        bench_print=bench_fingerprint(
+            list(bench.prompt_sets), bench.num_prompts, bench.max_tokens, bench.prompt_files
+        ),
     )
 
 
@@ -292,7 +295,9 @@ def choose_bench_baseline(
         pick_baseline,
         cluster=serving.cluster,
         serve_print=_fingerprint_of(serving),
-        bench_print=bench_fingerprint(spec.prompt_sets, spec.num_prompts, spec.max_tokens),
+        bench_print=bench_fingerprint(
+            spec.prompt_sets, spec.num_prompts, spec.max_tokens, _plan_files(spec.prompt_files)
+        ),
         needed=[(p, c) for p in spec.prompt_sets for c in spec.concurrency],
         now=_now(),
     )
@@ -362,7 +367,9 @@ def record_bench_run(
         image=serving.image,
         revision=serving.revision,
         serve_fingerprint=_fingerprint_of(serving),
-        bench_fingerprint=bench_fingerprint(spec.prompt_sets, spec.num_prompts, spec.max_tokens),
+        bench_fingerprint=bench_fingerprint(
+            spec.prompt_sets, spec.num_prompts, spec.max_tokens, _plan_files(spec.prompt_files)
+        ),
         measured_at=_now().strftime("%Y-%m-%dT%H:%M:%S%z"),
         result=result,
     )
@@ -544,3 +551,9 @@ def _require_serving(session: ClusterSession, rendered: Rendered, release: str) 
             f"updated, {status.get('availableReplicas', 0)} available)",
             hint="wait for the sync to finish (e.g. `argocd app wait --health`), then gate again",
         )
+
+
+def _plan_files(pod_paths: dict[str, str]) -> dict[str, str]:
+    """The spec's prompt files as the config names them (relative to the datasets volume), so a
+    bench spec and the settings give the same fingerprint."""
+    return {n: p.removeprefix(f"{DATASETS_MOUNT}/") for n, p in pod_paths.items()}

@@ -34,8 +34,20 @@ def serve_fingerprint(objects: list[dict[str, Any]]) -> str:
     return fingerprint({"replicas": deployment["spec"].get("replicas", 1), **relevant})
 
 
-def bench_fingerprint(prompt_sets: list[str], num_prompts: int, max_tokens: int) -> str:
-    return fingerprint({"prompt_sets": prompt_sets, "num_prompts": num_prompts, "max": max_tokens})
+def bench_fingerprint(
+    prompt_sets: list[str],
+    num_prompts: int,
+    max_tokens: int,
+    prompt_files: dict[str, str] | None = None,
+) -> str:
+    """What makes two bench runs comparable; prompt files are named only when used, so stored
+    runs of the built-in sets keep their fingerprint."""
+    fields: dict[str, object] = {"prompt_sets": prompt_sets, "num_prompts": num_prompts,
+                                 "max": max_tokens}  # fmt: skip
+    used = {n: p for n, p in (prompt_files or {}).items() if n in prompt_sets}
+    if used:
+        fields["prompt_files"] = used
+    return fingerprint(fields)
 
 
 def _levels(result: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:

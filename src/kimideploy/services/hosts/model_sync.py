@@ -16,7 +16,7 @@ from kimideploy.provision.inventory import require_hosts
 from kimideploy.remote.runner import Runner
 from kimideploy.services.hosts.connect import Connect, hosts_of, ssh_connect
 from kimideploy.services.reporting import Reporter
-from kimideploy.services.runs.progress import parse_events
+from kimideploy.services.runs.progress import duration, parse_events
 
 HUB_ENDPOINT_ENV = "HF_ENDPOINT"
 
@@ -57,12 +57,14 @@ def sync_model(
     token = os.environ.get("HF_TOKEN", "")
     endpoint = os.environ.get(HUB_ENDPOINT_ENV, "https://huggingface.co")
     payload = Path(str(resources.files("kimideploy.remote.payloads") / "hub_sync.py"))
+    setup = require_hosts(project, cluster_name).host_setup
+    streams = setup.download_streams if setup is not None else 1
     for host in hosts_of(project, cluster_name, only):
         runner = connect(host)
         remote = f"/tmp/kimideploy-hub-sync-{secrets.token_hex(4)}.py"
         try:
             runner.put(payload, remote)
-            sync = _HostSync(runner, host.name, remote, endpoint, token, reporter)
+            sync = _HostSync(runner, host.name, remote, endpoint, token, reporter, streams)
             for target in sync_targets(project, cluster_name, drafters):
                 sync.fetch(target)
         finally:
@@ -81,15 +83,18 @@ class _HostSync:
     endpoint: str
     token: str
     reporter: Reporter
+    streams: int
 
     def fetch(self, target: SyncTarget) -> None:
         def on_line(line: str) -> None:
             for event in parse_events(line):
                 if event["event"] == "progress":
                     done, total = event["done"] / 1e9, event["total"] / 1e9
+                    eta = event.get("eta_s")
+                    left = f", ETA {duration(eta)}" if isinstance(eta, int | float) else ""
                     self.reporter.status(
                         f"{self.host}: {target.repo}: {done:,.1f}/{total:,.1f} GB, "
-                        f"{event['rate'] / 1e6:,.0f} MB/s"
+                        f"{event['rate'] / 1e6:,.0f} MB/s over {self.streams} streams{left}"
                     )
 
         argv = [
@@ -103,6 +108,8 @@ class _HostSync:
             target.revision,
             "--dest",
             target.dest,
+            "--streams",
+            str(self.streams),
         ]
         result = self.runner.run_streaming(argv, on_line, stdin=self.token + "\n", timeout=None)
         if not result.ok:

@@ -272,12 +272,16 @@ def build_image(
         f"building {tag} on {runner.host} "
         f"({len(context.files)} files, context {context.sha256[:12]})"
     )
-    try:
-        reference = building.build(
-            runner, context, image.repository, revision, push, "/tmp/kimideploy-build"
-        )
-    finally:
-        runner.close()
+    watch = building.Watch(lambda step: reporter.info(f"step {step}"), reporter.status)
+    # The tarball is staged in a private directory of unpredictable name (mode 0700), never at a
+    # fixed /tmp path another user could plant a link at.
+    with tempfile.TemporaryDirectory(prefix="kimideploy-build-") as staging:
+        try:
+            reference = building.build(
+                runner, context, image.repository, revision, push, watch, Path(staging)
+            )
+        finally:
+            runner.close()
     if reference is None:
         return tag
     building.record_build(cache_root() / "builds", name, reference)
@@ -285,15 +289,25 @@ def build_image(
 
 
 def lock_image(config: Path, project: Project, name: str, digest: str | None) -> str:
-    get_image(project, name)
-    if digest is None:
+    """Write the digest of the last push of this image (or `digest`: sha256:... or
+    repository@sha256:...) into the config, refusing a digest of another repository."""
+    image = get_image(project, name)
+    given = digest
+    if given is None:
         record = cache_root() / "builds" / f"{name}.json"
         if not record.is_file():
             raise UsageError(
                 f"no pushed build of {name} recorded",
                 hint=f"kimideploy image build {name} --push, or pass --digest",
             )
-        digest = json.loads(record.read_text())["reference"].split("@")[-1]
-    assert digest is not None
-    lock_digest(config, name, digest)
-    return f"images.{name}.digest = {digest} in {config}"
+        given = str(json.loads(record.read_text())["reference"])
+    repository, _, found = given.rpartition("@")
+    if repository and building.normalize(repository) != building.normalize(image.repository):
+        raise UsageError(
+            f"{given} is a digest of {repository}, not of images.{name}.repository "
+            f"({image.repository}): the manifests would pull another image",
+            hint=f"push {name} to {image.repository} (`kimideploy image build {name} --push`), "
+            "or pass that repository's digest",
+        )
+    lock_digest(config, name, found)
+    return f"images.{name}.digest = {found} in {config}"

@@ -12,7 +12,7 @@ from typing import Any
 
 from kimideploy.cluster.apply import ObjectRef, ref
 from kimideploy.cluster.lock import ReleaseLock
-from kimideploy.cluster.records import ReleaseRecord
+from kimideploy.cluster.records import ReleaseRecord, UntrustedRecordError, secret_name
 from kimideploy.cluster.rollout import RolloutState
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
@@ -477,11 +477,22 @@ def rollback(
         if no_spec:
             revision = non_speculative_revision(current)
         else:
+            _refuse_untrusted(session, release, to)
             chosen = _rollback_target(history, current, to)
             revision = _revision_from_record(chosen, f"rollback to revision {chosen.revision}")
         if note:
             revision = replace(revision, note=note)
         return _Transaction(session, lock, options, reporter, "rollback").apply(revision)
+
+
+def _refuse_untrusted(session: ClusterSession, release: str, to: int | None) -> None:
+    """`--to N` of a record that failed the trust checks: say so (it is never applied)."""
+    name = secret_name(release, to) if to is not None else None
+    for refused in session.ignored_records.get(release, []):
+        if name is not None and refused.message.startswith(f"{name}:"):
+            raise UntrustedRecordError(
+                f"--to {to}: {refused.message}; refusing to apply it", hint=refused.hint
+            )
 
 
 class StaleRollbackError(KimiDeployError):

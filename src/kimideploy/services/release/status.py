@@ -11,6 +11,11 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.services.release.watch import live_acceptance
 
 
+def ignored_records(session: ClusterSession, release: str) -> list[str]:
+    """Why stored records were not trusted (read after `history_rows` or `status_report`)."""
+    return [error.message for error in session.ignored_records.get(release, [])]
+
+
 def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
     return [
         {

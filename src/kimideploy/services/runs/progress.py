@@ -50,7 +50,7 @@ class Progress:
 
     def describe(self) -> str:
         eta = self.eta_s
-        eta_text = f", ETA {_duration(eta)}" if eta is not None else ""
+        eta_text = f", ETA {duration(eta)}" if eta is not None else ""
         return (
             f"{self.stage}: {self.done:,.0f}/{self.total:,.0f} {self.unit} ({self.fraction:.0%}), "
             f"{self.rate:,.2f} {self.unit}/s{eta_text} "
@@ -89,7 +89,7 @@ def results(logs: dict[int, str]) -> dict[int, dict[str, Any]]:
     return found
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

@@ -1,0 +1,182 @@
+"""What a stored release record must be before kimideploy acts on it.
+
+A release record is a Secret in the release's namespace, so anyone who may create Secrets there
+can write one; a cluster admin's `rollback --to N` then applies what it holds with the admin's
+rights. Every record read back is therefore untrusted input, checked here before anything uses
+it: its size before it is decompressed, its fields and their types, that it is the record of the
+release and namespace the command asked about (under the Secret name that revision has), and that
+every object it would apply is a kind kimideploy renders for a release, namespaced, in that
+namespace, labelled as the release's, with a pod spec kimideploy could have rendered (no host
+namespaces or host paths, no privileged or privilege-escalating containers, no service account
+token). A record that fails is never applied; `history` and `status` show it as ignored, with why.
+
+What a namespace-level Secret writer can still do (documented in the README): write a record that
+passes, i.e. a release of the kinds kimideploy renders in that namespace, with an image and
+arguments of their choosing, which an admin's rollback to that revision would deploy there. It
+cannot make the admin write to another namespace, create cluster-scoped objects (RBAC, priority
+classes, CRDs), mount host paths, or give a pod an API token.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import zlib
+from datetime import datetime
+from typing import Any
+
+from kimideploy.formats.bounded_io import UnreadableFileError, parse_json_object
+
+MAX_STORED_BYTES = 2 * 1024 * 1024
+"""Base64 text of the record (a Secret holds at most 1 MiB of data)."""
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+"""The record once decompressed: a 0.9 MB gzip bomb expands to 900 MB; this stops it early."""
+RELEASE_KINDS = {
+    "ConfigMap": "v1",
+    "Service": "v1",
+    "PersistentVolumeClaim": "v1",
+    "Deployment": "apps/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
+    "PodMonitor": "monitoring.coreos.com/v1",
+}
+"""The kinds of a serve release, the only kinds a record may hold."""
+FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "release": str, "revision": int, "status": str, "created_at": str, "user": str,
+    "cluster": str, "namespace": str, "drafter": str, "image": str, "config_sha256": str,
+    "config_text": str, "overrides": list, "manifests": list, "note": str,
+    "source_revision": (int, type(None)), "details": dict, "schema": str,
+}  # fmt: skip
+OPTIONAL = {"note", "source_revision", "details", "schema"}
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one (what an absent field reads as)."""
+    return value if isinstance(value, dict) else {}
+
+
+class RecordTrustError(ValueError):
+    """The record is not one kimideploy may act on; the message lists every problem."""
+
+
+def decompress(encoded: Any, name: str) -> bytes:
+    """Base64 of gzip, both bounded before the bytes exist."""
+    if not isinstance(encoded, str) or len(encoded) > MAX_STORED_BYTES:
+        raise RecordTrustError(f"{name}: its data is not a release record of at most 1 MiB")
+    try:
+        packed = base64.b64decode(encoded, validate=True)
+        inflater = zlib.decompressobj(wbits=31)  # gzip
+        raw = inflater.decompress(packed, MAX_RECORD_BYTES + 1)
+    except (binascii.Error, zlib.error) as exc:
+        raise RecordTrustError(f"{name}: its data is not gzip-compressed JSON ({exc})") from exc
+    if len(raw) > MAX_RECORD_BYTES or inflater.unconsumed_tail:
+        raise RecordTrustError(
+            f"{name}: decompresses to more than {MAX_RECORD_BYTES // 2**20} MiB; not read"
+        )
+    return raw
+
+
+def parse(raw: bytes, name: str) -> dict[str, Any]:
+    try:
+        return parse_json_object(raw, name)
+    except UnreadableFileError as exc:
+        raise RecordTrustError(f"{exc} (not a release record)") from exc
+
+
+def problems(
+    data: dict[str, Any], name: str, labels: dict[str, Any], namespace: str, release: str
+) -> list[str]:
+    """Everything wrong with a decoded record read for `release` in `namespace`."""
+    found = _field_problems(data)
+    if found:
+        return found
+    if data["release"] != release:
+        found.append(f"it is a record of release {data['release']!r}, not {release!r}")
+    if data["namespace"] != namespace:
+        found.append(f"it names namespace {data['namespace']!r}, but was read from {namespace!r}")
+    expected = f"kimideploy.release.{release}.v{data['revision']}"
+    if name != expected:
+        found.append(f"revision {data['revision']} of {release} is stored as {expected}")
+    if str(labels.get("kimideploy.io/revision")) != str(data["revision"]):
+        found.append(
+            f"its revision label {labels.get('kimideploy.io/revision')!r} is not its revision"
+        )
+    try:
+        datetime.fromisoformat(str(data["created_at"]).replace("Z", "+00:00"))
+    except ValueError:
+        found.append(f"created_at {data['created_at']!r} is not a timestamp")
+    for index, obj in enumerate(data["manifests"]):
+        found += [f"object {index}: {p}" for p in object_problems(obj, namespace, release)]
+    return found
+
+
+def _field_problems(data: dict[str, Any]) -> list[str]:
+    found = []
+    for key, kind in FIELD_TYPES.items():
+        if key not in data:
+            if key not in OPTIONAL:
+                found.append(f"{key} is missing")
+            continue
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            found.append(f"{key} is a {type(value).__name__}")
+    if not found and data["revision"] < 1:
+        found.append(f"revision {data['revision']} is not a positive number")
+    if not found and not all(isinstance(o, str) for o in data["overrides"]):
+        found.append("overrides are not all strings")
+    return found
+
+
+def object_problems(obj: Any, namespace: str, release: str) -> list[str]:
+    """Why one stored object is not something kimideploy renders for this release."""
+    if not isinstance(obj, dict):
+        return ["not an object"]
+    kind, meta = obj.get("kind"), obj.get("metadata")
+    if kind not in RELEASE_KINDS:
+        return [f"kind {kind!r} is not one a release holds ({', '.join(sorted(RELEASE_KINDS))})"]
+    if obj.get("apiVersion") != RELEASE_KINDS[kind]:
+        return [f"{kind} has apiVersion {obj.get('apiVersion')!r}, not {RELEASE_KINDS[kind]}"]
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        return [f"{kind} has no metadata.name"]
+    where = f"{kind}/{meta['name']}"
+    found = []
+    if meta.get("namespace", namespace) != namespace:
+        found.append(f"{where} is in namespace {meta.get('namespace')!r}, not {namespace!r}")
+    labels = mapping(meta.get("labels"))
+    # Claims are shared by the project's workloads: their instance is <project>-storage.
+    owners = (
+        {release, f"{release.rsplit('-', 1)[0]}-storage"}
+        if kind == "PersistentVolumeClaim"
+        else {release}
+    )
+    if labels.get("app.kubernetes.io/instance") not in owners:
+        found.append(f"{where} is not labelled as part of {release}")
+    if labels.get("app.kubernetes.io/managed-by") != "kimideploy":
+        found.append(f"{where} is not labelled managed-by kimideploy")
+    if kind == "Deployment":
+        template = mapping(mapping(obj.get("spec")).get("template"))
+        found += [f"{where}: {p}" for p in pod_problems(template.get("spec"))]
+    return found
+
+
+def pod_problems(pod: Any) -> list[str]:
+    """What kimideploy never renders into a pod: host access, privilege, an API token."""
+    if not isinstance(pod, dict):
+        return ["no pod template"]
+    found = [f"sets {key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
+    if pod.get("automountServiceAccountToken") is not False:
+        found.append("mounts a service account token (kimideploy sets it false)")
+    if pod.get("serviceAccountName") not in (None, "default") or pod.get("serviceAccount"):
+        found.append(f"runs as service account {pod.get('serviceAccountName')!r}")
+    for volume in pod.get("volumes") or []:
+        if isinstance(volume, dict) and "hostPath" in volume:
+            found.append(f"mounts host path {volume['hostPath']!r}")
+    containers = [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+    for container in containers:
+        context = mapping(mapping(container).get("securityContext"))
+        name = mapping(container).get("name")
+        if context.get("privileged") or context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"container {name!r} may be privileged or escalate privileges")
+        added = mapping(context.get("capabilities")).get("add")
+        if added:
+            found.append(f"container {name!r} adds capabilities {added}")
+    return found

@@ -1,0 +1,69 @@
+"""Reading files kimideploy did not write itself (a models or data volume, a copied drafter) as
+untrusted input: regular files only (a link is refused, not followed), a size limit checked before
+anything is read into memory, and JSON that must be the object the caller expects. Every problem
+is an UnreadableFileError naming the file and what is wrong, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+JSON_LIMIT = 16 * MIB
+"""A config.json, lineage, manifest or fingerprint is kilobytes; 16 MiB leaves room for big
+vocab listings while keeping a planted multi-GB file out of memory."""
+
+
+class UnreadableFileError(ValueError):
+    """A file that is not what it should be: its message names the file and the problem."""
+
+
+def open_regular(path: Path, limit: int) -> tuple[int, int]:
+    """An fd for `path` opened without following a final symlink, and its size; refuses links,
+    devices, FIFOs and files over `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if path.is_symlink():
+            raise UnreadableFileError(f"{path}: is a symbolic link; refusing to follow it") from exc
+        raise UnreadableFileError(f"{path}: cannot be opened ({exc.strerror or exc})") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UnreadableFileError(f"{path}: not a regular file")
+    if info.st_size > limit:
+        os.close(fd)
+        raise UnreadableFileError(f"{path}: {info.st_size:,} bytes, over the {limit:,}-byte limit")
+    return fd, info.st_size
+
+
+def read_bytes(path: Path, limit: int) -> bytes:
+    """The whole file, if it is a regular file of at most `limit` bytes (also checked while
+    reading, in case it grows)."""
+    fd, _ = open_regular(path, limit)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise UnreadableFileError(f"{path}: grew past the {limit:,}-byte limit while being read")
+    return data
+
+
+def read_json_object(path: Path, limit: int = JSON_LIMIT) -> dict[str, Any]:
+    """A JSON object from a bounded regular file."""
+    return parse_json_object(read_bytes(path, limit), str(path))
+
+
+def parse_json_object(data: bytes, what: str) -> dict[str, Any]:
+    """`data` as a JSON object; anything else (broken, nested past the parser's depth, a list)
+    is named as a problem of `what`."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise UnreadableFileError(f"{what}: not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise UnreadableFileError(f"{what}: a JSON {type(value).__name__}, not an object")
+    return value

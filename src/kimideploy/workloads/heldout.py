@@ -1,0 +1,256 @@
+"""Held-out judgement: the acceptance vLLM would count for a drafter, measured during training on
+samples it never trained on.
+
+Training loss and speculators' own per-position accuracy are measured on the batches being
+trained, with the ground-truth token fed to every later draft step (teacher forcing) and the
+target's choice restricted to the draft vocabulary. What vLLM counts is different, and this module
+measures that instead, on held-out features:
+
+- the drafter conditions on its own earlier drafts (each step's input token is the previous
+  step's draft, mapped to the target vocabulary through d2t), as EAGLE-3 does when serving;
+- a draft is accepted when it equals the target's greedy choice over the *full* vocabulary
+  (lm_head of the final norm of the target's last hidden state), and only while every earlier
+  draft of the same step was accepted: position i accepted given positions < i accepted;
+- drafts are counted where greedy speculative decoding would make them: a walk over each
+  held-out assistant turn that drafts k tokens, accepts a prefix of length a, emits a + 1 tokens
+  (the bonus token) and drafts again from there. The mean acceptance length at k is
+  1 + accepted / drafts, the quantity vLLM reports as `mean acceptance length`; per-position
+  acceptance is accepted-at-position-i / accepted-at-position-(i-1), vLLM's per-position counter
+  made conditional.
+
+The walk equals serving exactly when the held-out text is the target's own greedy output (datagen
+at temperature 0); with sampled conversations it is the acceptance greedy serving would get on
+text of that distribution.
+
+Which samples are held out is decided by a salted hash of the sample id, so the split does not
+depend on order, shard layout or the number of samples, and a resumed run (or another rank)
+computes the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+SPLIT_SALT = "kimideploy-heldout-v1"
+SPLIT_RULE = "sha256('kimideploy-heldout-v1:' + sample id) as a fraction of 2**64 < fraction"
+
+
+def is_held_out(sample_id: str, fraction: float) -> bool:
+    digest = hashlib.sha256(f"{SPLIT_SALT}:{sample_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which sample indexes train and which judge; `record` goes into checkpoints and lineage."""
+
+    train: list[int]
+    held_out: list[int]
+    record: dict[str, Any]
+
+
+def split_samples(ids: list[str], fraction: float, max_held_out: int) -> Split:
+    """Held-out by sample id; at most `max_held_out` of them are evaluated (the first by id), the
+    others are still never trained on."""
+    held = [i for i, sample_id in enumerate(ids) if is_held_out(sample_id, fraction)]
+    train = [i for i in range(len(ids)) if i not in set(held)]
+    judged = sorted(held, key=lambda i: ids[i])[:max_held_out]
+    digest = hashlib.sha256("\n".join(sorted(ids[i] for i in held)).encode()).hexdigest()
+    record = {
+        "rule": SPLIT_RULE,
+        "fraction": fraction,
+        "held_out_samples": len(held),
+        "judged_samples": len(judged),
+        "training_samples": len(train),
+        "held_out_ids_sha256": digest,
+    }
+    return Split(train, judged, record)
+
+
+@dataclass
+class Walk:
+    """Draft counts of greedy speculative decoding at one k."""
+
+    k: int
+    drafts: int = 0
+    accepted: int = 0
+    at_position: list[int] = field(default_factory=list)
+
+    def add(self, accepted: int) -> None:
+        self.drafts += 1
+        self.accepted += accepted
+        for i in range(accepted):
+            self.at_position[i] += 1
+
+    def figures(self) -> dict[str, Any]:
+        drafts = max(self.drafts, 1)
+        conditional, before = [], drafts
+        for count in self.at_position:
+            conditional.append(round(count / before, 4) if before else 0.0)
+            before = count
+        return {
+            "k": self.k,
+            "drafts": self.drafts,
+            "mean_acceptance_length": round(1 + self.accepted / drafts, 4),
+            "acceptance_rate": round(self.accepted / (drafts * self.k), 4),
+            "acceptance_per_position": conditional,
+        }
+
+
+def walk(lengths: list[int], k: int) -> Walk:
+    """Greedy speculative decoding over one assistant turn whose draft-start positions accept
+    `lengths[p]` tokens in a row (at most the evaluated depth): draft k, accept min(L, k), move on
+    by the accepted tokens plus the bonus token."""
+    result = Walk(k, at_position=[0] * k)
+    position = 0
+    while position < len(lengths):
+        accepted = min(lengths[position], k)
+        result.add(accepted)
+        position += accepted + 1
+    return result
+
+
+def combine(walks: list[Walk], k: int) -> Walk:
+    total = Walk(k, at_position=[0] * k)
+    for one in walks:
+        total.drafts += one.drafts
+        total.accepted += one.accepted
+        total.at_position = [a + b for a, b in zip(total.at_position, one.at_position, strict=True)]
+    return total
+
+
+def judge_turns(per_turn_lengths: list[list[int]], depth: int) -> dict[int, Walk]:
+    """The walks at every k up to `depth` over the turns' accepted-in-a-row counts."""
+    return {
+        k: combine([walk(lengths, k) for lengths in per_turn_lengths], k)
+        for k in range(1, depth + 1)
+    }
+
+
+def figures(walks: dict[int, Walk], samples: int) -> dict[str, Any]:
+    """What is printed, stored with the checkpoint and written into the lineage."""
+    by_k = {str(k): w.figures() for k, w in sorted(walks.items())}
+    return {
+        "depth": max(walks),
+        "samples": samples,
+        "by_k": by_k,
+        "mean_acceptance_length": {k: f["mean_acceptance_length"] for k, f in by_k.items()},
+    }
+
+
+class TargetHead:
+    """The target's greedy choice from its last hidden state: lm_head(norm(h)) over the whole
+    vocabulary, the verification vLLM does. Loaded once from the target checkpoint."""
+
+    def __init__(self, target_path: str, eps: float, device: Any) -> None:
+        from speculators.utils.loading import load_model_layers
+
+        weights = load_model_layers(["lm_head.weight", "model.norm.weight"], target_path)
+        if "lm_head.weight" not in weights:  # tied embeddings
+            weights["lm_head.weight"] = load_model_layers(["embed_tokens.weight"], target_path)[
+                "embed_tokens.weight"
+            ]
+        self.head = weights["lm_head.weight"].to(device)
+        self.norm = weights["model.norm.weight"].to(device)
+        self.eps = eps
+
+    def greedy(self, last_hidden: Any, chunk: int = 2048) -> Any:
+        """Token ids [T] for hidden states [T, H], in chunks (T x vocabulary logits at once can be
+        tens of GB for a 164K vocabulary)."""
+        import torch
+
+        out = []
+        for start in range(0, last_hidden.shape[0], chunk):
+            h = last_hidden[start : start + chunk].to(self.head.dtype)
+            variance = h.float().pow(2).mean(-1, keepdim=True)
+            normed = (h.float() * torch.rsqrt(variance + self.eps)).to(self.head.dtype) * self.norm
+            out.append(torch.argmax(normed @ self.head.T, dim=-1))
+        return torch.cat(out)
+
+
+def to_target_ids(draft: Any, d2t: Any) -> Any:
+    """Draft-vocabulary indexes to target token ids, as vLLM maps them (index + d2t[index])."""
+    return draft if d2t is None else draft + d2t[draft]
+
+
+def rollout(model: Any, batch: dict[str, Any], depth: int, targets: Any) -> Any:
+    """Accepted-in-a-row counts [T] per draft-start position of one packed batch: the drafter run
+    `depth` steps on its own drafts (speculators' Eagle3DraftModel modules, the forward pass of
+    its training-time test with the one change that makes it serving: each step's input token
+    is the previous step's draft, not the ground truth)."""
+    import torch
+    from speculators.models.eagle3.attention import (
+        extend_dense_mask_for_draft_tokens,
+        extend_mask_for_draft_tokens,
+    )
+    from transformers import DynamicCache
+
+    hidden = batch["hidden_states"]
+    tokens, doc_ids = batch["input_ids"], batch["document_ids"]
+    positions, mask = batch["position_ids"], batch["loss_mask"][0].bool()
+    total = hidden.shape[1]
+    docs = doc_ids.squeeze(0)
+    attention = model._build_attn_mask(docs, total, hidden.device) if model.uses_full_attn else None
+    sliding = (
+        model._build_attn_mask(docs, total, hidden.device, model.sliding_window)
+        if model.uses_sliding_window_attn
+        else None
+    )
+    if model.input_norm is not None:
+        hidden = model.input_norm(hidden)
+    if model.fc_norm is not None:
+        chunks = hidden.chunk(len(model.fc_norm), dim=-1)
+        hidden = torch.cat([n(c) for n, c in zip(model.fc_norm, chunks, strict=True)], dim=-1)
+    hidden = model.fc(hidden)
+    cache = DynamicCache()
+    alive = mask.clone()
+    lengths = torch.zeros(total, dtype=torch.long, device=hidden.device)
+    d2t = getattr(model, "d2t", None)
+    for step in range(depth):
+        hidden = torch.cat([model.embed_tokens(tokens), hidden], dim=-1)
+        rotary = model.rotary_emb(hidden, positions)
+        cache_position = torch.arange(step * total, (step + 1) * total, device=hidden.device)
+        for index, layer in enumerate(model.layers):
+            layer_mask = sliding if index in model.sliding_window_indices else attention
+            hidden = layer(hidden, attention_mask=layer_mask, position_ids=positions,
+                           past_key_values=cache, cache_position=cache_position,
+                           position_embeddings=rotary)  # fmt: skip
+        if model.config.norm_output:
+            hidden = model.norm(hidden)
+            logits = model.lm_head(hidden)
+        else:
+            logits = model.lm_head(model.norm(hidden))
+        drafted = to_target_ids(torch.argmax(logits, dim=-1), d2t)  # [1, T]
+        # Step `step` from start p predicts the token the target chooses at p + step.
+        ok = torch.zeros(total, dtype=torch.bool, device=hidden.device)
+        if step < total:
+            span = total - step
+            same_doc = docs[step:] == docs[:span]
+            ok[:span] = (drafted[0, :span] == targets[step:]) & same_doc & mask[step:]
+        alive &= ok
+        lengths += alive.long()
+        tokens = drafted
+        if model._attn_impl == "simple_flex_attention":
+            attention = extend_mask_for_draft_tokens(attention) if attention is not None else None
+            sliding = extend_mask_for_draft_tokens(sliding) if sliding is not None else None
+        else:
+            if attention is not None:
+                attention = extend_dense_mask_for_draft_tokens(attention, total)
+            if sliding is not None:
+                sliding = extend_dense_mask_for_draft_tokens(sliding, total)
+        positions = positions + 1
+    return lengths
+
+
+def turns(lengths: Any, batch: dict[str, Any]) -> list[list[int]]:
+    """The draft-start positions of each packed sample's trained span, as lists of lengths."""
+    docs = batch["document_ids"][0].tolist()
+    mask = batch["loss_mask"][0].bool().tolist()
+    values = lengths.tolist()
+    out: dict[int, list[int]] = {}
+    for position, (doc, trained) in enumerate(zip(docs, mask, strict=True)):
+        if trained:
+            out.setdefault(doc, []).append(values[position])
+    return [out[doc] for doc in sorted(out)]

@@ -1,0 +1,141 @@
+"""Release records read back are untrusted input (issue: what kimideploy reads back): each case a
+namespace-level Secret writer (or a damaged record) could present is refused with the problem
+named, before anything is decompressed past a bound or applied. The same cases run against the
+real control plane in tests/integration/test_release_safety.py."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+
+from kimideploy.cluster import records
+from kimideploy.cluster.record_trust import MAX_RECORD_BYTES
+
+RELEASE, NAMESPACE = "kimi-k25-serve", "kimi"
+LABELS = {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/managed-by": "kimideploy"}
+
+
+def deployment(**pod: Any) -> dict[str, Any]:
+    container = {
+        "name": "vllm",
+        "image": "x",
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    spec = {"automountServiceAccountToken": False, "containers": [container], **pod}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": RELEASE, "namespace": NAMESPACE, "labels": LABELS},
+            "spec": {"template": {"spec": spec}}}  # fmt: skip
+
+
+def record(**changes: Any) -> dict[str, Any]:
+    made = records.ReleaseRecord(
+        release=RELEASE, revision=3, status="deployed", created_at="2026-12-01T00:00:00Z",
+        user="ops", cluster="rtx6000", namespace=NAMESPACE, drafter="v3", image="i@sha256:" + "a" * 64,
+        config_sha256="b" * 64, config_text="name: kimi-k25\n", overrides=[],
+        manifests=[deployment()],
+    )  # fmt: skip
+    return {**asdict(made), **changes}
+
+
+def secret(
+    data: Any, name: str = f"kimideploy.release.{RELEASE}.v3", raw: bytes | None = None
+) -> dict[str, Any]:
+    packed = gzip.compress(raw if raw is not None else json.dumps(data).encode())
+    return {"type": records.RECORD_TYPE,
+            "metadata": {"name": name, "labels": {"kimideploy.io/revision": "3"}},
+            "data": {"release": base64.b64encode(packed).decode()}}  # fmt: skip
+
+
+def refused(item: dict[str, Any]) -> str:
+    with pytest.raises(records.UntrustedRecordError) as caught:
+        records._decode(item, NAMESPACE, RELEASE)
+    assert caught.value.exit_code == 2 and "never applied" in (caught.value.hint or "")
+    return caught.value.message
+
+
+def test_a_record_kimideploy_writes_is_trusted() -> None:
+    assert records._decode(secret(record()), NAMESPACE, RELEASE).revision == 3
+
+
+@pytest.mark.parametrize(
+    ("manifest", "problem"),
+    [
+        ({**deployment(), "metadata": {"name": "x", "namespace": "kube-system", "labels": LABELS}},
+         "Deployment/x is in namespace 'kube-system', not 'kimi'"),
+        ({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "p"}},
+         "kind 'PriorityClass' is not one a release holds"),
+        ({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+          "metadata": {"name": "pwn"}}, "kind 'ClusterRoleBinding' is not one a release holds"),
+        ({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {}}},
+         "ConfigMap/c is not labelled as part of kimi-k25-serve"),
+        (deployment(serviceAccountName="cluster-admin-sa"), "runs as service account 'cluster-admin-sa'"),
+        (deployment(automountServiceAccountToken=True), "mounts a service account token"),
+        (deployment(hostNetwork=True), "sets hostNetwork"),
+        (deployment(volumes=[{"name": "root", "hostPath": {"path": "/"}}]), "mounts host path"),
+        (deployment(containers=[{"name": "c", "securityContext": {"privileged": True}}]),
+         "container 'c' may be privileged"),
+        ({"apiVersion": "v1", "kind": "Deployment", "metadata": {"name": "d"}},
+         "Deployment has apiVersion 'v1', not apps/v1"),
+        ("a string", "not an object"),
+    ],
+)  # fmt: skip
+def test_objects_a_release_does_not_render_are_refused(manifest: Any, problem: str) -> None:
+    assert problem in refused(secret(record(manifests=[deployment(), manifest])))
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        (
+            {"namespace": "kube-system"},
+            "it names namespace 'kube-system', but was read from 'kimi'",
+        ),
+        ({"release": "other-serve"}, "it is a record of release 'other-serve'"),
+        ({"revision": "3"}, "revision is a str"),
+        ({"manifests": {"kind": "Deployment"}}, "manifests is a dict"),
+        ({"created_at": "yesterday"}, "created_at 'yesterday' is not a timestamp"),
+        ({"overrides": [1]}, "overrides are not all strings"),
+    ],
+)
+def test_records_of_another_release_or_of_the_wrong_shape_are_refused(
+    changes: dict[str, Any], problem: str
+) -> None:
+    assert problem in refused(secret(record(**changes)))
+
+
+def test_a_record_under_another_revisions_name_is_refused() -> None:
+    item = secret(record(revision=9))
+    assert (
+        "revision 9 of kimi-k25-serve is stored as kimideploy.release.kimi-k25-serve.v9"
+        in refused(item)
+    )
+
+
+def test_a_compression_bomb_is_stopped_at_the_bound() -> None:
+    bomb = b"{" + b" " * (MAX_RECORD_BYTES + 10) + b"}"
+    item = secret(None, raw=bomb)
+    assert len(item["data"]["release"]) < 100_000  # small on the wire
+    assert "decompresses to more than 16 MiB; not read" in refused(item)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"release": "@@not base64@@"}, "not gzip-compressed JSON"),
+        (
+            {"release": base64.b64encode(gzip.compress(b"[1, 2]")).decode()},
+            "a JSON list, not an object",
+        ),
+        ({"release": base64.b64encode(gzip.compress(b"{no")).decode()}, "not valid JSON"),
+        ({}, "its data is not a release record"),
+    ],
+)
+def test_damaged_data_is_named_not_a_traceback(data: dict[str, Any], problem: str) -> None:
+    item = {"type": records.RECORD_TYPE, "metadata": {"name": "kimideploy.release.kimi-k25-serve.v3"},
+            "data": data}  # fmt: skip
+    assert problem in refused(item)
