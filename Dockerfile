@@ -38,7 +38,7 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3.12 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --uid 1000 --create-home --shell /usr/sbin/nologin kimideploy
+ && useradd --uid 10001 --create-home --shell /usr/sbin/nologin kimideploy
 COPY --from=build /opt/venv /opt/venv
 LABEL org.opencontainers.image.title="kimideploy vllm-0.16-kimi" \
       org.opencontainers.image.source="https://github.com/kimideploy/kimideploy" \
@@ -48,5 +48,5 @@ LABEL org.opencontainers.image.title="kimideploy vllm-0.16-kimi" \
       io.kimideploy.cuda.archs="sm_100,sm_103,sm_120" \
       io.kimideploy.patchset.sha256="ecfa5cea540b382e00165a344735c3bb932e90b80600badbb52012358cf180a1"
 ENV TORCH_CUDA_ARCH_LIST="10.0;10.3;12.0" HOME=/home/kimideploy
-USER 1000
+USER 10001
 WORKDIR /home/kimideploy

@@ -401,3 +401,47 @@ def test_run_bench_with_a_baseline_reports_the_speedup_per_level(
                               "--set", "bench.max_tokens=64", *bench)  # fmt: skip
             assert code == 2 and message in err, err
         assert jobs() == before
+
+
+def test_forged_or_future_dated_bench_results_do_not_win_the_gate(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """A stored result is a ConfigMap anyone with write access to the namespace can plant. One
+    dated 2099 at 1 tok/s would be the 'newest' baseline forever and keep any drafter; one with a
+    number for its date crashed `bench list`. Both are ignored, with the reason."""
+    files = {
+        "none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None),
+        "v3": bench_log(tmp_path / "v3.log", "v3", {1: 62.0, 8: 410.0}, 0.3),
+    }
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
+        assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+        code, _, err = gated(kd, "v3", "--min-speedup", "1.15")  # measures the real baseline
+        assert code == 4, err
+        assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
+        code, out, _ = kd("bench", "list", "-o", "json")
+        real = next(r for r in json.loads(out) if r["drafter"] == "none")
+        stored = json.loads(testcluster.kubectl("-n", namespace, "get", "configmap",
+                                                f"kimideploy.bench.kimi-k25-serve.{real['run_id']}",
+                                                "-o", "json"))  # fmt: skip
+        forged = json.loads(stored["data"]["bench.json"])
+        for level in forged["result"]["levels"]:
+            level["output_tokens_per_s"] = 1.0
+        plant = {**forged, "run_id": "forged", "measured_at": "2099-01-01T00:00:00+0000"}
+        broken = {**forged, "run_id": "broken", "measured_at": 12345}
+        for bench in (plant, broken):
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": f"kimideploy.bench.kimi-k25-serve.{bench['run_id']}",
+                                 "labels": stored["metadata"]["labels"]},
+                    "data": {"bench.json": json.dumps(bench)}}  # fmt: skip
+            testcluster.kubectl("-n", namespace, "create", "-f", "-", stdin=json.dumps(body))
+        code, out, err = kd("bench", "list", "-o", "json")
+        assert code == 0 and "Traceback" not in err
+        assert not {"forged", "broken"} & {r["run_id"] for r in json.loads(out)}
+        assert "measured_at 2099-01-01T00:00:00+0000 is in the future" in err
+        assert "measured_at is int, not str" in err
+        code, out, err = gated(kd, "v3", "--min-speedup", "1.15")
+    assert code == 4, err  # judged against the real baseline: 62 / 60 is not 1.15x
+    assert f"comparing with baseline run {real['run_id']}" in err

@@ -457,3 +457,53 @@ def test_a_compressed_record_bomb_does_not_take_history_down(
     assert code == 0 and "decompresses to more than 16 MiB; not read" in err
     assert kd("status")[0] == 0
     assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
+
+
+def test_a_fast_local_clock_does_not_take_over_a_lease_renewed_a_second_ago(
+    testcluster: harness.TestCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Expiry is judged by the API server's clock: this machine's running 10 minutes ahead
+    changes nothing, while a Lease really left idle past its duration is taken over."""
+    from datetime import UTC, datetime, timedelta
+
+    from kimideploy.cluster import lock as locking
+
+    session = session_for(testcluster, namespace)
+    other = ReleaseLock(session.api, namespace, RELEASE, "up serve")
+    other.identity = OTHER
+    other.acquire()  # renewed just now, in the server's time
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return datetime.now(tz or UTC) + timedelta(minutes=10)
+
+    monkeypatch.setattr(locking, "datetime", Ahead)
+    with pytest.raises(locking.ReleaseLockedError, match="is locked by alice@workstation"):
+        ReleaseLock(session.api, namespace, RELEASE, "rollback").acquire()
+    lease_path = (
+        f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/kimideploy-lock-{RELEASE}"
+    )
+    lease = session.api.request("GET", lease_path)
+    old = session.api.server_time() - timedelta(seconds=locking.LEASE_SECONDS + 5)
+    lease["spec"]["renewTime"] = old.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    session.api.request("PUT", lease_path, body=lease)
+    mine = ReleaseLock(session.api, namespace, RELEASE, "rollback")
+    mine.acquire()  # idle past its duration by the server's clock: taken over
+    assert lease_holder(session) == mine.identity
+
+
+def test_a_malformed_lease_is_a_named_problem(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    session = session_for(testcluster, namespace)
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": f"kimideploy-lock-{RELEASE}", "namespace": namespace},
+            "spec": {"holderIdentity": OTHER}}  # fmt: skip
+    session.api.request(
+        "POST", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", body=body
+    )
+    code, _, err = kd("up", "serve", "--drafter", "none", *FAST)
+    assert code != 0 and "Traceback" not in err
+    assert "lock (Lease kimideploy-lock-kimi-k25-serve) is malformed: renewTime None" in err
+    assert f"kubectl -n {namespace} delete lease kimideploy-lock-kimi-k25-serve" in err

@@ -74,6 +74,10 @@ class Volumes:
     def local(self, pod_path: str) -> Path:
         return Path(pods.localize(pod_path, self.roots))
 
+    def mounts(self, rendered: pods.Rendered, pod: str) -> pods.PodMounts:
+        """The rendered pod's writable mounts: its processes run with a read-only root."""
+        return pods.pod_mounts(rendered, self.roots, self.root / "pods" / pod)
+
     def spec(self, rendered: pods.Rendered, **urls: str) -> dict[str, Any]:
         roots = {**self.roots, **urls}
         spec: dict[str, Any] = pods.localize(rendered.spec, roots)
@@ -142,7 +146,8 @@ def target_server(
     started = time.monotonic()
     server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
                              volumes.root / "serve-none.log", env=rendered.secret_env,
-                             ready_path=rendered.ready_path)  # fmt: skip
+                             ready_path=rendered.ready_path,
+                             mounts=volumes.mounts(rendered, "serve-none"))  # fmt: skip
     try:
         pods.wait_ready([server])
     except RuntimeError:
@@ -176,6 +181,7 @@ def conversations(
                    stdlib_corpus.prompt_rows("heldout", domain, 96))  # fmt: skip
     started = time.monotonic()
     code, out, err = pods.run_workload(cpu_python, "datagen", spec, volumes.root,
+                                       mounts=volumes.mounts(rendered, "datagen"),
                                        **rendered.secret_env)  # fmt: skip
     seconds = time.monotonic() - started
     assert code == 0, err[-3000:]
@@ -198,7 +204,8 @@ def features(
     spec = volumes.spec(rendered)
     assert spec["backend"] == "vllm"
     started = time.monotonic()
-    code, out, err = pods.run_workload(cpu_python, "extract", spec, volumes.root)
+    mounts = volumes.mounts(rendered, "extract")
+    code, out, err = pods.run_workload(cpu_python, "extract", spec, volumes.root, mounts=mounts)
     seconds = time.monotonic() - started
     assert code == 0, err[-4000:]
     manifest = json.loads((Path(spec["output_dir"]) / "shard-00000" / "manifest.json").read_text())
@@ -211,7 +218,8 @@ def features(
     reference = dict(spec, backend="transformers", output_dir=spec["output_dir"] + "-reference",
                      fingerprint={**spec["fingerprint"], "backend": "transformers",
                                   "engine": "transformers"})  # fmt: skip
-    code, _, err = pods.run_workload(cpu_python, "extract", reference, volumes.root)
+    code, _, err = pods.run_workload(cpu_python, "extract", reference, volumes.root,
+                                     mounts=mounts)  # fmt: skip
     assert code == 0, err[-3000:]
     return {"vllm": Path(spec["output_dir"]), "reference": Path(reference["output_dir"]),
             "manifest": manifest, "stdout": out}  # fmt: skip
@@ -221,8 +229,10 @@ def features(
 def vocab(
     cpu_python: Path, project: LoadedProject, features: dict[str, Any], volumes: Volumes
 ) -> Path:
-    spec = volumes.spec(pods.rendered(project, "vocab"))
-    code, _, err = pods.run_workload(cpu_python, "vocab", spec, volumes.root)
+    rendered = pods.rendered(project, "vocab")
+    spec = volumes.spec(rendered)
+    code, _, err = pods.run_workload(cpu_python, "vocab", spec, volumes.root,
+                                     mounts=volumes.mounts(rendered, "vocab"))  # fmt: skip
     assert code == 0, err[-3000:]
     return Path(spec["output_dir"])
 
@@ -249,7 +259,9 @@ def train(cpu_python: Path, project: LoadedProject, volumes: Volumes, *overrides
     if target_path is not None:
         spec["target"]["path"] = str(target_path)
     started = time.monotonic()
-    code, out, err = pods.run_workload(cpu_python, "train", spec, volumes.root, timeout=1800)
+    mounts = volumes.mounts(rendered, f"train-{spec['drafter']}")
+    code, out, err = pods.run_workload(cpu_python, "train", spec, volumes.root, timeout=1800,
+                                       mounts=mounts)  # fmt: skip
     seconds = time.monotonic() - started
     assert code == 0, err[-4000:]
     progress = pods.events(out, "progress")
@@ -262,9 +274,11 @@ def train(cpu_python: Path, project: LoadedProject, volumes: Volumes, *overrides
 def extract_reference(cpu_python: Path, project: LoadedProject, volumes: Volumes,
                       overrides: tuple[str, ...], target_path: Path) -> None:  # fmt: skip
     """Features with the reference backend (transformers) of another checkpoint or tokenizer."""
-    spec = volumes.spec(pods.rendered(project, "extract", overrides=overrides))
+    rendered = pods.rendered(project, "extract", overrides=overrides)
+    spec = volumes.spec(rendered)
     spec["target"]["path"] = str(target_path)
-    code, _, err = pods.run_workload(cpu_python, "extract", spec, volumes.root)
+    mounts = volumes.mounts(rendered, f"extract-{overrides[0].split('=')[1]}")
+    code, _, err = pods.run_workload(cpu_python, "extract", spec, volumes.root, mounts=mounts)
     assert code == 0, err[-3000:]
 
 
@@ -347,7 +361,8 @@ def online_drafter(
     args = pods.localize(args, volumes.roots)
     started = time.monotonic()
     server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
-                             volumes.root / "online-sidecar.log")  # fmt: skip
+                             volumes.root / "online-sidecar.log",
+                             mounts=volumes.mounts(rendered, "train-online-sidecar"))  # fmt: skip
     try:
         pods.wait_ready([server])
         FIGURES["vLLM start-up, online sidecar (s)"] = round(time.monotonic() - started, 1)
@@ -397,7 +412,8 @@ def serve_and_bench(cpu_python: Path, project: LoadedProject, volumes: Volumes,
         servers[name] = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)),
                                         args, volumes.root / f"serve-{name}.log",
                                         env=rendered.secret_env,
-                                        ready_path=rendered.ready_path)  # fmt: skip
+                                        ready_path=rendered.ready_path,
+                                        mounts=volumes.mounts(rendered, f"serve-{name}"))  # fmt: skip
     results = {}
     try:
         pods.wait_ready(list(servers.values()), timeout=900)
@@ -445,6 +461,7 @@ def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: s
     rendered = pods.rendered(project, "bench", drafter)
     spec = volumes.spec(rendered, **service_urls(project, server))
     code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
+                                       mounts=volumes.mounts(rendered, f"bench-{drafter}"),
                                        **rendered.secret_env)  # fmt: skip
     assert code == 0, err[-3000:]
     result: dict[str, Any] = pods.events(out, "result")[-1]

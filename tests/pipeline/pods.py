@@ -30,6 +30,7 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_FILE_NAME
 from kimideploy.images.cpu_vllm import cpu_runtime_env
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.pods import HOME_DIR
 from kimideploy.services.rendering import render_workload
 
 SHIM = Path(__file__).resolve().parent / "cpu_shim"
@@ -167,14 +168,69 @@ class Server:
                 self.process.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class PodMounts:
+    """What a rendered pod may write, as local folders: its read-write claims and its emptyDirs
+    (/tmp and HOME get a fresh folder per pod, as an emptyDir is). Everything else is read-only:
+    the pods' containers run with readOnlyRootFilesystem, and so do their processes here."""
+
+    writable: tuple[Path, ...]
+    home: Path
+    tmp: Path
+
+    def env(self) -> dict[str, str]:
+        return {"HOME": str(self.home), "TMPDIR": str(self.tmp)}
+
+
+def pod_mounts(rendered: Rendered, roots: dict[str, Path | str], pod_dir: Path) -> PodMounts:
+    """The read-write mounts of the rendered pod (every container's), mapped to local folders."""
+    home, tmp = pod_dir / "home", pod_dir / "tmp"
+    writable: list[Path] = [home, tmp]
+    for manifest in rendered.manifests:
+        pod = (manifest.get("spec") or {}).get("template", {}).get("spec", {})
+        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            for mount in container.get("volumeMounts", []):
+                path = mount["mountPath"]
+                if mount.get("readOnly") or path in ("/tmp", HOME_DIR, "/dev/shm"):
+                    continue  # /dev/shm: a tmpfs here as in the pod (emptyDir medium Memory)
+                local = localize(path, roots)
+                if local == path:
+                    raise AssertionError(f"{path}: a writable mount the tier does not map")
+                writable.append(Path(local))
+    for folder in writable:
+        folder.mkdir(parents=True, exist_ok=True)
+    return PodMounts(tuple(dict.fromkeys(writable)), home, tmp)
+
+
+# In a private mount namespace: each writable folder bound onto itself (a mount of its own),
+# then the root remounted read-only: what is not one of those folders cannot be written.
+READ_ONLY_ROOT = """set -e
+while [ "$1" != "--" ]; do mount --bind "$1" "$1"; shift; done
+shift
+mount -o remount,bind,ro /
+exec "$@"
+"""
+
+
+def sandboxed(command: list[str], mounts: PodMounts) -> list[str]:
+    """`command` with a read-only root and only the pod's writable mounts writable."""
+    binds = [str(path) for path in mounts.writable]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY_ROOT,
+            "read-only-root", *binds, "--", *command]  # fmt: skip
+
+
 def start_vllm(python: Path, model: str, args: list[str], log: Path, netns: str | None = None,
                env: dict[str, str] | None = None, ready_path: str = "/v1/models",
-               ) -> Server:  # fmt: skip
+               mounts: PodMounts | None = None) -> Server:  # fmt: skip
     """`vllm serve MODEL ARGS` with the CPU venv (in network namespace `netns` when given),
-    `env` added (a rendered container's Secret-backed variables)."""
+    `env` added (a rendered container's Secret-backed variables), with the pod's read-only
+    root when `mounts` says what it may write."""
     host = args[args.index("--host") + 1]
     port = args[args.index("--port") + 1]
     command = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", model, *args]
+    if mounts is not None:
+        command = sandboxed(command, mounts)
+        env = {**(env or {}), **mounts.env()}
     if netns:
         command = ["ip", "netns", "exec", netns, *command]
     handle = log.open("wb")
@@ -216,12 +272,16 @@ def serving(python: Path, model: str, args: list[str], log: Path) -> Iterator[Se
 
 
 def run_workload(python: Path, name: str, spec: dict[str, Any], where: Path,
-                 timeout: float = 900, **env: str) -> tuple[int, str, str]:  # fmt: skip
-    """`python -m kimideploy.workloads NAME --spec spec.json`, as the pod's container runs it."""
+                 timeout: float = 900, mounts: PodMounts | None = None,
+                 **env: str) -> tuple[int, str, str]:  # fmt: skip
+    """`python -m kimideploy.workloads NAME --spec spec.json`, as the pod's container runs it
+    (with the pod's read-only root when `mounts` says what it may write)."""
     path = where / f"{name}-spec.json"
     path.write_text(json.dumps(spec))
-    done = subprocess.run([str(python), "-m", "kimideploy.workloads", name, "--spec", str(path)],
-                          capture_output=True, text=True, env=cpu_env(python, **env),
+    command = [str(python), "-m", "kimideploy.workloads", name, "--spec", str(path)]
+    if mounts is not None:
+        command, env = sandboxed(command, mounts), {**env, **mounts.env()}
+    done = subprocess.run(command, capture_output=True, text=True, env=cpu_env(python, **env),
                           timeout=timeout)  # fmt: skip
     return done.returncode, done.stdout, done.stderr
 

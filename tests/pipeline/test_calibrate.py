@@ -45,13 +45,15 @@ def calibration_run(
     server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
                              volumes.root / "serve-calibration.log",
                              env={**rendered.secret_env, **rendered.vllm_env},
-                             ready_path=rendered.ready_path)  # fmt: skip
+                             ready_path=rendered.ready_path,
+                             mounts=volumes.mounts(rendered, "serve-calibration"))  # fmt: skip
     try:
         pods.wait_ready([server], timeout=600)
         bench = pods.rendered(project, "bench", "untrained", overrides=(LEVELS, PROMPTS),
                               synthetic=synthetic)  # fmt: skip
         spec = volumes.spec(bench, **service_urls(project, server))
         code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
+                                           mounts=volumes.mounts(bench, "bench-calibration"),
                                            **bench.secret_env)  # fmt: skip
     finally:
         server.stop()

@@ -7,6 +7,7 @@ workloads' entry points; these tests read what the stages left behind.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -220,3 +221,23 @@ def test_the_workloads_render_conversations_token_for_token_as_vllm_does(
     assert "You are Kimi" in ours[0]["text"] and "You are Kimi" not in ours[1]["text"]
     assert "the engineer asks about caching." not in ours[3]["text"]
     assert "I should look it up." in ours[4]["text"]
+
+
+def test_the_pods_processes_ran_with_a_read_only_root_and_their_own_mounts(
+    project: Any, volumes: Any, target_server: pods.Server
+) -> None:
+    """Every vLLM server and workload of this tier ran as its rendered pod's containers do:
+    root filesystem read-only (readOnlyRootFilesystem), writable only where the pod mounts a
+    read-write claim or an emptyDir (/tmp, HOME). Shown here on the serve pod's mounts: the
+    models claim it mounts read-only cannot be written, its emptyDirs can."""
+    rendered = pods.rendered(project, "serve", "none")
+    mounts = volumes.mounts(rendered, "probe-serve")
+    models = volumes.local("/models")
+    script = (f'touch "$HOME/ok" && touch "$TMPDIR/ok" && echo writable; '
+              f'touch /usr/kimideploy-probe 2>&1; touch "{models}/probe" 2>&1; true')  # fmt: skip
+    done = subprocess.run(pods.sandboxed(["sh", "-c", script], mounts), capture_output=True,
+                          text=True, env={**os.environ, **mounts.env()}, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Read-only file system") == 2, done.stdout
+    assert "writable" in done.stdout and not (models / "probe").exists()
+    assert target_server.process.poll() is None  # the server itself runs under the same rules

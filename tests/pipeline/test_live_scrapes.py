@@ -147,7 +147,8 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
     args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, address, port), volumes.roots)
     server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
                              volumes.root / "serve-live.log", netns=name,
-                             env=rendered.secret_env, ready_path=rendered.ready_path)  # fmt: skip
+                             env=rendered.secret_env, ready_path=rendered.ready_path,
+                             mounts=volumes.mounts(rendered, "serve-live"))  # fmt: skip
     stop = threading.Event()
     key = rendered.secret_env["VLLM_API_KEY"]
     traffic = threading.Thread(target=greedy_traffic, args=(server.url, stop, key), daemon=True)

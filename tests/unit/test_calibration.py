@@ -316,3 +316,28 @@ def test_up_judges_the_drafter_with_the_step_cost_measured_on_the_cluster_it_dep
     _refuse_failing_drafter(cheap, force=False)
     with pytest.raises(UsageError, match="drafter v3 fails its check: predicted speedup"):
         _refuse_failing_drafter(costly, force=False)
+
+
+def test_a_calibration_with_a_zero_baseline_is_not_read_and_does_not_poison_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A level whose baseline measured 0 tok/s (a failed bench, or a planted ConfigMap) would
+    divide by zero in every prediction that read it, and stayed in the local copy."""
+    from kimideploy.services.calibrate import calibrations
+    from tests.conftest import EXAMPLE
+
+    good = {"k": 3, "concurrency": 1, "prompt_set": "chat", "requested_length": 2.0,
+            "measured_length": 2.0, "tokens_per_s": 80.0, "baseline_tokens_per_s": 60.0}  # fmt: skip
+    poisoned = {**good, "baseline_tokens_per_s": 0.0}
+    stored = {"schema": cal.CALIBRATION_SCHEMA, "cluster": "rtx6000", "image": "i", "serve_fingerprint": "s",
+              "bench_fingerprint": "b", "gpus": "8", "drafter": "v3", "measured_at": "2026-12-01T00:00:00+0000",
+              "ks": [3], "lengths": [2.0], "concurrency": [1], "baseline_run": "r", "points": [poisoned]}  # fmt: skip
+    with pytest.raises(ValueError, match=r"has 80\.0 tokens/s over a baseline of 0\.0"):
+        cal.Calibration.from_dict(stored)
+    monkeypatch.setenv("KIMIDEPLOY_CALIBRATION_CACHE", str(tmp_path))
+    loaded = load_project(EXAMPLE)
+    copy = calibrations.cache_file(loaded, "rtx6000")
+    copy.parent.mkdir(parents=True)
+    copy.write_text(json.dumps([stored]))
+    assert calibrations.cached(loaded, "rtx6000") == ()  # read as no calibration, not a crash
+    assert cal.Calibration.from_dict({**stored, "points": [good]}).costs[0].cost > 0

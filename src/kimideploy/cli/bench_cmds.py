@@ -32,8 +32,11 @@ def list_runs(
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    rows = list_rows(session, loaded.project.release_name("serve"))
+    release = loaded.project.release_name("serve")
+    rows = list_rows(session, release)
     click.echo(machine(rows, output) or format_table(rows))
+    for problem in session.ignored_bench_results.get(release, []):
+        click.echo(f"warning: ignored a stored bench result: {problem}", err=True)
 
 
 @bench.command()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from kimideploy.errors import ClusterError
@@ -81,6 +83,20 @@ class KubeApi:
             return json.loads(data) if data and data[:1] in (b"{", b"[") else data
         self._raise(method, path, response.status, data)
         raise AssertionError("unreachable")
+
+    def server_time(self) -> datetime:
+        """The API server's clock (its Date header, to the second): what lease expiry and
+        stored timestamps are judged against, never this machine's clock."""
+        response = self._send("GET", "/version", None, None, None, 30)
+        response.read()
+        stamp = response.headers.get("Date")
+        try:
+            return parsedate_to_datetime(stamp).astimezone(UTC)
+        except (TypeError, ValueError) as exc:
+            raise ClusterError(
+                f"the API server at {self.host} sent no usable Date header ({stamp!r})",
+                hint="kimideploy judges lease expiry by the API server's clock",
+            ) from exc
 
     def text(self, path: str, query: dict[str, Any] | None = None, timeout: float = 30) -> str:
         response = self._send("GET", path, query, None, None, timeout)

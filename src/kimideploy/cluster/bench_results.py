@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from kimideploy.cluster.api import KubeApi, NotFoundError
@@ -64,16 +65,68 @@ def store(api: KubeApi, namespace: str, bench: StoredBench, keep: int = DEFAULT_
             )
 
 
-def list_results(api: KubeApi, namespace: str, release: str) -> list[StoredBench]:
-    """Every stored run of the release, oldest first."""
+FUTURE_SKEW = timedelta(minutes=5)
+"""How far past the API server's clock a stored time may be before it is not believed."""
+
+
+def read_results(api: KubeApi, namespace: str, release: str) -> tuple[list[StoredBench], list[str]]:
+    """Every stored run of the release that is well formed and not dated in the future (by the
+    API server's clock), oldest first; and why the others were not believed. A ConfigMap in the
+    namespace is written by anyone who may write ConfigMaps there: a result dated 2099 would
+    otherwise be the 'newest' baseline forever."""
     listed = api.request(
         "GET", path("ConfigMap", namespace), {"labelSelector": f"{RESULT_LABEL}={release}"}
     )
-    found = []
+    now = api.server_time()
+    found, refused = [], []
     for item in listed.get("items", []):
-        with contextlib.suppress(KeyError, ValueError, TypeError):
-            found.append(StoredBench(**json.loads(item["data"]["bench.json"])))
-    return sorted(found, key=lambda b: (b.measured_at, b.run_id))
+        name = str(((item.get("metadata") or {}).get("name")) or "a bench result")
+        try:
+            bench = _read(item, release)
+            if measured_time(bench.measured_at) > now + FUTURE_SKEW:
+                raise ValueError(f"measured_at {bench.measured_at} is in the future")
+        except (KeyError, ValueError, TypeError) as exc:
+            refused.append(f"{name}: {exc}")
+            continue
+        found.append(bench)
+    found.sort(key=lambda b: (measured_time(b.measured_at), b.run_id))
+    return found, refused
+
+
+def list_results(api: KubeApi, namespace: str, release: str) -> list[StoredBench]:
+    return read_results(api, namespace, release)[0]
+
+
+def measured_time(stamp: str) -> datetime:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z")
+
+
+def _read(item: dict[str, Any], release: str) -> StoredBench:
+    data = json.loads(str((item.get("data") or {})["bench.json"]))
+    if not isinstance(data, dict):
+        raise TypeError("bench.json is not an object")
+    for name, kind in STORED_TYPES.items():
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise TypeError(f"{name} is {type(value).__name__}, not {kind.__name__}")
+    if data["release"] != release:
+        raise ValueError(f"it is a result of release {data['release']!r}")
+    levels = data["result"].get("levels")
+    if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
+        raise TypeError("result.levels is not a list of levels")
+    for level in levels:
+        speed = level.get("output_tokens_per_s")
+        if isinstance(speed, bool) or not isinstance(speed, int | float) or speed < 0:
+            raise ValueError(f"a level's output_tokens_per_s is {speed!r}")
+    measured_time(data["measured_at"])  # raises ValueError when it does not parse
+    return StoredBench(**{name: data[name] for name in STORED_TYPES})
+
+
+STORED_TYPES: dict[str, type] = {
+    "release": str, "run_id": str, "drafter": str, "cluster": str, "image": str,
+    "revision": int, "serve_fingerprint": str, "bench_fingerprint": str, "measured_at": str,
+    "result": dict,
+}  # fmt: skip
 
 
 def _as_dict(bench: StoredBench) -> dict[str, Any]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from datetime import datetime
 
 from kimideploy.cluster.api import KubeApi, NotFoundError
+from kimideploy.cluster.bench_results import FUTURE_SKEW
 from kimideploy.cluster.resources import path
 from kimideploy.plan.calibration import Calibration
 
@@ -57,9 +59,13 @@ def list_calibrations(api: KubeApi, namespace: str, cluster: str) -> list[tuple[
     listed = api.request(
         "GET", path("ConfigMap", namespace), {"labelSelector": f"{CALIBRATION_LABEL}={cluster}"}
     )
+    latest = api.server_time() + FUTURE_SKEW
     found = []
     for item in listed.get("items", []):
         with contextlib.suppress(KeyError, ValueError, TypeError):
             calibration = Calibration.from_dict(json.loads(item["data"][DATA_KEY]))
+            measured = datetime.fromisoformat(calibration.measured_at.replace("Z", "+00:00"))
+            if measured.tzinfo is None or measured > latest:
+                continue  # a date in the future would make it the newest forever
             found.append((item["metadata"]["labels"]["kimideploy.io/calibration-id"], calibration))
     return sorted(found, key=lambda pair: (pair[1].measured_at, pair[0]))

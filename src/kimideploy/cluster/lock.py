@@ -1,5 +1,10 @@
 """A Lease per release so that two `up`/`rollback`/`down` runs never interleave.
 
+Times come from the API server's clock (its Date header), never this machine's: the Lease's
+acquire and renew times are written in it, and expiry is judged against it, so a CLI whose clock
+runs 10 minutes ahead does not take over a Lease another run renewed a second ago. A Lease whose
+times cannot be read is a named problem, not a guess.
+
 Fenced: `renew()` is called before every change a run makes and checks that the Lease still
 names this run as holder, updating it under the resourceVersion it read. A run whose Lease
 expired (a confirmation left waiting, a suspended laptop) and was taken over learns that before
@@ -11,7 +16,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -34,16 +39,20 @@ def holder_identity(action: str) -> str:
     return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} ({action})"
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
 def _stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(stamp: str) -> datetime:
-    return datetime.strptime(stamp.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+def _parse(stamp: Any) -> datetime | None:
+    """A Lease's MicroTime, or None when it is missing or not one."""
+    if not isinstance(stamp, str):
+        return None
+    for layout in ("%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S%z"):
+        try:
+            return datetime.strptime(stamp.replace("Z", "+0000"), layout)
+        except ValueError:
+            continue
+    return None
 
 
 class ReleaseLock:
@@ -55,7 +64,7 @@ class ReleaseLock:
         self.identity = holder_identity(action)
 
     def _body(self, resource_version: str | None = None) -> dict[str, Any]:
-        now = _stamp(_now())
+        now = _stamp(self.api.server_time())
         metadata: dict[str, Any] = {
             "name": self.name,
             "namespace": self.namespace,
@@ -85,10 +94,19 @@ class ReleaseLock:
         except ConflictError:
             pass
         live = self.api.request("GET", self._lease_path())
-        spec = live.get("spec", {})
-        renewed = _parse(spec.get("renewTime") or spec.get("acquireTime"))
-        expires = renewed + timedelta(seconds=spec.get("leaseDurationSeconds", LEASE_SECONDS))
-        if expires > _now() and spec.get("holderIdentity") != self.identity:
+        spec = live.get("spec") if isinstance(live.get("spec"), dict) else {}
+        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        duration = spec.get("leaseDurationSeconds", LEASE_SECONDS)
+        if renewed is None or not isinstance(duration, int) or isinstance(duration, bool):
+            raise ReleaseLockedError(
+                f"release {self.release}'s lock (Lease {self.name}) is malformed: renewTime "
+                f"{spec.get('renewTime')!r}, acquireTime {spec.get('acquireTime')!r}, "
+                f"leaseDurationSeconds {spec.get('leaseDurationSeconds')!r}; it was not taken over",
+                hint=f"if no kimideploy run is active, delete it: kubectl -n {self.namespace} "
+                f"delete lease {self.name}",
+            )
+        expires = renewed + timedelta(seconds=duration)
+        if expires > self.api.server_time() and spec.get("holderIdentity") != self.identity:
             raise ReleaseLockedError(
                 f"release {self.release} is locked by {spec.get('holderIdentity')} "
                 f"(since {spec.get('acquireTime')}, expires {_stamp(expires)} unless renewed)",
@@ -121,7 +139,7 @@ class ReleaseLock:
         holder = spec.get("holderIdentity")
         if holder != self.identity:
             raise self._lost(f"taken over by {holder} at {spec.get('acquireTime')}")
-        spec["renewTime"] = _stamp(_now())
+        spec["renewTime"] = _stamp(self.api.server_time())
         try:  # the PUT carries the resourceVersion read above: a takeover in between conflicts
             self.api.request("PUT", self._lease_path(), body=live)
         except (ConflictError, NotFoundError):

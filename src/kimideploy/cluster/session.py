@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kimideploy.cluster import apply as applying
@@ -27,6 +28,8 @@ class ClusterSession:
     namespace: str
     ignored_records: dict[str, list[records.UntrustedRecordError]] = field(default_factory=dict)
     """Per release, the stored records the last history read refused (never acted on)."""
+    ignored_bench_results: dict[str, list[str]] = field(default_factory=dict)
+    """Per release, the stored bench results the last read did not believe, and why."""
 
     # namespaces -----------------------------------------------------------------------------
     def namespace_exists(self) -> bool:
@@ -141,6 +144,10 @@ class ClusterSession:
         listed = self.api.request("GET", path("PersistentVolumeClaim", self.namespace))
         return [item["metadata"]["name"] for item in listed.get("items", [])]
 
+    def server_time(self) -> datetime:
+        """The API server's clock: stored times are written and judged in it."""
+        return self.api.server_time()
+
     # history and locking --------------------------------------------------------------------
     def history(self, release: str) -> list[records.ReleaseRecord]:
         """The release's trusted records; those that failed the trust checks are kept in
@@ -163,7 +170,9 @@ class ClusterSession:
         bench_results.store(self.api, self.namespace, bench)
 
     def bench_results(self, release: str) -> list[bench_results.StoredBench]:
-        return bench_results.list_results(self.api, self.namespace, release)
+        found, refused = bench_results.read_results(self.api, self.namespace, release)
+        self.ignored_bench_results[release] = refused
+        return found
 
     def store_calibration(self, calibration_id: str, calibration: Calibration) -> None:
         calibrations.store(self.api, self.namespace, calibration_id, calibration)

@@ -40,7 +40,9 @@ class Image(StrictModel):
         default_factory=list, description="Patch files under docker/patches/vllm-<version>/."
     )
     run_as_user: Annotated[int, Field(ge=0)] = Field(
-        default=1000, description="UID the workload runs as (0 only where it must)."
+        default=10001,
+        description="UID the workload runs as (0 only where it must). Above 10000 so that it is "
+        "no host user's (pods see the host's files through the models volume).",
     )
 
     @property

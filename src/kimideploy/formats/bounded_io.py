@@ -18,6 +18,11 @@ JSON_LIMIT = 16 * MIB
 vocab listings while keeping a planted multi-GB file out of memory."""
 
 
+CHUNK_LIMIT = 1024 * MIB
+"""A conversation chunk (JSON Lines of generated samples) is tens of MB at most; a link to
+/dev/zero or a huge planted file is not read into memory."""
+
+
 class UnreadableFileError(ValueError):
     """A file that is not what it should be: its message names the file and the problem."""
 

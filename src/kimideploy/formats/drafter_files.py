@@ -7,7 +7,6 @@ CheckResult with its fix.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,13 +46,16 @@ class Expected:
 
 def folder_findings(expected: Expected, folder: Path) -> list[CheckResult]:
     config_file = folder / "config.json"
-    if not config_file.is_file():
+    if not config_file.exists() and not config_file.is_symlink():
         return [
             CheckResult(
                 "config.json", False, f"{config_file} is missing", "point at a drafter checkpoint"
             )
         ]
-    config = json.loads(config_file.read_text())
+    try:
+        config = read_json_object(config_file)
+    except UnreadableFileError as exc:
+        return [CheckResult("config.json", False, str(exc), "copy the drafter again")]
     archs = set(config.get("architectures") or [])
     layer_config = config.get("transformer_layer_config") or {}
     hidden = (

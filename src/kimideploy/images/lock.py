@@ -9,7 +9,11 @@ library re-emits the document and may reflow it). The one other edit is dropping
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -26,10 +30,36 @@ def _value(mapping: yaml.Node | None, key: str) -> yaml.Node | None:
     return next((v for k, v in mapping.value if getattr(k, "value", None) == key), None)
 
 
+@contextmanager
+def editing(config: Path) -> Iterator[None]:
+    """One writer of the config at a time: an exclusive lock on its folder (no file left
+    behind), so two `image lock` runs each keep their edit instead of one overwriting the
+    other's with a stale copy."""
+    fd = os.open(config.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def replace_text(config: Path, text: str) -> None:
+    """Written beside the file and renamed over it (mode kept): never half a config."""
+    partial = config.with_name(f".{config.name}.{os.getpid()}.tmp")
+    partial.write_text(text)
+    partial.chmod(config.stat().st_mode & 0o7777)
+    partial.replace(config)
+
+
 def lock_digest(config: Path, name: str, digest: str) -> str:
     """Replace images.<name>.digest in the file's text; validate before writing."""
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         raise UsageError(f"{digest!r} is not a sha256 digest")
+    with editing(config):
+        return _lock_digest(config, name, digest)
+
+
+def _lock_digest(config: Path, name: str, digest: str) -> str:
     text = config.read_text()
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -45,5 +75,5 @@ def lock_digest(config: Path, name: str, digest: str) -> str:
     rest = EXAMPLE_PIN.sub("", text[end:line_end])
     text = f"{text[:start]}{quote}{digest}{quote}{rest}{text[line_end:]}"
     load_project_text(text, config)  # never write a file that no longer validates
-    config.write_text(text)
+    replace_text(config, text)
     return text

@@ -124,8 +124,27 @@ class Calibration:
         if data.get("schema") != CALIBRATION_SCHEMA:
             raise ValueError(f"unknown calibration schema {data.get('schema')!r}")
         fields = {k: v for k, v in data.items() if k != "schema"}
-        fields["points"] = [Point(**p) for p in fields["points"]]
+        fields["points"] = [_checked_point(p) for p in fields["points"]]
+        if not isinstance(fields.get("measured_at"), str):
+            raise ValueError("measured_at is not a timestamp")
         return cls(**fields)
+
+
+def _checked_point(raw: Any) -> Point:
+    """A stored point a prediction can use: a zero or negative throughput (a failed level, or
+    a planted record) would divide by zero in every prediction that reads it."""
+    point = Point(**raw)
+    numbers = (point.requested_length, point.tokens_per_s, point.baseline_tokens_per_s)
+    if not all(isinstance(n, int | float) and math.isfinite(n) for n in numbers):
+        raise ValueError(f"a point of k={point.k} has a non-number")
+    if point.k < 1 or point.concurrency < 1 or point.requested_length < 1:
+        raise ValueError(f"a point has k={point.k}, c={point.concurrency}")
+    if point.tokens_per_s <= 0 or point.baseline_tokens_per_s <= 0:
+        raise ValueError(
+            f"a point of k={point.k}, c={point.concurrency} has {point.tokens_per_s} tokens/s "
+            f"over a baseline of {point.baseline_tokens_per_s}"
+        )
+    return point
 
 
 class CostModel(Protocol):

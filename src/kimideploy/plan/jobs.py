@@ -266,7 +266,9 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
     queue = {KUEUE_QUEUE_LABEL: ctx.cluster.kueue.local_queue} if ctx.cluster.kueue else {}
     claim_vols, claim_mounts = pods.claim_volumes(ctx, workload_claims(ctx))
     spec_vol, spec_mount = pods.spec_volume(f"{ctx.object_name}-spec")
-    volumes, mounts = [*claim_vols, spec_vol], [*claim_mounts, spec_mount]
+    writable_vols, writable_mounts = pods.writable_volumes()
+    volumes = [*claim_vols, spec_vol, *writable_vols]
+    mounts = [*claim_mounts, spec_mount, *writable_mounts]
     if shape.gpus:
         shm_vol, shm_mount = pods.shm_volume(shape.shm)
         volumes, mounts = [*volumes, shm_vol], [*mounts, shm_mount]

@@ -187,7 +187,7 @@ def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
         # `kimideploy run` that the load is done; liveness starts once the budget has passed.
         "readinessProbe": http_probe(READY_PATH, online.port, period, 5, 1),
         "livenessProbe": liveness_probe(online.port, initial_delay_s=online.startup_budget_s),
-        "volumeMounts": [*claim_mounts, scratch_mount, shm_mount],
+        "volumeMounts": [*claim_mounts, scratch_mount, shm_mount, *pods.writable_volumes()[1]],
         "securityContext": pods.container_hardening(
             runAsUser=image.run_as_user, runAsGroup=image.run_as_user
         ),

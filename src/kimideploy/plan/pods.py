@@ -125,12 +125,34 @@ def resources(cpu: str, memory: str, gpus: int) -> dict[str, dict[str, str]]:
     if gpus:
         requests[GPU_RESOURCE] = str(gpus)
         limits[GPU_RESOURCE] = str(gpus)
+    else:
+        # CPU pods are capped at what they ask for. GPU pods are not: a CFS quota throttles
+        # the threads that feed the GPUs (NCCL proxies, vLLM's scheduler and workers), and a
+        # throttled period stalls all eight GPUs; the node is theirs anyway (a documented
+        # exception to the CPU-limit policy, see docs/reference/security.md).
+        limits["cpu"] = cpu
     return {"requests": requests, "limits": limits}
 
 
 def container_hardening(**first: Any) -> dict[str, Any]:
-    """Every container's securityContext, after what a container sets first (its user, say)."""
-    return {**first, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    """Every container's securityContext, after what a container sets first (its user, say):
+    no privilege escalation, no capabilities, and a read-only root filesystem (what vLLM, torch
+    and the workloads write goes to the volumes and to the emptyDirs of writable_volumes)."""
+    return {**first, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True}  # fmt: skip
+
+
+HOME_DIR = "/home/kimideploy"
+WRITABLE_SIZE = "16Gi"
+"""Each of /tmp and HOME: torch.compile and Triton caches, vLLM's IPC sockets and config,
+torchrun's rendezvous files, Hugging Face's module cache (trust_remote_code) live there."""
+
+
+def writable_volumes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The only writable places besides the claims, in every container (root is read-only)."""
+    volumes = [{"name": name, "emptyDir": {"sizeLimit": WRITABLE_SIZE}} for name in ("tmp", "home")]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "home", "mountPath": HOME_DIR}]
+    return volumes, mounts
 
 
 def pod_security(ctx: PlanInputs) -> dict[str, Any]:
@@ -152,7 +174,7 @@ def literal(value: str) -> str:
 
 def env(ctx: PlanInputs, gpus: int, extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """GPU pods get the cluster's NCCL settings; every value is literal (no `$(` expansion)."""
-    plain = {"KIMIDEPLOY_CLUSTER": ctx.cluster_name, "PYTHONUNBUFFERED": "1"}
+    plain = {"KIMIDEPLOY_CLUSTER": ctx.cluster_name, "PYTHONUNBUFFERED": "1", "HOME": HOME_DIR}
     if gpus:
         plain.update(ctx.cluster.env)
     plain.update(extra or {})

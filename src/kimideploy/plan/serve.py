@@ -200,8 +200,9 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
         "python", "-m", "kimideploy.workloads.gpucheck", "--archs", ",".join(ctx.image.cuda_archs),
         "--cuda", ctx.image.cuda or "", "--gpus", str(gpus),
     ]  # fmt: skip
-    small = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
+    small = pods.resources("100m", "256Mi", 0)
     _, spec_mount = pods.spec_volume(ctx.object_name)
+    _, writable = pods.writable_volumes()
     drafter_check = [
         {
             # The drafter on the models volume, checked as `drafter check --dir` would.
@@ -211,7 +212,7 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
                         SPEC_PATH],
             "resources": small,
             "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
-                             spec_mount],
+                             spec_mount, *writable],
             "securityContext": hardened,
         }
     ] if ctx.drafter else []  # fmt: skip
@@ -221,6 +222,7 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
             "image": ctx.image.reference,
             "command": gpu_check,
             "resources": pods.resources("1", "1Gi", gpus),
+            "volumeMounts": writable,
             "securityContext": hardened,
         },
         {
@@ -228,11 +230,11 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
             "image": ctx.image.reference,
             "command": ["sh", "-c", script],
             "env": [{"name": "MODEL_DIR", "value": model_dir}],
-            "resources": {
-                "requests": {"cpu": "100m", "memory": "64Mi"},
-                "limits": {"memory": "64Mi"},
-            },
-            "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+            "resources": pods.resources("100m", "64Mi", 0),
+            "volumeMounts": [
+                {"name": "models", "mountPath": "/models", "readOnly": True},
+                *writable,
+            ],
             "securityContext": hardened,
         },
         *drafter_check,
@@ -245,6 +247,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
     claim_vols, claim_mounts = pods.claim_volumes(ctx, {"models": True})
     shm_vol, shm_mount = pods.shm_volume(serve.shm_size)
     spec_vol, spec_mount = pods.spec_volume(ctx.object_name)
+    writable_vols, writable_mounts = pods.writable_volumes()
     strategy, _ = rollout_strategy(ctx)
     common = {"name": ctx.object_name, "namespace": ctx.namespace, "labels": labels}
     deployment = {
@@ -276,8 +279,8 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
         "port": serve.port,
         "probes": probes(ctx),
         "init_containers": init_containers(ctx),
-        "volumes": [*claim_vols, shm_vol, spec_vol],
-        "volume_mounts": [*claim_mounts, shm_mount, spec_mount],
+        "volumes": [*claim_vols, shm_vol, spec_vol, *writable_vols],
+        "volume_mounts": [*claim_mounts, shm_mount, spec_mount, *writable_mounts],
         "security_context": pods.container_hardening(),
     }
     service = {**common, "selector": pods.selector_labels(ctx), "port": serve.port}

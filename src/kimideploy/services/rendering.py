@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -120,6 +121,20 @@ def kustomize_files(
     return kustomize_tree(renders, note)
 
 
+def _links_in(directory: Path) -> list[str]:
+    """Links at or under `directory` (the folder itself, a parent of base/, anything inside)."""
+    if directory.is_symlink():
+        return [str(directory)]
+    if not directory.is_dir():
+        return []
+    found = []
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        for name in [*dirs, *files]:
+            if (Path(root) / name).is_symlink():
+                found.append(str((Path(root) / name).relative_to(directory)))
+    return sorted(found)
+
+
 def write_tree(files: dict[PurePosixPath, str], directory: Path) -> list[Path]:
     """Write a Kustomize tree. A folder with files but no marker is refused (it may be someone's
     work); one with the marker has its base/ and overlays/ replaced, so no stale patch stays."""
@@ -128,6 +143,13 @@ def write_tree(files: dict[PurePosixPath, str], directory: Path) -> list[Path]:
             f"{directory} is not empty and was not written by `render --kustomize`; nothing "
             "was written",
             hint="name an empty or new folder (or one an earlier --kustomize wrote)",
+        )
+    links = _links_in(directory)
+    if links:
+        raise UsageError(
+            f"{directory} holds symbolic links ({', '.join(links[:5])}); writing the tree would "
+            "write through them to wherever they point, so nothing was written",
+            hint="name a folder without links (render --kustomize writes plain files only)",
         )
     for part in ("base", "overlays"):
         shutil.rmtree(directory / part, ignore_errors=True)

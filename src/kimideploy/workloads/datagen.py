@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import DatagenSpec
-from kimideploy.formats.bounded_io import MIB, UnreadableFileError, read_bytes
+from kimideploy.formats.bounded_io import CHUNK_LIMIT, UnreadableFileError, read_bytes
 from kimideploy.formats.chat_template import SAMPLE_FORMAT
 from kimideploy.workloads import dataset_record
 from kimideploy.workloads.prompts import Prompt, load_prompts
@@ -141,7 +141,6 @@ def generate(spec: DatagenSpec, prompt: Prompt, stopper: Stopper) -> dict[str, A
 
 
 CHUNK_NAME = re.compile(r"^chunk-(\d{6,})\.jsonl$")
-CHUNK_LIMIT = 1024 * MIB
 
 
 def finished_ids(shard_dir: Path) -> tuple[set[str], int]:

@@ -6,7 +6,6 @@ at (probably) the wrong layers, and found out after a 25-minute load (CONTEXT §
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 
 from kimideploy.config.drafters import to_vllm_layer_ids
 from kimideploy.config.specs import TrainSpec
+from kimideploy.formats.bounded_io import UnreadableFileError, read_json_object
 from kimideploy.workloads.runtime import BadInputError
 
 MANIFEST_KIND = "kimideploy.hidden-states.v1"
@@ -48,7 +48,13 @@ def open_dataset(root: Path) -> Dataset:
     """Every finished shard (one with a manifest) and its sample files, in a stable order."""
     manifests, files = [], []
     for manifest_path in sorted(root.glob("shard-*/manifest.json")):
-        manifest = json.loads(manifest_path.read_text())
+        try:
+            manifest = read_json_object(manifest_path)
+        except UnreadableFileError as exc:
+            raise BadInputError(
+                f"{exc}: the shard's manifest cannot be read",
+                hint="run `kimideploy run extract` again: it rewrites the manifest of a shard",
+            ) from exc
         if manifest.get("kind") != MANIFEST_KIND:
             raise BadInputError(f"{manifest_path}: not a kimideploy hidden-states manifest")
         manifests.append(manifest)

@@ -114,8 +114,9 @@ def _minutes(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
-def _now() -> str:
-    return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%S%z")
+def _now(session: ClusterSession) -> str:
+    """The API server's clock: a calibration is dated and ordered in it."""
+    return session.server_time().replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def plan_calibration(
@@ -209,7 +210,7 @@ def calibrate(
         stored = None
     elif earlier:
         plan = replace(plan, calibration_id=earlier[-1][0])
-    calibration = stored or _fresh(plan)
+    calibration = stored or _fresh(plan, _now(session))
     found = serving_record(session, plan.release)
     baseline = _stored_baseline(session, plan, calibration)
     needs_load = baseline is None and not (
@@ -235,7 +236,7 @@ def calibrate(
             latest = _deploy(sweep, rendered, f"k={k}")
             calibration = _measure_k(sweep, k, latest, baseline, calibration)
             session.store_calibration(plan.calibration_id, calibration)
-        calibration = replace(calibration, complete=True, measured_at=_now())
+        calibration = replace(calibration, complete=True, measured_at=_now(session))
         session.store_calibration(plan.calibration_id, calibration)
     except KeyboardInterrupt:
         reporter.info(_interrupted(plan, found, calibration))
@@ -271,7 +272,7 @@ class Sweep:
         )  # fmt: skip
 
 
-def _fresh(plan: CalibrationPlan) -> Calibration:
+def _fresh(plan: CalibrationPlan, measured_at: str) -> Calibration:
     return Calibration(
         cluster=plan.cluster,
         image=plan.image,
@@ -279,7 +280,7 @@ def _fresh(plan: CalibrationPlan) -> Calibration:
         bench_fingerprint=plan.gate.bench_print,
         gpus=plan.gpus,
         drafter=plan.drafter,
-        measured_at=_now(),
+        measured_at=measured_at,
         ks=sorted(plan.revisions),
         lengths=sorted({length for ls in plan.lengths.values() for length in ls}),
         concurrency=sorted({c for _, c in plan.gate.needed}),

@@ -14,6 +14,12 @@ from typing import Any
 from kimideploy.config.fingerprints import FINGERPRINT_FILE, flatten
 from kimideploy.errors import UsageError
 from kimideploy.formats import chat_template
+from kimideploy.formats.bounded_io import (
+    CHUNK_LIMIT,
+    UnreadableFileError,
+    read_bytes,
+    read_json_object,
+)
 from kimideploy.formats.safetensors_files import read_header, read_integers, safetensors_problem
 
 
@@ -41,16 +47,25 @@ def inspect(path: Path) -> Inspection:
         path, "hidden states" if tensors else "conversations" if chunks else "unknown"
     )
     for manifest in sorted(path.rglob("manifest.json")):
-        result.manifests.append(json.loads(manifest.read_text()))
+        try:
+            result.manifests.append(read_json_object(manifest))
+        except UnreadableFileError as exc:
+            result.problems.append(str(exc))
     record = path / FINGERPRINT_FILE
-    if record.is_file():
-        result.fingerprint = json.loads(record.read_text())
+    if record.exists() or record.is_symlink():
+        try:
+            result.fingerprint = read_json_object(record)
+        except UnreadableFileError as exc:
+            result.problems.append(str(exc))
     for chunk in chunks:
         result.files += 1
-        result.bytes += chunk.stat().st_size
-        for number, line in enumerate(
-            chunk.read_text(encoding="utf-8", errors="replace").splitlines(), 1
-        ):
+        try:
+            data = read_bytes(chunk, CHUNK_LIMIT)
+        except UnreadableFileError as exc:
+            result.problems.append(str(exc))
+            continue
+        result.bytes += len(data)
+        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
             try:
                 json.loads(line)
                 result.samples += 1
@@ -60,7 +75,7 @@ def inspect(path: Path) -> Inspection:
                 )
     for tensor in tensors:
         result.files += 1
-        result.bytes += tensor.stat().st_size
+        result.bytes += tensor.lstat().st_size
         problem, tokens = safetensors_problem(tensor)
         if problem:
             result.problems.append(f"{tensor}: {problem}")
@@ -118,6 +133,15 @@ def sample_view(path: Path, number: int, model: Path | None) -> dict[str, Any]:
     """Sample `number` (from 0) as the target sees it: text with the trained span marked (needs
     the model's tokenizer and template: `model`), token counts, and for features the layers
     stored. The same renderer as the pods (workloads/chat_template.py)."""
+    try:
+        return _sample_view(path, number, model)
+    except UnreadableFileError as exc:
+        raise UsageError(
+            str(exc), hint="`kimideploy data inspect PATH` lists every problem"
+        ) from exc
+
+
+def _sample_view(path: Path, number: int, model: Path | None) -> dict[str, Any]:
     result = inspect(path)
     tensors = sorted(path.rglob("*.safetensors"))
     if result.kind == "hidden states":
@@ -166,6 +190,6 @@ def _conversation_samples(path: Path) -> list[dict[str, Any]]:
     return [
         json.loads(line)
         for chunk in sorted(path.rglob("chunk-*.jsonl"))
-        for line in chunk.read_text(encoding="utf-8").splitlines()
+        for line in read_bytes(chunk, CHUNK_LIMIT).decode("utf-8").splitlines()
         if line
     ]

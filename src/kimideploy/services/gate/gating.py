@@ -13,7 +13,7 @@ Order of work, chosen to spend as few 25-minute model loads as possible:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -89,8 +89,9 @@ class GateRun:
     bench_poll_s: float = 5.0
 
 
-def _now() -> datetime:
-    return datetime.now(UTC).replace(microsecond=0)
+def _now(session: ClusterSession) -> datetime:
+    """The API server's clock: stored results are dated and aged in it, not this machine's."""
+    return session.server_time().replace(microsecond=0)
 
 
 def gate_terms(
@@ -216,7 +217,7 @@ def stored_baseline(session: ClusterSession, gate: GateTerms) -> tuple[StoredBen
         bench_print=gate.bench_print,
         needed=gate.needed,
         max_age_h=gate.settings.baseline_max_age_h,
-        now=_now(),
+        now=_now(session),
     )
 
 
@@ -260,7 +261,7 @@ def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredB
         revision=revision,
         serve_fingerprint=gate.serve_print,
         bench_fingerprint=gate.bench_print,
-        measured_at=_now().strftime("%Y-%m-%dT%H:%M:%S%z"),
+        measured_at=_now(session).strftime("%Y-%m-%dT%H:%M:%S%z"),
         result=result,
     )
     session.store_bench(stored)
@@ -299,7 +300,7 @@ def choose_bench_baseline(
             spec.prompt_sets, spec.num_prompts, spec.max_tokens, _plan_files(spec.prompt_files)
         ),
         needed=[(p, c) for p in spec.prompt_sets for c in spec.concurrency],
-        now=_now(),
+        now=_now(session),
     )
     listing = "`kimideploy bench list` shows the stored runs"
     if wanted == LATEST_BASELINE:
@@ -370,7 +371,7 @@ def record_bench_run(
         bench_fingerprint=bench_fingerprint(
             spec.prompt_sets, spec.num_prompts, spec.max_tokens, _plan_files(spec.prompt_files)
         ),
-        measured_at=_now().strftime("%Y-%m-%dT%H:%M:%S%z"),
+        measured_at=_now(session).strftime("%Y-%m-%dT%H:%M:%S%z"),
         result=result,
     )
     session.store_bench(stored)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kimideploy.cluster.bench_results import StoredBench
+from kimideploy.cluster.bench_results import StoredBench, measured_time
 
 KEEP, ROLLBACK = "keep", "rollback"
 
@@ -92,7 +92,7 @@ def pick_baseline(
 
 
 def _parse_time(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
+    return measured_time(text)
 
 
 def check_measured(result: dict[str, Any], needed: list[tuple[str, int]], what: str) -> None:
