@@ -2,6 +2,10 @@
 # Image vllm-0.16-kimi: rendered by kimideploy from templates/docker/Dockerfile.j2; do not edit.
 # Regenerate: kimideploy image render vllm-0.16-kimi (the root Dockerfile is the default image).
 
+# --- oras: the OCI client drafters are published and pulled with, built from its Go module -------
+FROM docker.io/library/golang:1.26-bookworm@sha256:7e1a8c3f5b9d2e4f6a8c0b2d4e6f8a0c2e4b6d8f0a2c4e6b8d0f2a4c6e8b0d2f AS oras
+RUN CGO_ENABLED=0 GOBIN=/out go install -trimpath -ldflags "-s -w" oras.land/oras/cmd/oras@v1.3.6
+
 # --- build: a virtualenv with the pinned stack, patched and self-checked ------------------------
 FROM docker.io/nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04@sha256:28c78fb12c758649ad36bf952e29269c806ea683cfbe6872075dbf188648163e AS build
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -40,6 +44,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 10001 --create-home --shell /usr/sbin/nologin kimideploy
 COPY --from=build /opt/venv /opt/venv
+COPY --from=oras /out/oras /usr/local/bin/oras
 LABEL org.opencontainers.image.title="kimideploy vllm-0.16-kimi" \
       org.opencontainers.image.source="https://github.com/kimideploy/kimideploy" \
       org.opencontainers.image.revision="${VCS_REF}" \

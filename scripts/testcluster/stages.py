@@ -15,6 +15,7 @@ CRASH_LOOP = "kimideploy.test/crash-loop"  # "true": CrashLoopBackOff, restarts 
 IMAGE_PULL_ERROR = "kimideploy.test/image-pull-error"  # "true": ImagePullBackOff, stays Pending
 RUN_DURATION = "kimideploy.test/run-duration"  # Go duration a Job pod runs before it finishes
 FAIL_INDEX = "kimideploy.test/fail-index"  # Job completion index whose pods fail (exit 1)
+FAIL_EXIT_CODE = "kimideploy.test/fail-exit-code"  # the failing index's exit code (default 1)
 FAIL_AFTER = (
     "kimideploy.test/fail-after"  # Go duration before that index fails (default: run-duration)
 )
@@ -121,6 +122,7 @@ phase: Running
 {{ $index := index .metadata.annotations "batch.kubernetes.io/job-completion-index" }}
 {{ $fail := index .metadata.annotations "kimideploy.test/fail-index" }}
 {{ $failed := eq $index $fail }}
+{{ $code := index .metadata.annotations "kimideploy.test/fail-exit-code" }}
 containerStatuses:
 {{ range .spec.containers }}
 - image: {{ .image | Quote }}
@@ -129,7 +131,7 @@ containerStatuses:
   restartCount: 0
   state:
     terminated:
-      exitCode: {{ if $failed }}1{{ else }}0{{ end }}
+      exitCode: {{ if $failed }}{{ if $code }}{{ $code }}{{ else }}1{{ end }}{{ else }}0{{ end }}
       reason: {{ if $failed }}Error{{ else }}Completed{{ end }}
 {{ end }}
 phase: {{ if $failed }}Failed{{ else }}Succeeded{{ end }}

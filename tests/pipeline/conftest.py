@@ -23,11 +23,13 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests import registry as test_registry
 from tests.pipeline import pods, stdlib_corpus
 from tests.pipeline.figures import FIGURES
 from tests.pipeline.target_cache import informative_target
@@ -158,10 +160,13 @@ def target_server(
     server.stop()
 
 
-def service_urls(project: LoadedProject, server: pods.Server) -> dict[str, str]:
+def service_urls(
+    project: LoadedProject, server: pods.Server, cluster: str = "cpu"
+) -> dict[str, str]:
     """The serve Service's in-cluster URL, as the specs name it, mapped to a local server."""
-    serve = project.project.clusters["cpu"].workloads.serve
-    return {f"http://{project.project.name}-serve.pipeline.svc:{serve.port}": server.url}
+    profile = project.project.clusters[cluster]
+    url = f"http://{project.project.name}-serve.{profile.namespace}.svc:{profile.workloads.serve.port}"
+    return {url: server.url}
 
 
 @pytest.fixture(scope="session")
@@ -398,30 +403,42 @@ SERVED_MISTAKES = ("untrained", "shifted", "other-template", "other-target")
 """Each known mistake, served next to the correct drafter (`good`)."""
 
 
-def serve_and_bench(cpu_python: Path, project: LoadedProject, volumes: Volumes,
-                    names: tuple[str, ...]) -> dict[str, Served]:  # fmt: skip
+@dataclass(frozen=True)
+class ServeRequest:
+    """One drafter served on one cluster profile of one config, with that cluster's volumes."""
+
+    label: str
+    loaded: LoadedProject
+    drafter: str
+    volumes: Volumes
+    cluster: str = "cpu"
+
+
+def serve_and_bench(cpu_python: Path, requests: list[ServeRequest]) -> dict[str, Served]:
     """Each drafter served with the rendered `--speculative-config` (all at once), benchmarked
     in turn, then stopped."""
     servers = {}
     started = time.monotonic()
-    for name in names:
-        rendered = pods.rendered(project, "serve", name)
+    for req in requests:
+        rendered = pods.rendered(req.loaded, "serve", req.drafter, cluster=req.cluster)
         assert rendered.vllm_model is not None
         args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port()),
-                             volumes.roots)  # fmt: skip
-        servers[name] = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)),
-                                        args, volumes.root / f"serve-{name}.log",
-                                        env=rendered.secret_env,
-                                        ready_path=rendered.ready_path,
-                                        mounts=volumes.mounts(rendered, f"serve-{name}"))  # fmt: skip
+                             req.volumes.roots)  # fmt: skip
+        servers[req.label] = pods.start_vllm(
+            cpu_python, str(req.volumes.local(rendered.vllm_model)), args,
+            req.volumes.root / f"serve-{req.label}.log", env=rendered.secret_env,
+            ready_path=rendered.ready_path,
+            mounts=req.volumes.mounts(rendered, f"serve-{req.label}"))  # fmt: skip
     results = {}
     try:
         pods.wait_ready(list(servers.values()), timeout=900)
-        FIGURES[f"vLLM start-up, {len(names)} drafters at once (s)"] = round(
+        FIGURES[f"vLLM start-up, {len(requests)} drafters at once (s)"] = round(
             time.monotonic() - started, 1
         )
-        for name, server in servers.items():
-            results[name] = Served(name, server, bench(cpu_python, project, volumes, name, server))
+        for req in requests:
+            server = servers[req.label]
+            measured = bench(cpu_python, req.loaded, req.volumes, req.drafter, server, req.cluster)
+            results[req.label] = Served(req.drafter, server, measured)
     finally:
         for server in servers.values():
             server.stop()
@@ -439,15 +456,18 @@ def served(
     shifted_drafter: Path,
     other_template_drafter: dict[str, Any],
     other_target_drafter: dict[str, Any],
+    second_cluster: SecondCluster,
 ) -> dict[str, Served]:
     """The baseline bench on the non-speculative server, then the drafters in two waves of
-    servers (memory: each CPU vLLM holds about 4 GB)."""
+    servers (memory: each CPU vLLM holds about 4 GB); the second wave includes `good` served on
+    the second cluster profile from the copy it pulled from the registry ("good@cpu-b")."""
     results = {"none": Served("none", target_server, bench(cpu_python, project, volumes,
                                                            "none", target_server))}  # fmt: skip
-    results.update(serve_and_bench(cpu_python, project, volumes, ("good", "untrained", "shifted")))
-    results.update(
-        serve_and_bench(cpu_python, project, volumes, ("other-template", "other-target"))
-    )
+    here = [ServeRequest(name, project, name, volumes) for name in ("good", "untrained", "shifted")]
+    results.update(serve_and_bench(cpu_python, here))
+    results.update(serve_and_bench(cpu_python, [
+        ServeRequest(name, project, name, volumes) for name in ("other-template", "other-target")
+    ] + [ServeRequest(PULLED, second_cluster.loaded, "good", second_cluster.volumes, "cpu-b")]))  # fmt: skip
     for name, result in results.items():
         level = result.bench["levels"][0]
         FIGURES[f"acceptance length, {name} (k=3, greedy, held-out code)"] = level.get(
@@ -457,11 +477,11 @@ def served(
 
 
 def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: str,
-          server: pods.Server) -> dict[str, Any]:  # fmt: skip
-    rendered = pods.rendered(project, "bench", drafter)
-    spec = volumes.spec(rendered, **service_urls(project, server))
+          server: pods.Server, cluster: str = "cpu") -> dict[str, Any]:  # fmt: skip
+    rendered = pods.rendered(project, "bench", drafter, cluster=cluster)
+    spec = volumes.spec(rendered, **service_urls(project, server, cluster))
     code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
-                                       mounts=volumes.mounts(rendered, f"bench-{drafter}"),
+                                       mounts=volumes.mounts(rendered, f"bench-{cluster}-{drafter}"),
                                        **rendered.secret_env)  # fmt: skip
     assert code == 0, err[-3000:]
     result: dict[str, Any] = pods.events(out, "result")[-1]
@@ -483,3 +503,102 @@ def copy_drafter(run: dict[str, Any], where: Path) -> Path:
     target = where / run["out"].name
     shutil.copytree(run["out"], target)
     return target
+
+
+PULLED = "good@cpu-b"
+"""`good`, published from cluster cpu and served on cpu-b from the copy cpu-b's pod pulled."""
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[test_registry.TestRegistry]:
+    """The real OCI registry (CNCF Distribution, TLS, htpasswd) drafters are published to."""
+    try:
+        started = test_registry.start(tmp_path_factory.mktemp("registry"))
+    except test_registry.UnavailableError as exc:
+        if _require():
+            pytest.fail(f"the test registry could not be started: {exc}")
+        pytest.skip(f"the test registry could not be started: {exc}")
+    yield started
+    started.stop()
+
+
+@dataclass
+class SecondCluster:
+    """The project with the registry and a second profile (cpu-b: its own volumes), `good`
+    pinned in it by `drafter publish`, and what cpu-b's serve pod pulled."""
+
+    config: Path
+    loaded: LoadedProject
+    volumes: Volumes
+    published: dict[str, Any]
+    pulled: str
+
+
+def registry_roots(where: Path, reg: test_registry.TestRegistry) -> dict[str, Path | str]:
+    """The pod's registry Secret and CA mounts, as local folders holding what they would."""
+    from kimideploy.config.specs import REGISTRY_MOUNT
+    from kimideploy.plan.publish import CA_FILE, CA_MOUNT
+
+    auth = reg.credentials(where / "auth").parent
+    (where / "ca").mkdir(parents=True, exist_ok=True)
+    shutil.copy(reg.ca, where / "ca" / CA_FILE)
+    return {REGISTRY_MOUNT: auth, CA_MOUNT: where / "ca"}
+
+
+def with_registry_and_second_profile(text: str, reg: test_registry.TestRegistry) -> str:
+    """The pipeline config plus `registry:` (the test registry) and cluster cpu-b, a copy of cpu
+    in its own namespace: what a user adds to serve on another cluster."""
+    registry = (
+        f"registry:\n  repository: {reg.host}/kimideploy\n  push_secret: registry-push\n"
+        "  pull_secret: registry-pull\n  ca_secret: registry-ca\n  client:\n    oras: v1.3.6\n"
+        "    builder: docker.io/library/golang:1.26@sha256:" + "0" * 64 + "\n\n"
+    )
+    head, clusters = text.split("clusters:\n", 1)
+    second = clusters.replace("  cpu:\n", "  cpu-b:\n", 1).replace(
+        "    namespace: pipeline\n", "    namespace: pipeline-b\n", 1
+    )
+    return (
+        head.replace("drafters:\n", registry + "drafters:\n", 1) + "clusters:\n" + clusters + second
+    )
+
+
+@pytest.fixture(scope="session")
+def second_cluster(
+    cpu_python: Path, good_drafter: dict[str, Any], volumes: Volumes, target: Path,
+    registry: test_registry.TestRegistry, tmp_path_factory: pytest.TempPathFactory,
+) -> SecondCluster:  # fmt: skip
+    """`drafter publish good --from cpu` as its pod runs it (the publish workload against the
+    real registry, pinned into the config by the CLI's own code), then cpu-b's serve pod's
+    artifact-pull into cpu-b's models volume. cpu-b's volumes hold the synced target and the
+    bench prompts, as its own `host sync-model` and prompt upload would leave them."""
+    from kimideploy.services.drafters.publishing import pin_published
+
+    where = tmp_path_factory.mktemp("publishing")
+    config = where / "kimideploy.yaml"
+    config.write_text(with_registry_and_second_profile(CONFIG.read_text(), registry))
+    roots = registry_roots(where, registry)
+    loaded = load_project(config)
+    oras = {"KIMIDEPLOY_ORAS": str(registry.oras)}
+    rendered = pods.rendered(loaded, "publish", "good")
+    spec = pods.localize(rendered.spec, {**volumes.roots, **roots})
+    code, out, err = pods.run_workload(cpu_python, "publish", spec, where,
+                                       mounts=volumes.mounts(rendered, "publish-good"), **oras)  # fmt: skip
+    assert code == 0, err[-3000:]
+    result = pods.events(out, "result")[-1]
+    pin_published(config, "good", result)
+    loaded = load_project(config)
+    second = Volumes(tmp_path_factory.mktemp("cluster-b"))
+    served_target = second.local(
+        str(pods.rendered(loaded, "serve", "none", cluster="cpu-b").vllm_model)
+    )
+    shutil.copytree(target, served_target)
+    shutil.copytree(volumes.root / "data" / "prompts", second.root / "data" / "prompts")
+    serve = pods.rendered(loaded, "serve", "good", cluster="cpu-b")
+    pull_spec = pods.localize(
+        serve.spec, {**second.roots, **registry_roots(where / "pull", registry)}
+    )
+    code, _, err = pods.run_workload(cpu_python, "artifact-pull", pull_spec, where,
+                                     mounts=second.mounts(serve, "serve-good-pull"), **oras)  # fmt: skip
+    assert code == 0, err[-3000:]
+    FIGURES["publish: bytes pushed, pull verified"] = f"{result['bytes']:,}, yes"
+    return SecondCluster(config, loaded, second, result, pull_spec["pulls"][0]["dest"])

@@ -114,9 +114,9 @@ def _secret_env(pod: dict[str, Any]) -> dict[str, str]:
 
 def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
              overrides: tuple[str, ...] = (),
-             synthetic: SyntheticAcceptance | None = None) -> Rendered:  # fmt: skip
-    """Render `workload` for the pipeline's cluster: spec.json and the vLLM container's args."""
-    request = PlanRequest(workload, "cpu", drafter, overrides=overrides, run_id="p1",
+             synthetic: SyntheticAcceptance | None = None, cluster: str = "cpu") -> Rendered:  # fmt: skip
+    """Render `workload` for a pipeline cluster: spec.json and the vLLM container's args."""
+    request = PlanRequest(workload, cluster, drafter, overrides=overrides, run_id="p1",
                           synthetic=synthetic)  # fmt: skip
     manifests = [dict(m) for m in render_workload(loaded, request).objects]
     config_map = next(m for m in manifests if m["kind"] == "ConfigMap")

@@ -12,9 +12,10 @@ training, serving or the target, not noise.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from tests.pipeline.conftest import SERVED_MISTAKES, Served, length
+from tests.pipeline.conftest import PULLED, SERVED_MISTAKES, SecondCluster, Served, length
 from tests.pipeline.figures import FIGURES
 
 GOOD_RANGE = (2.6, 3.6)
@@ -67,3 +68,24 @@ def test_training_judged_every_checkpoint_and_wrote_the_best(good_drafter: dict[
     # The first evaluation (after 100 steps) is below the best: training taught it something the
     # held-out samples can see.
     assert lengths[min(lengths)] < max(lengths.values())
+
+
+PULLED_TOLERANCE = 0.02
+"""The same drafter bytes on the same target, greedy: vLLM counts the same acceptance, up to
+the order in which 4 concurrent requests are batched."""
+
+
+def test_a_drafter_published_on_one_cluster_serves_the_same_on_another(
+    served: dict[str, Served], second_cluster: SecondCluster, good_drafter: dict[str, Any]
+) -> None:
+    """Trained on cpu, published (`drafter publish good --from cpu`), pinned by digest, pulled
+    by cpu-b's serve pod into its own models volume, served there with the rendered flags."""
+    here, there = length(served["good"]), length(served[PULLED])
+    FIGURES["good: served where trained vs pulled on cpu-b (k=3)"] = f"{here:.3f} vs {there:.3f}"
+    assert abs(here - there) <= PULLED_TOLERANCE, (here, there)
+    trained, pulled = Path(good_drafter["out"]), Path(second_cluster.pulled)
+    for name in second_cluster.published["files"]:
+        assert (pulled / name).read_bytes() == (trained / name).read_bytes(), name
+    drafter = second_cluster.loaded.project.drafters["good"]
+    assert drafter.source.oci is not None and drafter.status == "trained"
+    assert drafter.held_out is not None  # the held-out figures travelled with it

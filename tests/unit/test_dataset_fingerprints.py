@@ -1,4 +1,4 @@
-"""Dataset folders are named by what makes them (plan.jobs.dataset_fingerprints): a changed layer
+"""Dataset folders are named by what makes them (plan.data_layout.dataset_fingerprints): a changed layer
 id, revision, sampling setting or shard layout gives a new folder, so no run reads, extends or
 relabels another's data; the same inputs give the same folder, so a run resumes."""
 

@@ -101,7 +101,7 @@ def test_set_overrides_get_the_cross_reference_checks_of_the_file(
     """`--set train.drafter=v1` would make training move a pinned hub drafter aside."""
     assert main(["render", "train", "--set", "train.drafter=v1"]) == 2
     _, err = capsys.readouterr()
-    assert "--set: clusters.rtx6000.workloads.train.drafter: drafter 'v1' comes from the hub" in err
+    assert "--set: clusters.rtx6000.workloads.train.drafter: drafter 'v1' has no source.path" in err
     assert main(["render", "train", "--set", "train.base_drafter=v9"]) == 2
     _, err = capsys.readouterr()
     assert "unknown drafter 'v9'" in err and "Traceback" not in err

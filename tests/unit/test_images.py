@@ -273,7 +273,7 @@ def test_lock_writes_the_digest_and_keeps_comments(tmp_path: Path) -> None:
     assert "# kimideploy.yaml: the whole EAGLE-3 lifecycle" in config.read_text()
     with pytest.raises(UsageError, match="not a sha256 digest"):
         lock_digest(config, "tools", "latest")
-    with pytest.raises(UsageError, match=r"no images\.nope\.digest line"):
+    with pytest.raises(UsageError, match=r"no images\.nope in the file"):
         lock_digest(config, "nope", digest)
 
 

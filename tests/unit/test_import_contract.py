@@ -43,14 +43,14 @@ ANYWHERE = {"errors", "paths", "__init__", "__version__"}
 # services/<use case>/ -> the other use cases it builds on; the modules directly in services/
 # (rendering, reporting, preflight, connection) are shared by all.
 SERVICE_ROOMS = {
-    "release": {"drafters"},
+    "release": {"drafters", "runs"},
     "gate": {"release", "runs"},
     "calibrate": {"gate", "release"},
     "runs": set(),
     "hosts": {"runs"},
     "images": set(),
-    "drafters": set(),
-    "data": set(),
+    "drafters": {"runs"},
+    "data": {"runs"},
 }
 # third-party modules confined to one package
 CONFINED = {

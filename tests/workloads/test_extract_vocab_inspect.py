@@ -62,7 +62,7 @@ def target(model: Path) -> TargetRef:
 
 
 def features_fingerprint(layers: LayerSelection) -> dict[str, Any]:
-    """What the plan would put in the spec (plan.jobs.dataset_fingerprints), for the tiny model."""
+    """What the plan would put in the spec (plan.data_layout.dataset_fingerprints), for the tiny model."""
     return {"stage": "extract", "layers": {"ids": layers.ids, "convention": layers.convention,
                                            "vllm_ids": layers.vllm_ids}, "dtype": "float32"}  # fmt: skip
 

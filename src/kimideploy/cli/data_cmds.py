@@ -1,4 +1,4 @@
-"""`kimideploy data inspect PATH`."""
+"""`kimideploy data inspect PATH`, `kimideploy data publish NAME --from CLUSTER`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
+from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, machine, output_option
+from kimideploy.cli.terminal import TerminalReporter, publish_options
 
 
 @click.group()
@@ -62,3 +64,30 @@ def inspect(path: Path, output: str, number: int | None, model: Path | None) -> 
             f"{len(report['problems'])} corrupt or truncated file(s)",
             hint="delete them and re-run the stage: it resumes and rewrites them",
         )
+
+
+@data.command("publish")
+@click.argument("name")
+@publish_options(
+    "The cluster that generated them: its pipeline's conversations (its train drafter's).",
+    "registry.repository/datasets/NAME",
+)
+@click.pass_obj
+def publish(state: CliState, name: str, cluster: str, to: str | None,
+            overrides: tuple[str, ...], context: str | None, namespace: str | None,
+            poll: float) -> None:  # fmt: skip
+    """Push CLUSTER's generated conversations (with their fingerprint) to the registry as one OCI
+    artifact, pinned by digest, and record them as datasets.NAME in kimideploy.yaml; another
+    cluster's pipeline then takes them with `workloads.train.conversations: NAME`. Hidden states
+    are not published: they are extracted again from the conversations (or computed online)."""
+    from kimideploy.services.connection import open_session
+    from kimideploy.services.data.publishing import publish_dataset
+
+    loaded = state.project(f"data publish {name} runs a Job and edits kimideploy.yaml")
+    session = open_session(loaded, cluster, context, namespace)
+    done = publish_dataset(session, loaded, name, cluster, to, TerminalReporter(), poll,
+                           overrides)  # fmt: skip
+    click.echo(done.reference)
+    what = "added to" if done.created else "updated in"
+    click.echo(f"datasets.{name} {what} {loaded.path}: {done.samples:,} conversations, "
+               f"fingerprint {done.fingerprint}, {done.files} files", err=True)  # fmt: skip

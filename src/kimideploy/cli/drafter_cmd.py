@@ -8,6 +8,7 @@ import click
 
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
+from kimideploy.cli.terminal import TerminalReporter, publish_options
 
 
 @click.group()
@@ -81,3 +82,30 @@ def check(
         raise KimiDeployError(
             f"drafter {name}: {len(failed)} blocking problem(s)", hint="each row says how to fix it"
         )
+
+
+@drafter.command("publish")
+@click.argument("name")
+@publish_options(
+    "The cluster whose models volume holds the drafter (where it was trained).",
+    "registry.repository/drafters/NAME",
+)
+@click.pass_obj
+def publish(state: CliState, name: str, cluster: str, to: str | None,
+            overrides: tuple[str, ...], context: str | None, namespace: str | None,
+            poll: float) -> None:  # fmt: skip
+    """Push a trained drafter from CLUSTER's volume to the registry as one OCI artifact, pinned
+    by digest, and write its source, checksums and held-out figures into kimideploy.yaml."""
+    from kimideploy.services.connection import open_session
+    from kimideploy.services.drafters.publishing import publish_drafter
+
+    loaded = state.project(f"drafter publish {name} runs a Job and edits kimideploy.yaml")
+    session = open_session(loaded, cluster, context, namespace)
+    done = publish_drafter(session, loaded, name, cluster, to, TerminalReporter(), poll,
+                           overrides)  # fmt: skip
+    click.echo(f"{done.reference}")
+    lengths = ", ".join(f"k={k} {v}" for k, v in sorted((done.held_out or {}).items()))
+    what = "added to" if done.created else "updated in"
+    click.echo(f"drafters.{name} {what} {loaded.path}: source.oci pinned, status trained, "
+               f"{len(done.files)} file checksums" + (f", held-out {lengths}" if lengths else ""),
+               err=True)  # fmt: skip

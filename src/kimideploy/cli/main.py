@@ -16,7 +16,7 @@ from kimideploy.errors import ExitCode, KimiDeployError
 COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("render_cmd", "Render a workload's validated manifests (or a Kustomize tree)."),
     "up": ("up_cmd", "Deploy the serve release as a new revision (optionally gated)."),
-    "drafter": ("drafter_cmd", "Inspect and check the drafter registry."),
+    "drafter": ("drafter_cmd", "Inspect, check and publish the drafter registry."),
     "config": ("config_cmd", "The project file: validate it, print its schema."),
     "rollback": ("release_cmds", "Back to a previous revision or to non-speculative serving."),
     "history": ("release_cmds", "Revisions of the serve release."),

@@ -116,11 +116,15 @@ def status(
     from kimideploy.services.release.status import ignored_records, status_report
 
     session, release = _session(state, cluster, context, namespace), _release(state, "serve")
-    report = status_report(session, release, state.project().project.name)
+    project = state.project().project
+    report = status_report(session, release, project, cluster or project.default_cluster)
     _warn_ignored(ignored_records(session, release))
+    lines = report.pop("rental_lines")
     if output in MACHINE_FORMATS:
         click.echo(machine(report, output))
         return
+    for line in lines:
+        click.echo(line, err=True)
     width = max(len(key) for key in report["serving"])
     for key, value in report["serving"].items():
         click.echo(f"{key:<{width}}  {value}")

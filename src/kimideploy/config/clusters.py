@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field, field_validator
 
 from kimideploy.config.base import (
     Cidr,
@@ -20,6 +21,29 @@ from kimideploy.config.base import (
 from kimideploy.config.gate import GateSettings
 from kimideploy.config.images import CudaArch
 from kimideploy.config.workloads import Workloads
+
+
+class Rental(StrictModel):
+    """A cluster rented until a date: its volumes go with it. `status` and `run` there list what
+    is on them and not yet published, and warn as the end nears."""
+
+    ends: AwareDatetime = Field(
+        description="When the rental ends (its volumes are deleted), with a timezone, e.g. "
+        "2026-12-20T18:00:00Z; a bare date means midnight UTC."
+    )
+    warn_hours: Annotated[int, Field(ge=1, le=24 * 60)] = Field(
+        default=72, description="Warn this long before the end (publish takes a while)."
+    )
+    provider: str = Field(default="", description="Who it is rented from (shown in warnings).")
+
+    @field_validator("ends", mode="before")
+    @classmethod
+    def _date_is_midnight_utc(cls, value: object) -> object:
+        if isinstance(value, str) and len(value) == 10:
+            return datetime.fromisoformat(value).replace(tzinfo=UTC)
+        if type(value).__name__ == "date":
+            return datetime(value.year, value.month, value.day, tzinfo=UTC)  # type: ignore[attr-defined]
+        return value
 
 
 class GpuProfile(StrictModel):
@@ -78,6 +102,9 @@ class WorkloadImages(StrictModel):
     vocab: Name
     train: Name
     bench: Name
+    publish: Name | None = Field(
+        default=None, description="`drafter publish` / `data publish` (default: vocab's image)."
+    )
 
 
 class PriorityClasses(StrictModel):
@@ -236,6 +263,9 @@ class Cluster(StrictModel):
         default_factory=list, description="SSH access to the GPU machines (for `kimideploy host`)."
     )
     host_setup: HostSetup | None = None
+    rental: Rental | None = Field(
+        default=None, description="Set on a rented cluster: when its volumes go away."
+    )
 
     @property
     def total_gpus(self) -> int:

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from kimideploy.config.base import GitRevision, StrictModel
+from kimideploy.config.registry import OciArtifact
 
 NO_DRAFTER = "none"
 """Reserved drafter name: non-speculative serving."""
@@ -20,17 +21,26 @@ class HubSource(StrictModel):
 
 
 class DrafterSource(StrictModel):
-    """Exactly one of: a pinned Hugging Face repository, or a path on the models volume."""
+    """Where the drafter's files come from: a pinned Hugging Face repository, a path on the
+    models volume (a drafter `run train` writes), or a published OCI artifact. A published
+    drafter keeps the path it was trained to: every cluster that serves it pulls it by digest
+    (the digest is what is served, everywhere alike), and the path says what `drafter publish`
+    read and where training must not write again."""
 
     hub: HubSource | None = None
     path: str | None = Field(
         default=None, pattern=r"^[\w.][\w./-]*$", description="Relative to the models volume."
     )
+    oci: OciArtifact | None = Field(
+        default=None, description="Set by `kimideploy drafter publish` (pinned by digest)."
+    )
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> DrafterSource:
-        if (self.hub is None) == (self.path is None):
-            raise ValueError("give exactly one of 'hub' or 'path'")
+    def _one_origin(self) -> DrafterSource:
+        if self.hub is not None and (self.path is not None or self.oci is not None):
+            raise ValueError("a hub drafter has no 'path' or 'oci': give 'hub' alone")
+        if self.hub is None and self.path is None and self.oci is None:
+            raise ValueError("give one of 'hub', 'path' or 'oci'")
         return self
 
 
@@ -128,8 +138,10 @@ class Drafter(StrictModel):
         "`acceptance`, serve with k chosen per batch size (vLLM >= 0.32 "
         "num_speculative_tokens_per_batch_size), up to num_speculative_tokens; fixed: one k.",
     )
-    status: Literal["planned", "candidate", "promoted", "rejected"] = Field(
-        default="candidate", description="Team verdict; the promotion gate records measured ones."
+    status: Literal["planned", "trained", "candidate", "promoted", "rejected"] = Field(
+        default="candidate",
+        description="planned (not trained yet), trained (published with its held-out figures), "
+        "candidate, promoted, rejected: the team's verdict; the gate records measured ones.",
     )
     lineage: Lineage
 

@@ -8,8 +8,10 @@ from pydantic import Field, field_validator
 
 from kimideploy.config.base import Name, StrictModel
 from kimideploy.config.clusters import Cluster
+from kimideploy.config.datasets import PublishedDataset
 from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
 from kimideploy.config.images import Image
+from kimideploy.config.registry import Registry
 from kimideploy.config.target import ModelVariant, TargetModel
 from kimideploy.config.workload_names import GPU_WORKLOADS
 
@@ -34,6 +36,14 @@ class Project(StrictModel):
     model_variants: dict[Name, ModelVariant] = Field(
         default_factory=dict,
         description="Other checkpoints of `model` (e.g. NVFP4) that clusters may name.",
+    )
+    registry: Registry | None = Field(
+        default=None,
+        description="The OCI registry drafters and datasets are published to and pulled from.",
+    )
+    datasets: dict[Name, PublishedDataset] = Field(
+        default_factory=dict,
+        description="Conversation datasets published by `kimideploy data publish`.",
     )
 
     def release_name(self, workload: str) -> str:
@@ -156,7 +166,7 @@ def _drafter_path_issues(project: Project) -> list[Issue]:
 
 def _image_issues(project: Project, name: str, cluster: Cluster) -> list[Issue]:
     issues: list[Issue] = []
-    for workload, image_name in cluster.images.model_dump().items():
+    for workload, image_name in cluster.images.model_dump(exclude_none=True).items():
         path: Path = ("clusters", name, "images", workload)
         image = project.images.get(image_name)
         if image is None:
@@ -181,11 +191,18 @@ def _cluster_issues(project: Project, name: str, cluster: Cluster) -> list[Issue
             valid = _choices(project.drafters)
             message = f"unknown drafter '{drafter_name}' (valid: {valid})"
             issues.append(((*train_path, field), message))
+    if train.conversations is not None and train.conversations not in project.datasets:
+        valid = _choices(project.datasets) or "none published yet"
+        message = f"unknown dataset '{train.conversations}' (valid: {valid})"
+        issues.append(((*train_path, "conversations"), message))
+    if train.conversations is not None and project.registry is None:
+        message = "a published dataset is pulled from the registry, but no `registry:` is set"
+        issues.append(((*train_path, "conversations"), message))
     trained = project.drafters.get(train.drafter)
     if trained is not None and trained.source.path is None:
         message = (
-            f"drafter '{train.drafter}' comes from the hub; training writes its output to the "
-            "models volume, so give the drafter a source.path"
+            f"drafter '{train.drafter}' has no source.path; training writes its output to the "
+            "models volume, so give the drafter one"
         )
         issues.append(((*train_path, "drafter"), message))
     if train.nodes > cluster.nodes:

@@ -6,6 +6,7 @@ config they ignore unknown keys, so a pod running an older image accepts a spec 
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +17,17 @@ SPEC_MOUNT_DIR = "/etc/kimideploy"
 SPEC_FILE_NAME = "spec.json"
 SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_FILE_NAME}"
 API_KEY_ENV = "KIMIDEPLOY_API_KEY"
+
+
+class WorkloadExit(IntEnum):
+    """How a workload process ends; the Job's podFailurePolicy (plan/jobs.py) acts on these."""
+
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2  # the spec, data or credentials cannot be used: a retry fails the same way
+    INTERRUPTED = 75  # EX_TEMPFAIL: drained on SIGTERM after a checkpoint; resumable
+
+
 """Where bench and datagen pods find the serve release's API key (from its Secret), if any."""
 
 
@@ -41,12 +53,43 @@ class LayerSelection(SpecModel):
     vllm_ids: list[int] = Field(description="The same layers in vLLM's convention.")
 
 
+REGISTRY_MOUNT = "/var/run/secrets/kimideploy/registry"
+
+
+class RegistryAccess(SpecModel):
+    """How a pod reaches the registry: Docker's credential file (a mounted dockerconfigjson
+    Secret), an optional CA, plain HTTP."""
+
+    config: str = f"{REGISTRY_MOUNT}/.dockerconfigjson"
+    ca_file: str | None = None
+    plain_http: bool = False
+
+
+class PulledArtifact(SpecModel):
+    """A published artifact a pod's artifact-pull init container fetches into a volume before
+    anything reads it (idempotent by digest)."""
+
+    kind: Literal["drafter", "conversations"]
+    name: str
+    reference: str = Field(description="repository@sha256:...")
+    dest: str
+    files: dict[str, str] = Field(default_factory=dict, description="File -> sha256.")
+    registry: RegistryAccess = Field(default_factory=RegistryAccess)
+    fingerprint: str | None = Field(
+        default=None, description="conversations: the id its fingerprint.json must carry."
+    )
+
+
 class WorkloadSpec(SpecModel):
     workload: str
     run_id: str
     cluster: str
     shards: int = 1
     target: TargetRef
+    pulls: list[PulledArtifact] = Field(
+        default_factory=list,
+        description="Published drafters and datasets the pod pulls first (artifact-pull).",
+    )
 
 
 class DatagenSpec(WorkloadSpec):
@@ -177,6 +220,19 @@ class BenchSpec(WorkloadSpec):
     results_dir: str
     baseline_path: str | None = None
     synthetic: SyntheticSweep | None = None
+
+
+class PublishSpec(WorkloadSpec):
+    """`drafter publish` / `data publish`: a folder on a volume pushed as one OCI artifact."""
+
+    workload: Literal["publish"] = "publish"
+    kind: Literal["drafter", "conversations"]
+    name: str
+    source_dir: str
+    repository: str
+    tag: str
+    annotations: dict[str, str] = Field(default_factory=dict)
+    registry: RegistryAccess = Field(default_factory=RegistryAccess)
 
 
 class ServeSpec(WorkloadSpec):

@@ -6,7 +6,9 @@ from __future__ import annotations
 SERVE = "serve"
 JOB_WORKLOADS = ("datagen", "extract", "vocab", "train", "bench")
 """Each run is a new, immutable Job."""
-WORKLOAD_NAMES = (*JOB_WORKLOADS, SERVE)
+PUBLISH = "publish"
+"""`drafter publish` and `data publish`: a Job, though not one `run` starts."""
+WORKLOAD_NAMES = (*JOB_WORKLOADS, PUBLISH, SERVE)
 PIPELINE_WORKLOADS = ("datagen", "extract", "vocab", "train")
 """These build the train drafter's data, so they default to (and need) a drafter record."""
 GPU_WORKLOADS = frozenset({SERVE, "extract", "train"})

@@ -152,6 +152,12 @@ class OnlineTrainSettings(StrictModel):
 class TrainSettings(WorkloadSettings):
     drafter: Name = Field(description="Drafter record this run produces (its layer ids and vocab).")
     base_drafter: Name | None = Field(default=None, description="Drafter to fine-tune from.")
+    conversations: Name | None = Field(
+        default=None,
+        description="A published dataset (datasets.<name>) this pipeline extracts and trains "
+        "from, pulled by digest into this cluster's datasets volume, instead of the "
+        "conversations this cluster's datagen would make.",
+    )
     mode: Literal["offline", "online"] = Field(
         default="offline", description="offline: stored hidden states; online: computed live."
     )
@@ -259,6 +265,16 @@ class BenchSettings(WorkloadSettings):
     )
 
 
+def _small() -> PodResources:
+    return PodResources(cpu="1", memory="2Gi")
+
+
+class PublishSettings(WorkloadSettings):
+    """The publish Job pushes files it reads from a volume: one CPU, a little memory."""
+
+    resources: PodResources = Field(default_factory=_small)
+
+
 class Workloads(StrictModel):
     serve: ServeSettings
     datagen: DatagenSettings
@@ -266,3 +282,4 @@ class Workloads(StrictModel):
     vocab: VocabSettings
     train: TrainSettings
     bench: BenchSettings
+    publish: PublishSettings = Field(default_factory=PublishSettings)

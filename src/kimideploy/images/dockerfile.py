@@ -8,6 +8,7 @@ from typing import Any
 
 from kimideploy.config.images import Image
 from kimideploy.config.project import Project
+from kimideploy.config.registry import RegistryClient
 from kimideploy.errors import UsageError
 from kimideploy.images import selfcheck
 from kimideploy.paths import repository_root
@@ -50,9 +51,14 @@ def constraints_path(name: str) -> str:
     return f"docker/constraints/{name}.txt"
 
 
-def dockerfile_values(name: str, image: Image) -> dict[str, Any]:
+def dockerfile_values(
+    name: str, image: Image, client: RegistryClient | None = None
+) -> dict[str, Any]:
     base = image.base
     return {
+        # A project without a registry publishes nothing: its images carry no ORAS.
+        "oras_builder": client.builder if client else None,
+        "oras_version": client.oras if client else None,
         "name": name,
         "base": base,
         "python_package": f"python{image.python}",
@@ -61,7 +67,7 @@ def dockerfile_values(name: str, image: Image) -> dict[str, Any]:
         "patch_dir": patch_dir(image) + "/",
         "patches": list(image.patches),
         "selfchecks": selfcheck.checks_for(image.vllm, list(image.patches)),
-        "uid": image.run_as_user if image.run_as_user else 1000,
+        "uid": image.run_as_user if image.run_as_user else 10001,
         "source": SOURCE_URL,
         "vllm": image.vllm or "none",
         "speculators": image.speculators or "none",
@@ -75,5 +81,7 @@ def render_dockerfile(project: Project, name: str) -> str:
     """The Dockerfile text; templates only place these values (StrictUndefined)."""
     image = get_image(project, name)
     env = environment(repository_root() / "templates" / "docker")
-    text: str = env.get_template("Dockerfile.j2").render(v=dockerfile_values(name, image))
+    client = project.registry.client if project.registry else None
+    values = dockerfile_values(name, image, client)
+    text: str = env.get_template("Dockerfile.j2").render(v=values)
     return text

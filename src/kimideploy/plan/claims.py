@@ -24,6 +24,8 @@ WORKLOAD_CLAIMS: dict[str, dict[str, bool]] = {
     "vocab": {"datasets": False},
     "train": {"models": False, "datasets": True, "hidden_states": True, "checkpoints": False},
     "bench": {"datasets": False},
+    # Writable datasets: `data publish` holds each shard's writer lock while it pushes.
+    "publish": {"models": True, "datasets": False},
 }
 
 

@@ -7,11 +7,13 @@ import json
 from dataclasses import dataclass
 
 from kimideploy.config.clusters import Cluster
+from kimideploy.config.datasets import PublishedDataset
 from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
 from kimideploy.config.images import Image
 from kimideploy.config.project import Project
 from kimideploy.config.specs import LayerSelection, TargetRef
 from kimideploy.config.target import TargetModel
+from kimideploy.errors import UsageError
 from kimideploy.plan.calibration import CostModel, DefaultCost
 
 MODELS_MOUNT = "/models"
@@ -41,6 +43,8 @@ class PlanInputs:
     bench_concurrency: tuple[int, ...] | None = None
     synthetic_k: int | None = None
     synthetic_lengths: tuple[float, ...] = ()
+    publish_to: str | None = None
+    publish_dataset: str | None = None
     costs: CostModel | None = None
     costs_note: str = ""
     """Why a stored calibration was not used (empty when it was, or when there was none)."""
@@ -100,11 +104,36 @@ def target_model_path(model: TargetModel) -> str:
     return f"{MODELS_MOUNT}/hub/{model.repo}/{model.revision}"
 
 
+OCI_DRAFTERS = "drafters/oci"
+PUBLISHED_DATASETS = "published"
+"""Where a published drafter is pulled on the models volume: one folder per artifact digest, so
+a pull is idempotent and two revisions never share a folder."""
+
+
 def drafter_path(name: str, drafter: Drafter) -> str:
+    """Where a pod reads the drafter: a published one from its pull by digest (the same bytes
+    on every cluster), else its path on the models volume, else its hub download."""
+    if drafter.source.oci is not None:
+        return f"{MODELS_MOUNT}/{OCI_DRAFTERS}/{drafter.source.oci.digest.removeprefix('sha256:')}"
     if drafter.source.path is not None:
         return f"{MODELS_MOUNT}/{drafter.source.path}"
     assert drafter.source.hub is not None
     return f"{MODELS_MOUNT}/drafters/{drafter.source.hub.repo}/{drafter.source.hub.revision}"
+
+
+def published_dataset_path(dataset: PublishedDataset) -> str:
+    """datasets/published/<digest>: one folder per pulled artifact, whichever pipeline reads it."""
+    return f"{DATASETS_MOUNT}/{PUBLISHED_DATASETS}/{dataset.oci.digest.removeprefix('sha256:')}"
+
+
+def trained_path(name: str, drafter: Drafter) -> str:
+    """Where `run train` writes the drafter and `drafter publish` reads it."""
+    if drafter.source.path is None:
+        raise UsageError(
+            f"drafter {name} has no source.path: it was not trained by this project",
+            hint="train and publish drafters that name a path on the models volume",
+        )
+    return f"{MODELS_MOUNT}/{drafter.source.path}"
 
 
 def deterministic_run_id(config_sha256: str, *parts: object) -> str:

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
-from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
-from kimideploy.config.fingerprints import fingerprint_id
+from kimideploy.config.drafters import Drafter
 from kimideploy.config.specs import (
     API_KEY_ENV,
     SPEC_FILE_NAME,
@@ -18,85 +17,27 @@ from kimideploy.config.specs import (
     SyntheticSweep,
     TrainSpec,
     VocabSpec,
+    WorkloadExit,
     WorkloadSpec,
 )
 from kimideploy.config.workloads import WorkloadSettings
-from kimideploy.plan import online, pods
+from kimideploy.errors import UsageError
+from kimideploy.plan import online, pods, publish
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
+from kimideploy.plan.data_layout import data_dirs, dataset_fingerprints, published_conversations
 from kimideploy.plan.inputs import (
-    CHECKPOINTS_MOUNT,
     DATASETS_MOUNT,
-    HIDDEN_STATES_MOUNT,
     PlanInputs,
     drafter_path,
+    trained_path,
 )
 from kimideploy.plan.model import ObjectPlan
 
-RESUMABLE_EXIT_CODE = 75
+RESUMABLE_EXIT_CODE = int(WorkloadExit.INTERRUPTED)
+BAD_INPUT_EXIT_CODE = int(WorkloadExit.BAD_INPUT)
 """Workloads exit 75 (EX_TEMPFAIL) after a SIGTERM drain: the pod is replaced, not failed."""
 FINISHED_JOB_TTL_S = 7 * 24 * 3600
 INDEX_ANNOTATION = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-
-
-def dataset_fingerprints(ctx: PlanInputs) -> dict[str, dict[str, Any]]:
-    """What each dataset of the train drafter's pipeline is made from (config.fingerprints).
-
-    `samples` is not part of the conversations' fingerprint: raising it adds samples to the same
-    folder (each shard's prompts are a prefix of a larger run's). The features' includes the
-    conversations' id, so new conversations also mean new features."""
-    model, workloads = ctx.model, ctx.cluster.workloads
-    datagen, extract = workloads.datagen, workloads.extract
-    drafter = ctx.project.drafters[workloads.train.drafter]
-    target = {"repo": model.repo, "revision": model.revision}
-    conversations = {
-        "stage": "datagen",
-        "target": target,
-        "prompts": datagen.prompts,
-        "endpoint": datagen.endpoint,
-        "sampling": {
-            "max_tokens": datagen.max_tokens,
-            "temperature": datagen.temperature,
-            "top_p": datagen.top_p,
-        },
-        "shards": datagen.shards,
-    }
-    extract_image = ctx.project.images[ctx.cluster.images.extract]
-    engine = f"vllm {extract_image.vllm}" if extract.backend == "vllm" else "transformers"
-    features = {
-        "stage": "extract",
-        "conversations": fingerprint_id(conversations),
-        "target": target,
-        "layers": {
-            "ids": list(drafter.aux_layer_ids),
-            "convention": drafter.layer_id_convention,
-            "vllm_ids": to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention),
-        },
-        "dtype": extract.dtype,
-        "backend": extract.backend,
-        "engine": engine,
-        "shards": extract.shards,
-    }
-    vocab = {
-        "stage": "vocab",
-        "conversations": fingerprint_id(conversations),
-        "draft_vocab_size": drafter.draft_vocab_size,
-    }
-    return {"conversations": conversations, "hidden_states": features, "vocab": vocab}
-
-
-def data_dirs(ctx: PlanInputs) -> dict[str, str]:
-    """Where one drafter's data lives: keyed by the drafter the pipeline is building, and each
-    dataset by its fingerprint id (what made it), so no run reads or extends another's data."""
-    drafter = ctx.cluster.workloads.train.drafter if ctx.workload != "bench" else ctx.drafter_name
-    base = f"{DATASETS_MOUNT}/pipelines/{drafter}"
-    ids = {name: fingerprint_id(f) for name, f in dataset_fingerprints(ctx).items()}
-    return {
-        "conversations": f"{base}/conversations/{ids['conversations']}",
-        "vocab": f"{base}/vocab/{ids['vocab']}",
-        "bench": f"{DATASETS_MOUNT}/bench",
-        "hidden_states": f"{HIDDEN_STATES_MOUNT}/{drafter}/{ids['hidden_states']}",
-        "checkpoints": f"{CHECKPOINTS_MOUNT}/{drafter}",
-    }
 
 
 def serve_endpoint(ctx: PlanInputs) -> str:
@@ -120,6 +61,14 @@ def spec_from(spec_type: type[SpecT], settings: WorkloadSettings, **derived: Any
 
 def datagen_spec(ctx: PlanInputs, run_id: str) -> DatagenSpec:
     settings = ctx.cluster.workloads.datagen
+    published = published_conversations(ctx)
+    if published:
+        raise UsageError(
+            f"cluster {ctx.cluster_name} takes its conversations from the published dataset "
+            f"{published[0]} ({published[1].samples:,} samples): there is nothing to generate",
+            hint=f"run extract (or train online) next; to generate here, remove "
+            f"clusters.{ctx.cluster_name}.workloads.train.conversations",
+        )
     endpoint = serve_endpoint(ctx) if settings.endpoint == "serve" else settings.endpoint
     return spec_from(
         DatagenSpec, settings,
@@ -155,6 +104,13 @@ def vocab_spec(ctx: PlanInputs, run_id: str) -> VocabSpec:
 def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
     settings, drafter = ctx.cluster.workloads.train, ctx.drafter
     assert drafter is not None
+    if drafter.source.oci is not None:
+        raise UsageError(
+            f"drafter {ctx.drafter_name} is published ({drafter.source.oci.reference}): training "
+            "it again would put other weights under a name that is pinned to these",
+            hint=f"name a new drafter in clusters.{ctx.cluster_name}.workloads.train.drafter "
+            f"(with base_drafter: {ctx.drafter_name} to start from it)",
+        )
     base = settings.base_drafter
     dirs = data_dirs(ctx)
     gpus, online_spec = ctx.cluster.gpu.per_node, None
@@ -168,7 +124,7 @@ def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
         base_drafter_path=drafter_path(base, ctx.project.drafters[base]) if base else None,
         hidden_states_dir=dirs["hidden_states"], vocab_dir=dirs["vocab"],
         checkpoint_dir=f"{dirs['checkpoints']}/{run_id}",
-        output_dir=drafter_path(ctx.drafter_name, drafter), layers=ctx.layers(),
+        output_dir=trained_path(ctx.drafter_name, drafter), layers=ctx.layers(),
         draft_vocab_size=drafter.draft_vocab_size,
         num_speculative_tokens=drafter.num_speculative_tokens, gpus_per_node=gpus,
         resume_dir=f"{dirs['checkpoints']}/{settings.resume_run}" if settings.resume_run else None,
@@ -243,7 +199,9 @@ def pod_failure_rules(container: str, gang: bool) -> list[dict[str, Any]]:
     that died or was evicted cannot rejoin, and the others would wait out the NCCL timeout and
     the start-up budget on rented GPUs; the next run resumes from the last checkpoint
     (train.resume_run). Independent indexes retry alone (backoffLimitPerIndex); an eviction and
-    a checkpoint-then-exit on SIGTERM (RESUMABLE_EXIT_CODE) do not count as failures."""
+    a checkpoint-then-exit on SIGTERM (RESUMABLE_EXIT_CODE) do not count as failures; a
+    workload that exits BAD_INPUT_EXIT_CODE (bad spec, data or credentials: a retry would fail
+    the same way) fails its index at once instead of spending the retries' back-off."""
     if gang:
         any_failure = {"containerName": container, "operator": "NotIn", "values": [0]}
         return [
@@ -251,9 +209,11 @@ def pod_failure_rules(container: str, gang: bool) -> list[dict[str, Any]]:
             {"action": "FailJob", "onExitCodes": any_failure},
         ]
     resumable = {"containerName": container, "operator": "In", "values": [RESUMABLE_EXIT_CODE]}
+    bad_input = {"containerName": container, "operator": "In", "values": [BAD_INPUT_EXIT_CODE]}
     return [
         {"action": "Ignore", "onPodConditions": DISRUPTED},
         {"action": "Ignore", "onExitCodes": resumable},
+        {"action": "FailIndex", "onExitCodes": bad_input},
     ]
 
 
@@ -272,11 +232,17 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
     if shape.gpus:
         shm_vol, shm_mount = pods.shm_volume(shape.shm)
         volumes, mounts = [*volumes, shm_vol], [*mounts, shm_mount]
-    init_containers = []
+    artifacts = publish.pulls(ctx)
+    init_containers = publish.pull_container(ctx, artifacts, spec_mount, writable_mounts)
+    volumes = [*volumes, *publish.pull_volumes(ctx, artifacts)]
     if online.is_online(ctx):
         scratch_vol, scratch_mount = online.scratch_volume(ctx)
         volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
         init_containers.append(online.server_container(ctx, online.check(ctx)))
+    if ctx.workload == "publish":
+        registry = publish.require_registry(ctx, "publishing")
+        auth_vols, auth_mounts = publish.secret_volumes(registry, registry.push_secret)
+        volumes, mounts = [*volumes, *auth_vols], [*mounts, *auth_mounts]
     job = {
         **common,
         "labels": {**labels, **queue},
@@ -351,9 +317,10 @@ def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
         return JobShape(
             res.cpu, res.memory, command, args, spec.shards, parallelism, 3, gpus=gpus, shm="64Gi"
         )
-    # datagen, vocab and bench are CPU-only; datagen retries most (its requests are idempotent).
+    # datagen, vocab, bench and publish are CPU-only; datagen retries most (its requests are
+    # idempotent), publish too (a push skips the blobs already there).
     res = getattr(w, ctx.workload).resources
-    retries = {"datagen": 5, "vocab": 2, "bench": 1}[ctx.workload]
+    retries = {"datagen": 5, "vocab": 2, "bench": 1, "publish": 3}[ctx.workload]
     return JobShape(res.cpu, res.memory, command, args, spec.shards, spec.shards, retries)
 
 

@@ -41,6 +41,10 @@ class PlanRequest:
     calibrations: tuple[Calibration, ...] = ()
     """The cluster's stored calibrations, oldest first, when the caller read them: predictions
     use the newest measured on this plan's serve image and configuration."""
+    publish_to: str | None = None
+    """publish: the repository to push to instead of the registry's <repository>/drafters/NAME."""
+    publish_dataset: str | None = None
+    """publish: push the cluster's pipeline conversations as this dataset (`data publish`)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, 
 from kimideploy.errors import UsageError
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import acceptance, calibration, jobs, online, serve
+from kimideploy.plan import acceptance, calibration, data_layout, jobs, online, publish, serve
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.drafter_judgement import (
@@ -113,6 +113,8 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         namespace_override=request.namespace,
         monitoring_crd=request.monitoring_crd,
         bench_concurrency=request.bench_concurrency,
+        publish_to=request.publish_to,
+        publish_dataset=request.publish_dataset,
     )
     if request.synthetic is not None:
         ctx = _with_synthetic(ctx, request)
@@ -132,7 +134,10 @@ def serve_cost_model(
 
 def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
     if request.image is None:
-        return str(getattr(project.clusters[cluster].images, request.workload))
+        images = project.clusters[cluster].images
+        if request.workload == "publish":
+            return images.publish or images.vocab  # a CPU image that has the ORAS CLI
+        return str(getattr(images, request.workload))
     serving = sorted(n for n, image in project.images.items() if image.role == "serve")
     if request.workload != "serve" or request.image not in serving:
         raise UsageError(
@@ -209,8 +214,9 @@ def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
 
 
 def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
-    """serve and bench default to no drafter; the data pipeline defaults to the train drafter."""
-    pipeline = request.workload in PIPELINE_WORKLOADS
+    """serve and bench default to no drafter; the data pipeline (and publishing what it makes)
+    defaults to the train drafter."""
+    pipeline = request.workload in (*PIPELINE_WORKLOADS, "publish")
     default = project.clusters[cluster].workloads.train.drafter if pipeline else NO_DRAFTER
     name = request.drafter or default
     valid = [NO_DRAFTER, *sorted(project.drafters)]
@@ -236,9 +242,11 @@ def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
         "vocab": lambda: jobs.vocab_spec(ctx, run_id),
         "train": lambda: jobs.train_spec(ctx, run_id),
         "bench": lambda: jobs.bench_spec(ctx, run_id),
+        "publish": lambda: publish.publish_spec(ctx, run_id, ctx.publish_to),
     }
     spec: WorkloadSpec = builders[ctx.workload]()
-    return spec
+    # What the pod's artifact-pull init container fetches (the same list it mounts volumes for).
+    return spec.model_copy(update={"pulls": publish.pulls(ctx)})
 
 
 def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, str]]:
@@ -280,7 +288,7 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
 def _datasets_fact(ctx: PlanInputs) -> str:
     """Which dataset folders the run reads and writes: each is named by its fingerprint, so a
     changed input shows here as a new folder before anything runs."""
-    dirs = jobs.data_dirs(ctx)
+    dirs = data_layout.data_dirs(ctx)
     reads_features = "conversations" if online.is_online(ctx) else "hidden_states"
     flow = {
         "datagen": ([], ["conversations"]),

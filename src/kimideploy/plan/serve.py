@@ -16,7 +16,7 @@ from kimideploy.config.specs import (
     ServeSpec,
 )
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import pods
+from kimideploy.plan import pods, publish
 from kimideploy.plan.dashboard import dashboard_object
 from kimideploy.plan.inputs import PlanInputs, drafter_path, is_speculative, target_model_path
 from kimideploy.plan.k_schedule import KSchedule, choose_schedule
@@ -217,6 +217,7 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
         }
     ] if ctx.drafter else []  # fmt: skip
     return [
+        *publish.pull_container(ctx, publish.pulls(ctx), spec_mount, writable),
         {
             "name": "gpu-check",
             "image": ctx.image.reference,
@@ -279,7 +280,13 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
         "port": serve.port,
         "probes": probes(ctx),
         "init_containers": init_containers(ctx),
-        "volumes": [*claim_vols, shm_vol, spec_vol, *writable_vols],
+        "volumes": [
+            *claim_vols,
+            shm_vol,
+            spec_vol,
+            *writable_vols,
+            *publish.pull_volumes(ctx, publish.pulls(ctx)),
+        ],
         "volume_mounts": [*claim_mounts, shm_mount, spec_mount, *writable_mounts],
         "security_context": pods.container_hardening(),
     }

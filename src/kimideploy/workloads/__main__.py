@@ -8,14 +8,16 @@ import sys
 from pathlib import Path
 
 from kimideploy.config import specs
-from kimideploy.config.workload_names import JOB_WORKLOADS, SERVE
+from kimideploy.config.workload_names import JOB_WORKLOADS, PUBLISH, SERVE
 from kimideploy.errors import ExitCode, KimiDeployError
 from kimideploy.workloads.runtime import EXIT_BAD_INPUT, EXIT_FAILED, load_spec, log
 
-# Every job workload, and the serve pod's drafter init container, which reads the serve spec.
+# Every job workload; the serve pod's drafter-check, which reads the serve spec; artifact-pull,
+# which reads the common part of whichever workload's spec its pod has.
 WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
-    **{name: specs.SPEC_TYPES[name] for name in JOB_WORKLOADS},
+    **{name: specs.SPEC_TYPES[name] for name in (*JOB_WORKLOADS, PUBLISH)},
     "drafter-check": specs.SPEC_TYPES[SERVE],
+    "artifact-pull": specs.WorkloadSpec,
 }
 
 

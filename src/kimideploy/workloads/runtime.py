@@ -14,10 +14,13 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from kimideploy.config.specs import API_KEY_ENV, SpecModel
+from kimideploy.config.specs import API_KEY_ENV, SpecModel, WorkloadExit
 from kimideploy.errors import ExitCode, KimiDeployError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 75
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = (
+    int(WorkloadExit.OK), int(WorkloadExit.FAILED), int(WorkloadExit.BAD_INPUT),
+    int(WorkloadExit.INTERRUPTED),
+)  # fmt: skip
 Spec = TypeVar("Spec", bound=SpecModel)
 
 

@@ -14,11 +14,12 @@ def drafter_rows(project: Project) -> list[dict[str, Any]]:
     """One row per drafter, with layer ids shown as written and as vLLM will read them."""
     rows = []
     for name, d in sorted(project.drafters.items()):
-        source = (
-            f"hub:{d.source.hub.repo}@{d.source.hub.revision[:8]}"
-            if d.source.hub
-            else f"volume:{d.source.path}"
-        )
+        if d.source.hub:
+            source = f"hub:{d.source.hub.repo}@{d.source.hub.revision[:8]}"
+        elif d.source.oci:
+            source = f"oci:{d.source.oci.repository}@{d.source.oci.digest[:19]}"
+        else:
+            source = f"volume:{d.source.path}"
         rows.append(
             {
                 "name": name,

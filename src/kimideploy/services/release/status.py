@@ -8,7 +8,9 @@ from typing import Any
 from kimideploy.cluster.jobs import job_phase
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.project import Project
 from kimideploy.services.release.watch import live_acceptance
+from kimideploy.services.runs import rental
 
 
 def ignored_records(session: ClusterSession, release: str) -> list[str]:
@@ -37,8 +39,12 @@ def gate_summary(record: ReleaseRecord) -> str:
     return str(verdict["summary"]) if verdict else ""
 
 
-def status_report(session: ClusterSession, release: str, project_name: str) -> dict[str, Any]:
-    """The serving release (revision, drafter, readiness) and recent runs."""
+def status_report(
+    session: ClusterSession, release: str, project: Project, cluster: str
+) -> dict[str, Any]:
+    """The serving release (revision, drafter, readiness), recent runs, and on a rented cluster
+    what its volumes hold that is not published yet."""
+    project_name = project.name
     history = session.history(release)
     current = next((r for r in reversed(history) if r.status == "deployed"), None)
     deployment = session.get("Deployment", release)
@@ -77,4 +83,12 @@ def status_report(session: ClusterSession, release: str, project_name: str) -> d
                 "started": job["metadata"]["creationTimestamp"],
             }
         )
-    return {"serving": serving, "runs": runs}
+    notice = rental.cluster_notice(session, project, cluster)
+    return {"serving": serving, "runs": runs, "rental": notice.to_dict() if notice else None,
+            "rental_lines": _rental_lines(notice)}  # fmt: skip
+
+
+def _rental_lines(notice: rental.RentalNotice | None) -> list[str]:
+    lines: list[str] = []
+    rental.report(notice, lines.append)
+    return lines

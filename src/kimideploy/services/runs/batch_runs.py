@@ -11,12 +11,12 @@ from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import release_name
-from kimideploy.errors import RolloutError, UsageError
+from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
-from kimideploy.services.runs import progress
+from kimideploy.services.runs import progress, rental
 
 RUN_ID_LABEL = "kimideploy.io/run-id"
 
@@ -49,6 +49,8 @@ def start_run(
     for key, value in rendered.plan.facts:
         if key in ("datasets", "acceptance needed"):
             reporter.info(f"{key}: {value}")
+    rental.report(rental.cluster_notice(session, loaded.project, rendered.plan.cluster),
+                  reporter.info)  # fmt: skip
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)
     # The same policy as `up`: a missing namespace is created when the user may (after the render
     # validated, so a bad config creates nothing), otherwise the refusal says who can.
@@ -111,6 +113,24 @@ def follow_run(
         if snapshot.done:
             return _finish(snapshot, run_id, reporter, resume)
         time.sleep(poll_s)
+
+
+def publish_result(
+    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, reporter: Reporter,
+    poll_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Run a publish Job to the end; its pod's result (digest, files' sha256, lineage or
+    dataset fingerprint). Nothing is pinned here: the caller writes the config only after this."""
+    started = start_run(session, loaded, request, reporter)
+    snapshot = follow_run(session, started.job, started.run_id, reporter, poll_s)
+    result = run_results(snapshot).get("0")
+    if not result or not result.get("digest"):
+        raise KimiDeployError(
+            f"the publish Job {started.job} ended without reporting a digest; kimideploy.yaml "
+            "was not changed",
+            hint=f"`kimideploy logs {started.run_id}` shows what the pod did",
+        )
+    return dict(result)
 
 
 def run_facts(snapshot: JobSnapshot, run_id: str) -> dict[str, Any]:
