@@ -70,7 +70,9 @@ def test_a_single_index_failure_still_retries_alone_outside_a_gang(
     code, _, err = kd("run", "datagen", "--detach")
     assert code == 0, err
     rules = job(testcluster, namespace)["spec"]["podFailurePolicy"]["rules"]
-    assert [r["action"] for r in rules] == ["Ignore", "Ignore"]
+    # Evictions and preemptions do not count; a bad-input exit (2) fails the index at once.
+    assert [r["action"] for r in rules] == ["Ignore", "Ignore", "FailIndex"]
+    assert rules[2]["onExitCodes"]["operator"] == "In" and rules[2]["onExitCodes"]["values"] == [2]
 
 
 def crd_names() -> list[str]:

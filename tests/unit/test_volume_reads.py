@@ -44,7 +44,12 @@ def test_overlapping_tensors_are_not_a_good_file(tmp_path: Path) -> None:
     problem, _ = safetensors_problem(
         raw_safetensors(tmp_path / "x.safetensors", outside, b"\0" * 24)
     )
-    assert problem is not None and "lies outside the data" in problem
+    assert problem is not None and problem.startswith("truncated: tensor b ends at")
+    backwards = {"a": {"dtype": "F32", "shape": [0], "data_offsets": [16, 8]}}
+    problem, _ = safetensors_problem(
+        raw_safetensors(tmp_path / "b.safetensors", backwards, b"\0" * 16)
+    )
+    assert problem == "tensor a has the offsets 16-8"
 
 
 def test_a_link_to_dev_zero_is_refused_not_followed(tmp_path: Path) -> None:

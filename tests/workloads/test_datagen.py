@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import json
 import signal
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +69,41 @@ def wait_for_chunks(out: Path, count: int, timeout: float = 120) -> None:
             return
         time.sleep(0.1)
     pytest.fail(f"fewer than {count} chunks after {timeout}s")
+
+
+@contextlib.contextmanager
+def paced_proxy(upstream: str, delay_s: float) -> Iterator[str]:
+    """The same server, each request answered `delay_s` later (a busy target)."""
+
+    class Paced(http.server.BaseHTTPRequestHandler):
+        def forward(self) -> None:
+            time.sleep(delay_s)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+            request = urllib.request.Request(upstream.rstrip("/") + self.path, data=body,
+                                             method=self.command,
+                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=120) as answer:
+                    status, payload = answer.status, answer.read()
+            except urllib.error.HTTPError as error:
+                status, payload = error.code, error.read()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = forward  # noqa: N815 (http.server names its handlers so)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Paced)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
 
 
 def test_kill_in_the_middle_then_resume_loses_and_duplicates_nothing(
@@ -183,14 +224,18 @@ def test_a_second_writer_of_the_same_shard_is_refused(
 ) -> None:
     """Ctrl-C detaches `run`; the Job keeps going. Running again must not write the same
     samples a second time: the second writer sees the first one's heartbeat and stops."""
-    path = spec(tmp_path, openai_server, tiny_model, concurrency=1)
-    first = run_workload("datagen", path)
-    wait_for_chunks(tmp_path / "out", 1)
-    second = run_workload("datagen", path)
-    _, err = second.communicate(timeout=120)
-    assert second.returncode == 2, err
-    assert "is being written by" in err and "a second writer would duplicate samples" in err
-    _, err = first.communicate(timeout=300)
+    # The first writer's answers are paced (1 s each, 12 s in all) so that it is still writing
+    # when the second one looks, however fast this machine's model answers; a 2 s staleness
+    # makes its heartbeat beat every 0.5 s.
+    with paced_proxy(openai_server, delay_s=1.0) as slow:
+        path = spec(tmp_path, slow, tiny_model, concurrency=1)
+        first = run_workload("datagen", path, KIMIDEPLOY_WRITER_STALE_S="2")
+        wait_for_chunks(tmp_path / "out", 1)
+        second = run_workload("datagen", path, KIMIDEPLOY_WRITER_STALE_S="2")
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 2, err
+        assert "is being written by" in err and "a second writer would duplicate samples" in err
+        _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     counts = Counter(r["id"] for r in records(tmp_path / "out"))
     assert len(counts) == GOOD and max(counts.values()) == 1

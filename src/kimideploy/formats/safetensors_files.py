@@ -72,8 +72,10 @@ def _layout_problem(header: dict[str, Any], base: int, size: int) -> str | None:
             width = DTYPE_SIZES[info["dtype"]]
         except (KeyError, TypeError, ValueError):
             return f"tensor {name} has no usable dtype, shape or data_offsets"
-        if not 0 <= start <= stop <= data_bytes:
-            return f"tensor {name} lies outside the data ({start}-{stop} of {data_bytes} bytes)"
+        if not 0 <= start <= stop:
+            return f"tensor {name} has the offsets {start}-{stop}"
+        if stop > data_bytes:
+            return f"truncated: tensor {name} ends at {base + stop}, file has {size} bytes"
         if stop - start != count * width:
             return f"tensor {name} has {stop - start} bytes for shape {info['shape']}"
         spans.append((start, stop, name))

