@@ -47,7 +47,9 @@ class Timing:
             totals[tier] += seconds
         return dict(totals)
 
-    def lines(self) -> list[str]:
+    def lines(self, session: bool = True) -> list[str]:
+        """The table; `session` adds this pytest session's own wall time (False: scripts/test's
+        closing table, printed after every session has ended)."""
         out = []
         steps = build_steps()
         origin = min((s["start"] for s in steps), default=self.started)
@@ -58,10 +60,11 @@ class Timing:
                 out.append(
                     f"{s['step'][:48]:48} {s['start'] - origin:>7.0f} {seconds:>8.0f}  {s['rc']}"
                 )
-        wall = time.time() - self.started
-        out.append(
-            f"{'tests (this pytest session, wall)':48} {self.started - origin:>7.0f} {wall:>8.0f}"
-        )
+        if session:
+            wall = time.time() - self.started
+            out.append(
+                f"{'tests (this pytest session, wall)':48} {self.started - origin:>7.0f} {wall:>8.0f}"
+            )
         tiers = self.tiers()  # every session of this scripts/test run
         for tier in [*TIERS, *sorted(set(tiers) - set(TIERS))]:
             if tier in tiers:
@@ -94,3 +97,16 @@ def records() -> list[dict[str, Any]]:
 def build_steps() -> list[dict[str, Any]]:
     """The steps scripts/test recorded so far (this pytest session's own is not yet ended)."""
     return [record for record in records() if "step" in record]
+
+
+def main() -> int:
+    """`python tests/timing.py`: the closing table of a scripts/test run, every session's tests
+    included, whichever session ended last."""
+    print(f"{' where the time went (every step and session) ':=^96}")
+    for line in Timing().lines(session=False):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -37,3 +37,5 @@ def test_the_last_session_sums_the_tests_of_the_earlier_one(
     ]
     # This session's own records are in the file too, counted once.
     assert sum("test_long" in line for line in timings.read_text().splitlines()) == 2
+    closing = "\n".join(timing.lines(session=False))  # scripts/test's table after every session
+    assert "this pytest session" not in closing and "tier pipeline" in closing
