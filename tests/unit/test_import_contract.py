@@ -1,4 +1,4 @@
-"""Layering (ARCHITECTURE §2) and the light CLI path, enforced on the source itself."""
+"""Layering (README, "Where things live") and the light CLI path, enforced on the source itself."""
 
 from __future__ import annotations
 

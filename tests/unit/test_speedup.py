@@ -1,4 +1,4 @@
-"""The speedup model reproduces the calibration points of CONTEXT §6."""
+"""The speedup model reproduces the calibration points of docs/reference/domain.md §6."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 registry by `kimideploy data publish`, and named by a cluster's pipeline instead of generating
 again (`clusters.<c>.workloads.train.conversations`). Hidden states are never published: they
 are regenerated from the conversations by `run extract`, or computed online, and are 30-100x
-larger (CONTEXT §5)."""
+larger (docs/reference/domain.md §5)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from kimideploy.config.base import StrictModel
 
 
 class WatchSettings(StrictModel):
-    """Live acceptance against the cluster's break-even rate (CONTEXT §6)."""
+    """Live acceptance against the cluster's break-even rate (docs/reference/domain.md §6)."""
 
     interval_s: Annotated[int, Field(ge=5, le=3600)] = Field(
         default=60, description="Seconds between scrapes of the serve pods' /metrics."

@@ -46,7 +46,7 @@ class TargetRef(SpecModel):
 
 
 class LayerSelection(SpecModel):
-    """Aux layer ids with the convention they are written in (CONTEXT §4)."""
+    """Aux layer ids with the convention they are written in (docs/reference/domain.md §4)."""
 
     ids: list[int]
     convention: LayerConvention

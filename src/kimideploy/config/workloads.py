@@ -119,7 +119,8 @@ def _server_resources() -> PodResources:
 class OnlineTrainSettings(StrictModel):
     """train.mode: online. Each trainer pod runs the target in a vLLM server beside it (a native
     sidecar on GPUs of the same node); hidden states go through a pod-local scratch directory and
-    are deleted once read, so nothing is stored (CONTEXT §5: 300K samples would be ~25 TB)."""
+    are deleted once read, so nothing is stored (300K samples stored would be ~25 TB;
+    docs/reference/domain.md §5)."""
 
     server_gpus: Annotated[int, Field(ge=1, le=16)] | None = Field(
         default=None,

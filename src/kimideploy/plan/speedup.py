@@ -1,4 +1,5 @@
-"""The speculative-decoding speedup model (CONTEXT §6), calibrated on published measurements.
+"""The speculative-decoding speedup model, calibrated on published measurements
+(docs/reference/domain.md §6).
 
 Per-token acceptance a and k draft tokens give E = (1 - a^(k+1)) / (1 - a) tokens per step; with
 per-position conditional acceptance p_1..p_k, E = 1 + p_1 + p_1 p_2 + ... A step costs

@@ -1,7 +1,7 @@
 """The training side of an extracted dataset: is it the right one, and its samples as batches.
 
 The checks run before any GPU work: the team once trained a drafter on features of the wrong model
-at (probably) the wrong layers, and found out after a 25-minute load (CONTEXT §4).
+at (probably) the wrong layers, and found out after a 25-minute load (docs/reference/domain.md §4).
 """
 
 from __future__ import annotations

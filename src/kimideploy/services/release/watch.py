@@ -1,5 +1,6 @@
 """vLLM's speculative-decoding counters read live from the serve pods, and the watch that acts on
-them: acceptance over each interval compared with the cluster's break-even rate (CONTEXT §6)."""
+them: acceptance over each interval compared with the cluster's break-even rate
+(docs/reference/domain.md §6)."""
 
 from __future__ import annotations
 
