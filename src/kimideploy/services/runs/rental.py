@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kimideploy.cluster.records import DRAFTER_LABEL
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.project import Project
 from kimideploy.plan.data_layout import conversations_id
 
-RUN_LABEL = "kimideploy.io/run-id"
+RUN_ID_LABEL = "kimideploy.io/run-id"  # as services/runs/batch_runs.py, which imports this module
 COMPONENT_LABEL = "app.kubernetes.io/component"
-DRAFTER_LABEL = "kimideploy.io/drafter"
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _made_by_runs(runs: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
                         for c in job.get("status", {}).get("conditions", []))  # fmt: skip
         key = (labels.get(COMPONENT_LABEL, ""), labels.get(DRAFTER_LABEL, ""))
         if succeeded and key not in made:
-            made[key] = labels.get(RUN_LABEL, "?")
+            made[key] = labels.get(RUN_ID_LABEL, "?")
     return made
 
 
