@@ -50,6 +50,7 @@ LABEL org.opencontainers.image.title="kimideploy vllm-0.16-kimi" \
       org.opencontainers.image.revision="${VCS_REF}" \
       io.kimideploy.vllm.version="0.16.0" \
       io.kimideploy.speculators.version="0.4.0.1" \
+      io.kimideploy.arctic-inference.version="none" \
       io.kimideploy.cuda.archs="sm_100,sm_103,sm_120" \
       io.kimideploy.patchset.sha256="ecfa5cea540b382e00165a344735c3bb932e90b80600badbb52012358cf180a1"
 ENV TORCH_CUDA_ARCH_LIST="10.0;10.3;12.0" HOME=/home/kimideploy

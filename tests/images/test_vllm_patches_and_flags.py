@@ -98,8 +98,9 @@ def test_patched_vllm_accepts_every_rendered_serve_argument_set(
 ) -> None:
     overlay = checks.patched_overlay(example.project.images[IMAGE])
     results = checks.run_engine_checks(venv_python, overlay, cases_for(example, tiny))
+    # No suffix or MLA case: the plan refuses both on vLLM 0.16 before anything is served.
     assert [r["name"] for r in results] == [
-        f"rtx6000 --drafter {d}" for d in ("none", "k25", "v1", "v2", "v3")
+        f"rtx6000 --drafter {d}" for d in ("none", "k25", "ngram", "v1", "v2", "v3")
     ]
     assert all(r["ok"] for r in results), results
 
@@ -108,7 +109,7 @@ def test_user_errors_come_back_with_vllms_own_message(
     example: LoadedProject, tiny: tuple[Path, Path], venv_python: Path
 ) -> None:
     _, drafters = tiny
-    base = cases_for(example, tiny)[2]["argv"]  # v1, speculative
+    [base] = [c["argv"] for c in cases_for(example, tiny) if c["name"] == "rtx6000 --drafter v1"]
     at = base.index("--speculative-config")
     spec = json.loads(base[at + 1])
 
@@ -130,19 +131,22 @@ def test_user_errors_come_back_with_vllms_own_message(
     )
 
 
-def test_the_032_image_needs_no_patch_and_accepts_everything_rendered_for_it(
+def test_the_032_image_accepts_everything_rendered_for_it(
     example: LoadedProject,
 ) -> None:
     """b200/b300 serve on vLLM 0.32 and every cluster extracts with it: their rendered serve
-    arguments, the rtx6000 host's after the one-line move, and the extraction flags with the
-    final pre-norm id 61, are accepted by vLLM 0.32 itself, for the Kimi-K2.5-shaped target."""
+    arguments for every method (n-gram, suffix with Arctic Inference, the MLA drafter detected as
+    MLA through patch 0001), the rtx6000 host's after the one-line move, and the extraction flags
+    with the final pre-norm id 61, are accepted by vLLM 0.32 itself, for the Kimi-K2.5-shaped
+    target."""
     from kimideploy.services.images.lifecycle import verify_image
     from kimideploy.services.reporting import SilentReporter
 
     steps = verify_image(example, "vllm-0.32-kimi", SilentReporter(), pins=False)
     names = [s.name for s in steps]
-    drafters = ("none", "k25", "v1", "v2", "v3")
+    drafters = ("none", "k25", "k25-mla", "ngram", "suffix", "v1", "v2", "v3")
     assert names == [
+        "patch 0001-mla-eagle3-drafter-kimi-k2.patch applies",
         *(f"vLLM accepts: {c} --drafter {d}" for c in ("b200", "b300") for d in drafters),
         *(f"vLLM accepts: rtx6000 --drafter {d} (after images.serve: vllm-0.32-kimi)"
           for d in drafters),
@@ -186,6 +190,26 @@ def test_vllm_032_rejects_what_would_fail_on_the_cluster(
     assert "extract_hidden_state" in results["misspelt extraction method"]["error"]
 
 
+def test_without_patch_0001_vllm_032_runs_the_mla_drafter_as_ordinary_attention(
+    example: LoadedProject, tiny: tuple[Path, Path]
+) -> None:
+    """vllm-project/vllm#45764 on the pinned vLLM: the recipe-shaped MLA drafter (model_type
+    kimi_k2) is accepted, but its attention is not detected as MLA unless the patch is applied."""
+    from kimideploy.images.cpu_vllm import engine_python
+
+    target, drafters = tiny
+    [case] = [c for c in serve_cases(example, "vllm-0.32-kimi", target, drafters)
+              if c["name"] == "b200 --drafter k25-mla"]  # fmt: skip
+    assert case["expect"] == {"draft_mla": True}
+    python = engine_python("0.32.0")
+    image = example.project.images["vllm-0.32-kimi"]
+    [unpatched] = checks.run_engine_checks(python, None, [case])
+    assert not unpatched["ok"] and unpatched["stage"] == "drafter"
+    assert "{'draft_mla': False}" in unpatched["error"]
+    [patched] = checks.run_engine_checks(python, checks.patched_overlay(image, python), [case])
+    assert patched["ok"], patched
+
+
 @pytest.mark.parametrize(
     "name", ["vllm-0.16-kimi", "vllm-0.32-kimi", "train-speculators-0.9", "tools"]
 )
@@ -213,24 +237,36 @@ def test_the_032_images_native_selfchecks_pass_there_and_fail_on_016(
     import subprocess
 
     from kimideploy.images.cpu_vllm import engine_python
-    from kimideploy.images.selfcheck import NATIVE_CHECKS, checks_for
+    from kimideploy.images.selfcheck import NATIVE_CHECKS, SUFFIX_CHECK, checks_for
     from tests.conftest import REPO
 
     image = example.project.images["vllm-0.32-kimi"]
-    assert image.patches == [] and checks_for(image.vllm, image.patches) == list(NATIVE_CHECKS)
+    patch = "0001-mla-eagle3-drafter-kimi-k2.patch"
+    assert image.patches == [patch]
+    assert checks_for(image.vllm, image.patches, suffix=True) == [
+        patch, *NATIVE_CHECKS, SUFFIX_CHECK
+    ]  # fmt: skip
 
-    def selfcheck(python: Path) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_TARGET_DEVICE": "cpu"}
-        return subprocess.run([str(python), "-m", "kimideploy.images.selfcheck", *NATIVE_CHECKS],
+    def selfcheck(python: Path, *names: str, overlay: Path | None = None) -> Any:
+        path = f"{overlay}:{REPO / 'src'}" if overlay else str(REPO / "src")
+        env = {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu"}
+        return subprocess.run([str(python), "-m", "kimideploy.images.selfcheck", *names],
                               capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
 
-    native = selfcheck(engine_python("0.32.0"))
+    python = engine_python("0.32.0")
+    native = selfcheck(python, *NATIVE_CHECKS, SUFFIX_CHECK)
     assert native.returncode == 0, native.stderr
     assert "returns aux id num_hidden_layers" in native.stderr
-    old = selfcheck(checks.vllm_venv("0.16.0") / "bin" / "python")
+    assert "SuffixDecodingCache builds and vLLM finds it" in native.stderr
+    # The patch's own check: fails on the pristine sources, passes on the patched ones.
+    assert selfcheck(python, patch).returncode == 1
+    patched = selfcheck(python, patch, overlay=checks.patched_overlay(image, python))
+    assert patched.returncode == 0, patched.stderr
+    old = selfcheck(checks.vllm_venv("0.16.0") / "bin" / "python", *NATIVE_CHECKS, SUFFIX_CHECK)
     assert old.returncode == 1
     assert "FAIL native-no-eagle3-allowlist" in old.stderr
     assert "FAIL native-deepseek-final-aux-layer" in old.stderr
+    assert "FAIL suffix-decoding" in old.stderr
 
 
 def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(

@@ -399,6 +399,8 @@ def length(result: Served, prompt_set: str = "code", concurrency: int = 4) -> fl
     return float(value)
 
 
+MODEL_FREE = ("ngram", "suffix")
+"""The methods that need no drafter, served on the same target for the bake-off."""
 SERVED_MISTAKES = ("untrained", "shifted", "other-template", "other-target")
 """Each known mistake, served next to the correct drafter (`good`)."""
 
@@ -458,9 +460,10 @@ def served(
     other_target_drafter: dict[str, Any],
     second_cluster: SecondCluster,
 ) -> dict[str, Served]:
-    """The baseline bench on the non-speculative server, then the drafters in two waves of
-    servers (memory: each CPU vLLM holds about 4 GB); the second wave includes `good` served on
-    the second cluster profile from the copy it pulled from the registry ("good@cpu-b")."""
+    """The baseline bench on the non-speculative server, then the drafters in waves of servers
+    (memory: each CPU vLLM holds about 4 GB); the second wave includes `good` served on the
+    second cluster profile from the copy it pulled from the registry ("good@cpu-b"), the third
+    the model-free methods (n-gram, suffix decoding) for the bake-off."""
     results = {"none": Served("none", target_server, bench(cpu_python, project, volumes,
                                                            "none", target_server))}  # fmt: skip
     here = [ServeRequest(name, project, name, volumes) for name in ("good", "untrained", "shifted")]
@@ -468,6 +471,9 @@ def served(
     results.update(serve_and_bench(cpu_python, [
         ServeRequest(name, project, name, volumes) for name in ("other-template", "other-target")
     ] + [ServeRequest(PULLED, second_cluster.loaded, "good", second_cluster.volumes, "cpu-b")]))  # fmt: skip
+    results.update(serve_and_bench(cpu_python, [
+        ServeRequest(name, project, name, volumes) for name in MODEL_FREE
+    ]))  # fmt: skip
     for name, result in results.items():
         level = result.bench["levels"][0]
         FIGURES[f"acceptance length, {name} (k=3, greedy, held-out code)"] = level.get(

@@ -44,6 +44,13 @@ def test_committed_json_schema_is_fresh() -> None:
 
 
 def test_golden_naming_covers_every_workload_and_drafter() -> None:
-    names = {p.name for p in golden_files(EXAMPLE)}
+    files = golden_files(EXAMPLE)
+    names = {p.name for p in files}
     assert {"serve-none.yaml", "serve-v1.yaml", "serve-v2.yaml", "serve-v3.yaml"} <= names
+    # Every method has a manifest where its image serves it, and none where the plan refuses it
+    # (rtx6000 serves vLLM 0.16 without Arctic Inference; b200 serves 0.32 with it).
+    by_cluster = {c: {p.name for p in files if p.parent.name == c} for c in ("rtx6000", "b200")}
+    assert {"serve-ngram.yaml", "serve-suffix.yaml", "serve-k25-mla.yaml"} <= by_cluster["b200"]
+    assert "serve-ngram.yaml" in by_cluster["rtx6000"]
+    assert not {"serve-suffix.yaml", "serve-k25-mla.yaml"} & by_cluster["rtx6000"]
     assert {"datagen.yaml", "extract.yaml", "vocab.yaml", "train.yaml", "bench.yaml"} <= names

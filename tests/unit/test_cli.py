@@ -90,7 +90,7 @@ def test_config_schema_is_json_schema_of_the_project(capsys: pytest.CaptureFixtu
 
 def test_config_validate(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--config", str(EXAMPLE), "config", "validate")
-    assert code == 0 and "valid (3 clusters, 4 images, 4 drafters)" in out
+    assert code == 0 and "valid (3 clusters, 4 images, 7 drafters)" in out
 
 
 def test_default_config_is_local_file_then_builtin_example(

@@ -136,7 +136,7 @@ def test_cli_reports_config_error_with_exit_code_2(
     [
         (
             ("render", "serve", "--drafter", "v9"),
-            "--drafter: unknown drafter 'v9' (valid: none, k25, v1, v2, v3)",
+            "--drafter: unknown drafter 'v9' (valid: none, k25, k25-mla, ngram, suffix, v1, v2, v3)",
         ),
         (
             ("render", "serve", "--cluster", "h100"),
@@ -152,7 +152,7 @@ def test_cli_reports_config_error_with_exit_code_2(
         ),
         (
             ("render", "extract", "--drafter", "none"),
-            "--drafter none: extract builds data for a drafter",
+            "--drafter none: extract builds data for an EAGLE-3 drafter",
         ),
     ],
 )

@@ -72,7 +72,7 @@ def check(
         for f in findings
     ]
     click.echo(machine(rows, output) or format_table(rows))
-    if folder is None:
+    if folder is None and name in project.eagle_drafters:
         click.echo(
             "(registry checks only: pass --dir with a copy of the drafter to check its files)",
             err=True,

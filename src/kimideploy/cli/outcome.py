@@ -21,9 +21,10 @@ OUTCOME_SCHEMA = "kimideploy.outcome.v1"
 RELEASE_KEYS = ("release", "revision", "serving_revision", "verdict")
 """up, rollback: the revision made, what serves afterwards, the gate's verdict (up --gate)."""
 DOWN_KEYS = ("release", "removed")
-RUN_KEYS = ("run", "results", "comparison", "calibration")
+RUN_KEYS = ("run", "results", "comparison", "calibration", "bakeoff")
 """run: the Job's state; results: each index's result line; comparison: run bench's table
-(with --baseline, the speedup per level); calibration: what run calibrate stored."""
+(with --baseline, the speedup per level); calibration: what run calibrate stored; bakeoff: run
+bench --drafters' rows, recommended method per concurrency, and candidates it could not judge."""
 
 STATUS_FOR_EXIT = {
     ExitCode.RUNTIME: "error",

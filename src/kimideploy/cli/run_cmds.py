@@ -14,6 +14,7 @@ from kimideploy.errors import ExitCode
 
 JOB_CHOICE = click.Choice([*JOB_WORKLOADS, "calibrate"])
 CALIBRATE_ONLY = ("--k", "--acceptance-length", "--concurrency", "--image", "--again", "--yes")
+SHARED_WITH_BAKEOFF = ("--concurrency", "--image", "--yes")
 
 
 @click.command()
@@ -29,6 +30,14 @@ CALIBRATE_ONLY = ("--k", "--acceptance-length", "--concurrency", "--image", "--a
     metavar="[RUN_ID]",
     help="bench only: report the speedup per level over a stored non-speculative bench run "
     "(alone: the newest comparable one, as the gate picks it).",
+)
+@click.option(
+    "--drafters",
+    "candidates",
+    metavar="A,B,...",
+    help="bench only: the bake-off; serve each candidate in turn (one model load each, `none` "
+    "always included), bench them alike, print them side by side with the method to serve per "
+    "concurrency, then restore what served.",
 )
 @click.option("--k", "ks", callback=numbers(int, "--k"),
               help="calibrate only: draft token counts to measure, one model load each "
@@ -56,6 +65,7 @@ def run(
     namespace: str | None,
     detach: bool,
     baseline: str | None,
+    candidates: str | None,
     ks: tuple[int, ...] | None,
     lengths: tuple[float, ...] | None,
     levels: tuple[int, ...] | None,
@@ -72,7 +82,8 @@ def run(
     `run calibrate` measures the cluster's speculation cost instead: output tokens/s without a
     drafter, then per k (one model load each) at synthetic acceptance lengths and concurrencies;
     the fitted step cost is stored in the cluster, predictions use it, and the revision that
-    served before is restored."""
+    served before is restored. `run bench --drafters none,ngram,suffix,k25` is the bake-off:
+    every candidate served and benched in turn, side by side, the serving revision restored."""
     from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services.connection import open_session
@@ -101,6 +112,20 @@ def run(
             done = "complete" if result.complete else "incomplete"
             pending.print(ExitCode.OK, done, f"calibration of {result.cluster} is {done}",
                           facts={"calibration": result.to_dict()})  # fmt: skip
+        return
+    if candidates is not None:
+        if workload != "bench" or detach or baseline is not None or drafter is not None:
+            raise UsageError(
+                "--drafters is the bench bake-off; it follows every candidate to the end",
+                hint="use it as `kimideploy run bench --drafters none,ngram,k25`, without "
+                "--drafter, --detach or --baseline",
+            )
+        other = [g for g in given if g not in SHARED_WITH_BAKEOFF]
+        if other:
+            raise UsageError(f"{', '.join(other)} only apply to `run calibrate`")
+        names = tuple(n.strip() for n in candidates.split(",") if n.strip())
+        run_bakeoff_command(state, cluster, names, overrides, context, namespace, image, levels,
+                            yes, (timeout, poll, scheduling_grace))  # fmt: skip
         return
     if given:
         raise UsageError(f"{', '.join(given)} only apply to `run calibrate`")
@@ -168,6 +193,45 @@ def run(
     except KeyboardInterrupt:
         reporter.info(f"detached; Job {started.job} keeps running. Re-attach: {follow_hint}")
         raise
+
+
+def run_bakeoff_command(
+    state: CliState,
+    cluster: str | None,
+    names: tuple[str, ...],
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    image: str | None,
+    levels: tuple[int, ...] | None,
+    yes: bool,
+    waits: tuple[int, float, int],
+) -> None:
+    from kimideploy.services.connection import open_session
+    from kimideploy.services.gate.bakeoff import table_rows
+    from kimideploy.services.gate.bakeoff_run import plan_bakeoff, run_bakeoff
+    from kimideploy.services.release import deploy
+
+    pending = state.outcome
+    loaded = state.project("run bench --drafters deploys serve revisions on a cluster")
+    session = open_session(loaded, cluster, context, namespace)
+    reporter = TerminalReporter()
+    plan = plan_bakeoff(session, loaded, cluster, names, overrides, image, levels)
+    timeout, poll, grace = waits
+    apply = deploy.ApplyOptions(
+        deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, grace)
+    )
+    result = run_bakeoff(session, loaded, plan, apply, reporter, bench_poll_s=poll)
+    picks = ", ".join(f"c={c}: {m}" for c, m in sorted(result.recommended.items()))
+    if pending:
+        pending.print(ExitCode.OK, "complete", f"bake-off on {plan.cluster}: serve {picks}",
+                      facts={"bakeoff": result.as_dict()})  # fmt: skip
+        return
+    click.echo(format_table(table_rows(result)))
+    for name, why in result.unmeasured.items():
+        click.echo(f"{name}: not judged: {why}")
+    click.echo(f"recommended per concurrency (the gate's rule, min speedup "
+               f"{plan.gate.settings.min_speedup:.2f}x on every prompt set): {picks}")  # fmt: skip
 
 
 @click.command()

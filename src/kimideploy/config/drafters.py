@@ -1,10 +1,19 @@
-"""The drafter registry: every EAGLE-3 drafter the team has, with its layer-id convention."""
+"""The drafter registry: every speculation method the team can serve, under one name each.
+
+Most entries are EAGLE-3 drafters (weights, a layer-id convention, a lineage); `ngram` and `suffix`
+entries are model-free methods vLLM runs on the target's own tokens, typed with only their keys.
+Left out on purpose (vLLM 0.32's SpeculativeConfig has them): MTP, because Kimi-K2.5's checkpoints
+carry no next-token-prediction layer (num_nextn_predict_layers 0); `draft_model`, `medusa`,
+`mlp_speculator`, DFlash and P-EAGLE, because no drafter of those kinds exists for Kimi-K2.5 and
+kimideploy trains none; `ngram_gpu`, because it is vLLM's GPU-resident variant of `ngram` with the
+same keys (an `extra_args` change, not a method of its own).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from kimideploy.config.base import GitRevision, StrictModel
 from kimideploy.config.registry import OciArtifact
@@ -96,11 +105,21 @@ class Lineage(StrictModel):
     notes: str = ""
 
 
+Status = Literal["planned", "trained", "candidate", "promoted", "rejected"]
+MeasuredAcceptance = list[Annotated[float, Field(ge=0, le=1)]]
+
+
 class Drafter(StrictModel):
     """One EAGLE-3 drafter. Layer ids are stored in the convention they were written in."""
 
     description: str = ""
     method: Literal["eagle3"] = "eagle3"
+    decoder: Literal["llama", "mla"] = Field(
+        default="llama",
+        description="The drafter's decoder layer: llama (LlamaForCausalLMEagle3, speculators and "
+        "SpecForge write it) or mla (Eagle3DeepseekV2ForCausalLM, DeepSeek-style multi-head latent "
+        "attention, as in vLLM's Kimi-K2.5 recipe; vLLM >= 0.32).",
+    )
     source: DrafterSource
     num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 3
     aux_layer_ids: list[Annotated[int, Field(ge=0)]] = Field(
@@ -116,7 +135,7 @@ class Drafter(StrictModel):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
         default=None, description="sha256 of model.safetensors, checked before serving."
     )
-    acceptance: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+    acceptance: MeasuredAcceptance = Field(
         default_factory=list,
         description="Measured conditional acceptance per draft position (training or bench); "
         "feeds the speedup estimate.",
@@ -138,12 +157,97 @@ class Drafter(StrictModel):
         "`acceptance`, serve with k chosen per batch size (vLLM >= 0.32 "
         "num_speculative_tokens_per_batch_size), up to num_speculative_tokens; fixed: one k.",
     )
-    status: Literal["planned", "trained", "candidate", "promoted", "rejected"] = Field(
+    status: Status = Field(
         default="candidate",
         description="planned (not trained yet), trained (published with its held-out figures), "
         "candidate, promoted, rejected: the team's verdict; the gate records measured ones.",
     )
     lineage: Lineage
+
+
+class NgramMethod(StrictModel):
+    """Prompt lookup: vLLM drafts the tokens that followed the last n tokens' earlier occurrence
+    in the same request. No weights, no training; pays where outputs repeat their input (code
+    edits, extraction, quoting), costs a little where they do not."""
+
+    description: str = ""
+    method: Literal["ngram"]
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 3
+    prompt_lookup_min: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=2, description="Shortest n-gram matched."
+    )
+    prompt_lookup_max: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=5, description="Longest n-gram matched (tried first)."
+    )
+    acceptance: MeasuredAcceptance = Field(
+        default_factory=list, description="Measured conditional acceptance per draft position."
+    )
+    status: Status = "candidate"
+
+    @model_validator(mode="after")
+    def _window(self) -> NgramMethod:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed prompt_lookup_max "
+                f"({self.prompt_lookup_max})"
+            )
+        return self
+
+
+class SuffixMethod(StrictModel):
+    """Suffix decoding (Arctic Inference): drafts from suffix trees over this request's prompt
+    and earlier responses, so it learns repeated agentic and templated traffic while serving. No
+    weights, no training; the serve image needs the `arctic-inference` package."""
+
+    description: str = ""
+    method: Literal["suffix"]
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=24,
+        description="The most tokens one draft may hold; each draft's length varies with how "
+        "far its match goes (vLLM defaults it to the tree depth).",
+    )
+    max_tree_depth: Annotated[int, Field(ge=1, le=256)] = Field(
+        default=24, description="suffix_decoding_max_tree_depth: the longest suffix indexed."
+    )
+    max_cached_requests: Annotated[int, Field(ge=0)] = Field(
+        default=10000,
+        description="suffix_decoding_max_cached_requests: responses kept in the global tree "
+        "(0: only the request's own prompt is used).",
+    )
+    max_spec_factor: Annotated[float, Field(ge=0)] = Field(
+        default=1.0,
+        description="suffix_decoding_max_spec_factor: a draft is at most this times the matched "
+        "length.",
+    )
+    min_token_prob: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.1,
+        description="suffix_decoding_min_token_prob: tokens estimated less likely are not drafted.",
+    )
+    acceptance: MeasuredAcceptance = Field(
+        default_factory=list, description="Measured conditional acceptance per draft position."
+    )
+    status: Status = "candidate"
+
+
+ModelFreeMethod = NgramMethod | SuffixMethod
+"""A method that drafts from the tokens alone: nothing to download, check, train or publish."""
+MODEL_FREE_METHODS = ("ngram", "suffix")
+
+
+def _method_of(value: Any) -> str:
+    # EAGLE-3 entries written before methods existed carry no `method`: they stay EAGLE-3.
+    if isinstance(value, dict):
+        return str(value.get("method", "eagle3"))
+    return str(getattr(value, "method", "eagle3"))
+
+
+SpeculationMethod = Annotated[
+    Annotated[Drafter, Tag("eagle3")]
+    | Annotated[NgramMethod, Tag("ngram")]
+    | Annotated[SuffixMethod, Tag("suffix")],
+    Discriminator(_method_of),
+]
+"""One entry of `drafters:`, typed by its `method`."""
 
 
 def to_vllm_layer_ids(ids: list[int], convention: LayerConvention) -> list[int]:

@@ -17,6 +17,11 @@ MIN_DRIVER_FOR_CUDA = {
 }  # fmt: skip
 
 
+SUFFIX_SELFCHECK = "suffix-decoding"
+"""The image self-check (kimideploy.images.selfcheck) proving suffix decoding can run: the image
+build runs it where Arctic Inference is installed, the serve pod's drafter-check before a load."""
+
+
 class Image(StrictModel):
     """A pinned image. Manifests reference `repository@digest`, never a tag."""
 
@@ -33,6 +38,11 @@ class Image(StrictModel):
     torch: str
     vllm: str | None = Field(default=None, description="vLLM version, when installed.")
     speculators: str | None = Field(default=None, description="speculators version, if any.")
+    arctic_inference: str | None = Field(
+        default=None,
+        description="Arctic Inference version, built from source into the image: what vLLM's "
+        "suffix decoding (`method: suffix`) needs. Unset: this image cannot serve suffix.",
+    )
     cuda_archs: list[CudaArch] = Field(
         default_factory=list, description="GPU architectures the image's kernels are built for."
     )

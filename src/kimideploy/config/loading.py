@@ -9,7 +9,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 from kimideploy.config import safe_yaml
 from kimideploy.config.base import PATTERN_HELP
@@ -99,9 +99,47 @@ def _raise(path: Path, messages: list[str]) -> None:
     )
 
 
-def _clean_loc(loc: Iterable[Any]) -> tuple[str | int, ...]:
+def _is_union_member(part: Any) -> bool:
     # pydantic inserts the chosen union member (e.g. 'str' or 'literal[...]') into locations.
-    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int"})))
+    return isinstance(part, str) and ("[" in part or part in {"str", "int"})
+
+
+def _clean_loc(loc: Iterable[Any]) -> tuple[str | int, ...]:
+    """The location as the user wrote it: without pydantic's union members, and without the
+    tag of a tagged union (`drafters.v3.eagle3.x` is `drafters.v3.x` in the file)."""
+    return tuple(part for part, _ in _resolve(loc)[0])
+
+
+def _resolve(loc: Iterable[Any]) -> tuple[list[tuple[Any, Any]], Any]:
+    """Walk a raw pydantic location from Project: ([(part, its parent's annotation)] for each part
+    the user wrote, the annotation reached; None once a part is unknown). A tagged union's tag
+    picks its member; pydantic's union-member parts are skipped."""
+    parts: list[tuple[Any, Any]] = []
+    annotation: Any = Project
+    for part in loc:
+        if _is_union_member(part):
+            continue
+        tagged = _tagged_members(annotation)
+        if part in tagged:
+            annotation = tagged[part]
+            continue
+        parts.append((part, annotation))
+        annotation = _step(annotation, part) if annotation is not None else None
+    return parts, annotation
+
+
+def _tagged_members(annotation: Any) -> dict[str, Any]:
+    """tag -> model for a tagged union (Annotated[A, Tag('a')] | ...), else empty."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) not in (Union, UnionType):
+        return {}
+    members = {}
+    for member in get_args(annotation):
+        if get_origin(member) is Annotated:
+            base, *metadata = get_args(member)
+            members.update({m.tag: base for m in metadata if isinstance(m, Tag)})
+    return members
 
 
 def _format(path: Path, loc: tuple[str | int, ...], message: str, lines: dict[Any, int]) -> str:
@@ -133,6 +171,11 @@ def _message(err: Any, data: Any) -> str:
         return "required key is missing"
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         return _bounds_message(err["loc"]) or err["msg"].lower()
+    if kind == "union_tag_invalid":
+        return (
+            f"method {ctx.get('tag')!r} is not one kimideploy serves (valid: "
+            f"{ctx.get('expected_tags')}; see the README's method table)"
+        )
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}"
     if kind == "string_pattern_mismatch":
@@ -145,24 +188,29 @@ def _message(err: Any, data: Any) -> str:
 
 
 def _walk_field(loc: Iterable[Any]) -> Any:
-    """The pydantic FieldInfo at a location, following models, dict values and list items."""
-    annotation: Any = Project
-    field = None
-    for part in loc:
-        annotation = _unwrap(annotation)
-        origin = get_origin(annotation)
-        if origin is dict:
-            annotation = get_args(annotation)[1]
-        elif origin in (list, tuple):
-            annotation = get_args(annotation)[0]
-        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            field = annotation.model_fields.get(part)
-            if field is None:
-                return None
-            annotation = field.annotation
-        else:
-            return None
-    return field
+    """The pydantic FieldInfo at a raw pydantic location (None where it is not a model field)."""
+    parts, _ = _resolve(loc)
+    if not parts:
+        return None
+    part, parent = parts[-1]
+    model = _unwrap(parent)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return model.model_fields.get(part)
+    return None
+
+
+def _step(annotation: Any, part: Any) -> Any:
+    """The annotation one location part below `annotation` (None: not known)."""
+    annotation = _unwrap(annotation)
+    origin = get_origin(annotation)
+    if origin is dict:
+        return get_args(annotation)[1]
+    if origin in (list, tuple):
+        return get_args(annotation)[0]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(part)
+        return field.annotation if field is not None else None
+    return None
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -189,9 +237,13 @@ def _inner_model(annotation: Any) -> Any:
 
 
 def _valid_keys(loc: tuple[Any, ...]) -> str:
-    field = _walk_field(loc[:-1]) if len(loc) > 1 else None
-    model = _inner_model(field.annotation) if field is not None else Project
+    model = _inner_model(_annotation_at(loc[:-1]))
     return ", ".join(model.model_fields) if model is not None else "?"
+
+
+def _annotation_at(loc: Iterable[Any]) -> Any:
+    """The annotation at a raw pydantic location (a tagged union resolved by its tag)."""
+    return _resolve(loc)[1]
 
 
 def _bounds_message(loc: tuple[Any, ...]) -> str | None:

@@ -9,11 +9,18 @@ from pydantic import Field, field_validator
 from kimideploy.config.base import Name, StrictModel
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.datasets import PublishedDataset
-from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
+from kimideploy.config.drafters import (
+    NO_DRAFTER,
+    Drafter,
+    ModelFreeMethod,
+    SpeculationMethod,
+    to_vllm_layer_ids,
+)
 from kimideploy.config.images import Image
 from kimideploy.config.registry import Registry
 from kimideploy.config.target import ModelVariant, TargetModel
 from kimideploy.config.workload_names import GPU_WORKLOADS
+from kimideploy.errors import UsageError
 
 Path = tuple[str | int, ...]
 Issue = tuple[Path, str]
@@ -32,7 +39,7 @@ class Project(StrictModel):
     model: TargetModel
     images: dict[Name, Image] = Field(min_length=1)
     clusters: dict[Name, Cluster] = Field(min_length=1)
-    drafters: dict[Name, Drafter] = Field(default_factory=dict)
+    drafters: dict[Name, SpeculationMethod] = Field(default_factory=dict)
     model_variants: dict[Name, ModelVariant] = Field(
         default_factory=dict,
         description="Other checkpoints of `model` (e.g. NVFP4) that clusters may name.",
@@ -64,9 +71,35 @@ class Project(StrictModel):
         model (a variant mismatch is its own, milder finding)."""
         return {self.model.repo, *(v.repo for v in self.model_variants.values())}
 
+    @property
+    def eagle_drafters(self) -> dict[str, Drafter]:
+        """The entries with weights (EAGLE-3): what is downloaded, checked, trained, published."""
+        return {name: d for name, d in self.drafters.items() if isinstance(d, Drafter)}
+
+    @property
+    def model_free_methods(self) -> dict[str, ModelFreeMethod]:
+        return {name: d for name, d in self.drafters.items() if not isinstance(d, Drafter)}
+
+    def eagle_drafter(self, name: str) -> Drafter:
+        """An EAGLE-3 drafter by name, for the commands only a drafter with weights has."""
+        found = self.drafters.get(name)
+        if isinstance(found, Drafter):
+            return found
+        if found is None:
+            raise UsageError(
+                f"unknown drafter '{name}'", hint=f"valid: {_choices(self.eagle_drafters)}"
+            )
+        raise UsageError(
+            f"'{name}' is a model-free method ({found.method}): it has no weights to check, "
+            "train, publish or pull",
+            hint=f"EAGLE-3 drafters: {_choices(self.eagle_drafters)}",
+        )
+
     @field_validator("drafters")
     @classmethod
-    def _none_is_reserved(cls, drafters: dict[str, Drafter]) -> dict[str, Drafter]:
+    def _none_is_reserved(
+        cls, drafters: dict[str, Drafter | ModelFreeMethod]
+    ) -> dict[str, Drafter | ModelFreeMethod]:
         if NO_DRAFTER in drafters:
             raise ValueError(f"'{NO_DRAFTER}' is reserved for non-speculative serving")
         return drafters
@@ -85,7 +118,7 @@ def reference_issues(project: Project) -> list[Issue]:
     for cluster_name, cluster in project.clusters.items():
         issues += _image_issues(project, cluster_name, cluster)
         issues += _cluster_issues(project, cluster_name, cluster)
-    for drafter_name, drafter in project.drafters.items():
+    for drafter_name, drafter in project.eagle_drafters.items():
         issues += _drafter_issues(project, drafter_name, drafter)
     issues += _drafter_path_issues(project)
     issues += _variant_issues(project)
@@ -119,7 +152,7 @@ def _variant_issues(project: Project) -> list[Issue]:
     ]
     named += [
         (("drafters", d, "lineage", "trained_for_variant"), drafter.lineage.trained_for_variant)
-        for d, drafter in project.drafters.items()
+        for d, drafter in project.eagle_drafters.items()
     ]
     for where, variant in named:
         if variant is not None and variant not in project.model_variants:
@@ -139,11 +172,11 @@ def _drafter_path_issues(project: Project) -> list[Issue]:
     folder, or another drafter's folder (or contain or sit inside one)."""
     issues: list[Issue] = []
     taken: dict[str, str] = {}
-    for name, drafter in project.drafters.items():
+    for name, drafter in project.eagle_drafters.items():
         if drafter.source.hub is not None:
             hub = drafter.source.hub
             taken[f"{HUB_DRAFTERS}/{hub.repo}/{hub.revision}"] = f"hub drafter {name}"
-    for name, drafter in sorted(project.drafters.items()):
+    for name, drafter in sorted(project.eagle_drafters.items()):
         raw = drafter.source.path
         if raw is None:
             continue
@@ -187,9 +220,15 @@ def _cluster_issues(project: Project, name: str, cluster: Cluster) -> list[Issue
     train_path: Path = ("clusters", name, "workloads", "train")
     train = cluster.workloads.train
     for field, drafter_name in (("drafter", train.drafter), ("base_drafter", train.base_drafter)):
-        if drafter_name is not None and drafter_name not in project.drafters:
-            valid = _choices(project.drafters)
-            message = f"unknown drafter '{drafter_name}' (valid: {valid})"
+        if drafter_name is not None and drafter_name not in project.eagle_drafters:
+            valid = _choices(project.eagle_drafters)
+            found = project.drafters.get(drafter_name)
+            message = (
+                f"unknown drafter '{drafter_name}' (valid: {valid})"
+                if found is None
+                else f"'{drafter_name}' is a model-free method ({found.method}): only an EAGLE-3 "
+                f"drafter is trained (valid: {valid})"
+            )
             issues.append(((*train_path, field), message))
     if train.conversations is not None and train.conversations not in project.datasets:
         valid = _choices(project.datasets) or "none published yet"
@@ -198,7 +237,7 @@ def _cluster_issues(project: Project, name: str, cluster: Cluster) -> list[Issue
     if train.conversations is not None and project.registry is None:
         message = "a published dataset is pulled from the registry, but no `registry:` is set"
         issues.append(((*train_path, "conversations"), message))
-    trained = project.drafters.get(train.drafter)
+    trained = project.eagle_drafters.get(train.drafter)
     if trained is not None and trained.source.path is None:
         message = (
             f"drafter '{train.drafter}' has no source.path; training writes its output to the "
@@ -250,7 +289,7 @@ def _drafter_issues(project: Project, name: str, drafter: Drafter) -> list[Issue
         message = f"must not exceed the target vocabulary ({project.model.vocab_size})"
         issues.append(((*path, "draft_vocab_size"), message))
     base = drafter.lineage.base_drafter
-    if base and base not in project.drafters:
-        message = f"unknown drafter '{base}' (valid: {_choices(project.drafters)})"
+    if base and base not in project.eagle_drafters:
+        message = f"unknown EAGLE-3 drafter '{base}' (valid: {_choices(project.eagle_drafters)})"
         issues.append(((*path, "lineage", "base_drafter"), message))
     return issues

@@ -244,6 +244,8 @@ class ServeSpec(WorkloadSpec):
     layers: LayerSelection | None
     num_speculative_tokens: int | None
     draft_vocab_size: int | None = None
+    decoder: Literal["llama", "mla"] = "llama"
+    image_patches: list[str] = []
     image_cuda_archs: list[str]
     vllm_version: str | None
 

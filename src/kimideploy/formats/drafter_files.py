@@ -22,6 +22,15 @@ EAGLE3_ARCHITECTURES = {
     "Eagle3Speculator",
     "Eagle3DraftModel",  # the speculators format (speculators_model_type eagle3), which vLLM reads
 }
+MLA_EAGLE3_ARCHITECTURES = {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"}
+"""What vLLM >= 0.32 maps to its DeepSeek (MLA) EAGLE-3 drafter model."""
+MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""The latent-attention shapes the MLA decoder layer is built from; without kv_lora_rank vLLM
+does not treat the drafter as MLA at all."""
+MLA_DRAFTER_MODEL_TYPES = ("axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp")
+"""The model types vLLM 0.32 detects as MLA inside an EAGLE config (the list
+vllm-project/vllm#45764 extends with kimi_k2; kimideploy's vLLM 0.32 patch 0001 does the same)."""
+KIMI_MLA_PATCH = "0001-mla-eagle3-drafter-kimi-k2.patch"
 LINEAGE_FILE = "kimideploy-lineage.json"
 """Written by the train workload next to config.json."""
 
@@ -42,6 +51,10 @@ class Expected:
     num_speculative_tokens: int
     vllm_version: str = "0.32.0"
     """The vLLM of the image that will load the drafter: where it reads the ids depends on it."""
+    decoder: str = "llama"
+    """The registry's `decoder`: llama or mla."""
+    image_patches: tuple[str, ...] = ()
+    """The serving image's vLLM patches (whether a kimi_k2 MLA drafter is detected as MLA)."""
 
 
 def folder_findings(expected: Expected, folder: Path) -> list[CheckResult]:
@@ -65,12 +78,8 @@ def folder_findings(expected: Expected, folder: Path) -> list[CheckResult]:
     )
     tensors, broken = read_headers(folder)
     return [
-        CheckResult(
-            "architecture",
-            bool(archs & EAGLE3_ARCHITECTURES),
-            ", ".join(sorted(archs)) or "none",
-            "an EAGLE-3 checkpoint declares LlamaForCausalLMEagle3 (speculators writes it)",
-        ),
+        _architecture_finding(expected, archs),
+        *_mla_findings(expected, config),
         CheckResult(
             "hidden size",
             hidden == expected.hidden_size,
@@ -87,6 +96,59 @@ def folder_findings(expected: Expected, folder: Path) -> list[CheckResult]:
         *_vocab_findings(expected, config, tensors),
         *_speculators_findings(expected, config),
         *_lineage_findings(expected, folder / LINEAGE_FILE),
+    ]
+
+
+def _architecture_finding(expected: Expected, archs: set[str]) -> CheckResult:
+    found = ", ".join(sorted(archs)) or "none"
+    if expected.decoder == "mla":
+        ok = bool(archs & MLA_EAGLE3_ARCHITECTURES)
+        fix = (
+            "the registry says decoder: mla; this checkpoint is a Llama-layer EAGLE-3 drafter "
+            "(set decoder: llama)"
+            if archs & EAGLE3_ARCHITECTURES
+            else "an MLA EAGLE-3 checkpoint declares Eagle3DeepseekV2ForCausalLM"
+        )
+        if ok and version_tuple(expected.vllm_version) < (0, 32):
+            ok, fix = False, "serve it with an image whose vLLM is >= 0.32"
+            found += f" (vLLM {expected.vllm_version} has no MLA EAGLE-3 model)"
+        return CheckResult("architecture", ok, found, fix)
+    fix = (
+        "this is an MLA EAGLE-3 drafter: set decoder: mla in the registry"
+        if archs & MLA_EAGLE3_ARCHITECTURES
+        else "an EAGLE-3 checkpoint declares LlamaForCausalLMEagle3 (speculators writes it)"
+    )
+    return CheckResult("architecture", bool(archs & EAGLE3_ARCHITECTURES), found, fix)
+
+
+def _mla_findings(expected: Expected, config: dict[str, Any]) -> list[CheckResult]:
+    """An MLA drafter's attention shapes, and whether this vLLM will run them as MLA."""
+    if expected.decoder != "mla":
+        return []
+    shapes = {key: config.get(key) for key in MLA_KEYS}
+    missing = [k for k, v in shapes.items() if not isinstance(v, int) or v <= 0]
+    heads = config.get("num_attention_heads")
+    described = ", ".join(f"{k} {v}" for k, v in shapes.items()) + f", {heads} heads"
+    model_type = str(config.get("model_type") or "none")
+    detected = model_type in MLA_DRAFTER_MODEL_TYPES or (
+        model_type == "kimi_k2" and KIMI_MLA_PATCH in expected.image_patches
+    )
+    return [
+        CheckResult(
+            "attention shapes",
+            not missing and isinstance(heads, int) and heads > 0,
+            described if not missing else f"{described}: {', '.join(missing)} missing or not > 0",
+            "an MLA drafter's config.json sets kv_lora_rank, qk_nope_head_dim, "
+            "qk_rope_head_dim, v_head_dim and num_attention_heads",
+        ),
+        CheckResult(
+            "MLA detected",
+            detected,
+            f"model_type {model_type}"
+            + ("" if detected else ": vLLM would run this latent attention as ordinary attention"),
+            f"serve with an image carrying {KIMI_MLA_PATCH} (vllm-project/vllm#45764), or "
+            'set "model_type": "deepseek_v3" in config.json',
+        ),
     ]
 
 

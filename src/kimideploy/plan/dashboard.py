@@ -60,7 +60,7 @@ def release_dashboard(ctx: PlanInputs, break_even_rate: float | None) -> dict[st
         defaults["custom"] = {**defaults.get("custom", {}), "thresholdsStyle": {"mode": "line"}}
         panel["description"] = (
             f"Green above {break_even_rate:.1%}: the break-even acceptance rate for k="
-            f"{ctx.drafter.num_speculative_tokens if ctx.drafter else '?'} at the lowest gated "
+            f"{ctx.speculative_tokens or '?'} at the lowest gated "
             f"concurrency on {ctx.cluster_name} ({ctx.cost_model.source})."
         )
     return dashboard
@@ -72,11 +72,9 @@ def dashboard_object(ctx: PlanInputs, common: dict[str, Any]) -> ObjectPlan | No
     if not settings.enabled:
         return None
     rate = None
-    if ctx.drafter is not None and ctx.synthetic_k is None:
-        lowest = min(gated_levels(ctx))
-        rate = calibration.break_even_rate(
-            ctx.cost_model, ctx.drafter.num_speculative_tokens, lowest
-        )
+    k = ctx.speculative_tokens
+    if k is not None and ctx.synthetic_k is None:
+        rate = calibration.break_even_rate(ctx.cost_model, k, min(gated_levels(ctx)))
     text = json.dumps(release_dashboard(ctx, rate), indent=1, sort_keys=True)
     labels = {**common["labels"], settings.label: settings.label_value}
     values = {

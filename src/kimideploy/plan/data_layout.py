@@ -33,7 +33,7 @@ def pipeline_fingerprints(project: Project, cluster_name: str) -> dict[str, dict
     cluster = project.clusters[cluster_name]
     model, workloads = project.model_for(cluster_name), cluster.workloads
     datagen, extract = workloads.datagen, workloads.extract
-    drafter = project.drafters[workloads.train.drafter]
+    drafter = project.eagle_drafter(workloads.train.drafter)
     target = {"repo": model.repo, "revision": model.revision}
     published = _published(project, cluster_name)
     conversations = (

@@ -7,13 +7,25 @@ blocking failure), `render` (warnings) and `drafter check` (which adds the files
 
 from __future__ import annotations
 
-from kimideploy.config.drafters import Drafter, HeldOutAcceptance, to_vllm_layer_ids
+from kimideploy.config.drafters import (
+    Drafter,
+    HeldOutAcceptance,
+    ModelFreeMethod,
+    SuffixMethod,
+    to_vllm_layer_ids,
+)
+from kimideploy.config.images import Image
 from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.drafter_files import Expected
 from kimideploy.plan.acceptance import Evidence, all_evidence
 from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup, speedup
 from kimideploy.plan.inputs import drafter_path
+
+
+def serving_image(project: Project, cluster: str | None = None) -> Image:
+    """The image that would load the drafter on this cluster (its serve image)."""
+    return project.images[project.clusters[cluster or project.default_cluster].images.serve]
 
 
 def serving_vllm(project: Project, cluster: str | None) -> str:
@@ -36,6 +48,8 @@ def expected_files(project: Project, drafter: Drafter, cluster: str | None = Non
         draft_vocab_size=drafter.draft_vocab_size,
         num_speculative_tokens=drafter.num_speculative_tokens,
         vllm_version=serving_vllm(project, cluster),
+        decoder=drafter.decoder,
+        image_patches=tuple(serving_image(project, cluster).patches),
     )
 
 
@@ -54,6 +68,58 @@ def registry_findings(
     findings = lineage_findings(project, drafter, cluster)
     findings += _token_findings(project, drafter, cluster, costs, concurrency, held_out)
     return findings + _record_findings(name, drafter)
+
+
+def method_findings(
+    project: Project,
+    name: str,
+    method: ModelFreeMethod,
+    cluster: str | None = None,
+    costs: CostModel | None = None,
+    concurrency: int = 1,
+) -> list[CheckResult]:
+    """A model-free method on `cluster`: what its serve image must carry, and the speedup its
+    measured acceptance predicts (none is known before it has served: it has no training)."""
+    cluster_name = cluster or project.default_cluster
+    profile = project.clusters[cluster_name]
+    image_name = profile.images.serve
+    image = project.images[image_name]
+    if isinstance(method, SuffixMethod):
+        carried = image.arctic_inference is not None
+        having = [n for n, i in project.images.items() if i.role == "serve" and i.arctic_inference]
+        image_finding = CheckResult(
+            "serve image",
+            carried,
+            f"{image_name} carries Arctic Inference {image.arctic_inference}"
+            if carried
+            else f"{image_name} has no Arctic Inference: vLLM refuses suffix decoding",
+            f"serve with --image {' or '.join(having)}"
+            if having
+            else "set images.<name>.arctic_inference on a serve image and rebuild it",
+        )
+    else:
+        image_finding = CheckResult(
+            "serve image", image.vllm is not None, f"{image_name}: vLLM {image.vllm}",
+            "serve with an image that has vLLM",
+        )  # fmt: skip
+    k = method.num_speculative_tokens
+    found = all_evidence(method, k)
+    if not found:
+        costs = costs or DefaultCost(profile.step_cost_per_token, cluster_name)
+        even = costs.cost(k, concurrency)
+        return [image_finding, CheckResult(
+            "acceptance",
+            True,
+            f"model-free: known only once served; at k={k} it pays above mean acceptance "
+            f"length {even:.2f} at c={concurrency} ({costs.source})"
+            + (" (suffix drafts vary up to k, so this bar is an upper bound)"
+               if isinstance(method, SuffixMethod) else ""),
+            f"measure it: kimideploy run bench --drafters none,{name}",
+            blocking=False,
+        )]  # fmt: skip
+    costs = costs or DefaultCost(profile.step_cost_per_token, cluster_name)
+    shown = CheckResult("acceptance", True, f"{found[0].label()} at k={k}", "", blocking=False)
+    return [image_finding, shown, *_speedup_findings(found[0], k, costs, concurrency)]
 
 
 def lineage_findings(project: Project, drafter: Drafter, cluster: str | None) -> list[CheckResult]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.datasets import PublishedDataset
-from kimideploy.config.drafters import NO_DRAFTER, Drafter, to_vllm_layer_ids
+from kimideploy.config.drafters import NO_DRAFTER, Drafter, ModelFreeMethod, to_vllm_layer_ids
 from kimideploy.config.images import Image
 from kimideploy.config.project import Project
 from kimideploy.config.specs import LayerSelection, TargetRef
@@ -34,6 +34,7 @@ class PlanInputs:
     cluster: Cluster
     drafter_name: str
     drafter: Drafter | None
+    """The EAGLE-3 drafter named (served, or the train drafter of a data workload)."""
     image_name: str
     image: Image
     run_id: str | None
@@ -48,6 +49,14 @@ class PlanInputs:
     costs: CostModel | None = None
     costs_note: str = ""
     """Why a stored calibration was not used (empty when it was, or when there was none)."""
+    model_free: ModelFreeMethod | None = None
+    """The model-free method (ngram, suffix) named instead of a drafter."""
+
+    @property
+    def speculative_tokens(self) -> int | None:
+        """The k served: a calibration's, else the drafter's or method's; None without either."""
+        method = self.drafter or self.model_free
+        return self.synthetic_k or (method.num_speculative_tokens if method else None)
 
     @property
     def cost_model(self) -> CostModel:

@@ -121,7 +121,7 @@ def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
         TrainSpec, settings,
         run_id=run_id, cluster=ctx.cluster_name, shards=settings.nodes, target=ctx.target_ref(),
         drafter=ctx.drafter_name,
-        base_drafter_path=drafter_path(base, ctx.project.drafters[base]) if base else None,
+        base_drafter_path=drafter_path(base, ctx.project.eagle_drafter(base)) if base else None,
         hidden_states_dir=dirs["hidden_states"], vocab_dir=dirs["vocab"],
         checkpoint_dir=f"{dirs['checkpoints']}/{run_id}",
         output_dir=trained_path(ctx.drafter_name, drafter), layers=ctx.layers(),

@@ -156,7 +156,7 @@ def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
     if ctx.workload == "train" and ctx.cluster.workloads.train.base_drafter:
         names.append(ctx.cluster.workloads.train.base_drafter)
     for name in names:
-        drafter = ctx.project.drafters[name]
+        drafter = ctx.project.eagle_drafter(name)
         if drafter.source.oci is not None:
             registry = require_registry(ctx, f"drafter {name} is a published artifact")
             found.append(PulledArtifact(

@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any
 
-from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
+from kimideploy.config.drafters import NO_DRAFTER, SuffixMethod, to_vllm_layer_ids
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.config.specs import WorkloadSpec
@@ -20,6 +20,7 @@ from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.drafter_judgement import (
     lineage_findings,
+    method_findings,
     registry_findings,
     serving_warnings,
 )
@@ -66,9 +67,9 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
 
 
 def _break_even(ctx: PlanInputs) -> dict[str, Any]:
-    if ctx.workload != "serve" or ctx.drafter is None or ctx.synthetic_k is not None:
+    k = ctx.speculative_tokens
+    if ctx.workload != "serve" or k is None or ctx.synthetic_k is not None:
         return {}
-    k = ctx.drafter.num_speculative_tokens
     levels = gated_levels(ctx)
     costs = ctx.cost_model
     return {
@@ -105,7 +106,8 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         cluster_name=cluster_name,
         cluster=cluster,
         drafter_name=drafter_name,
-        drafter=project.drafters.get(drafter_name),
+        drafter=project.eagle_drafters.get(drafter_name),
+        model_free=project.model_free_methods.get(drafter_name),
         image_name=image_name,
         image=project.images[image_name],
         run_id=run_id,
@@ -116,6 +118,7 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         publish_to=request.publish_to,
         publish_dataset=request.publish_dataset,
     )
+    _check_method_on_image(ctx)
     if request.synthetic is not None:
         ctx = _with_synthetic(ctx, request)
     costs, note = _cost_model(ctx, request)
@@ -175,6 +178,42 @@ def _cost_model(ctx: PlanInputs, request: PlanRequest) -> tuple[CostModel | None
 SYNTHETIC_MIN_VLLM = (0, 32)
 
 
+MLA_DRAFTER_MIN_VLLM = (0, 32)
+"""The first vLLM whose model registry maps Eagle3DeepseekV2ForCausalLM (MLA EAGLE-3 drafters)."""
+
+
+def _check_method_on_image(ctx: PlanInputs) -> None:
+    """What the serve image must carry for the method named: refused here, not after a load."""
+    if ctx.workload != "serve":
+        return
+    images = ctx.project.images
+    where = f"image {ctx.image_name} (serve on {ctx.cluster_name})"
+    if isinstance(ctx.model_free, SuffixMethod) and ctx.image.arctic_inference is None:
+        having = sorted(n for n, i in images.items() if i.role == "serve" and i.arctic_inference)
+        raise UsageError(
+            f"--drafter {ctx.drafter_name}: suffix decoding needs Arctic Inference and {where} "
+            "has none",
+            hint=f"serve with --image {' or '.join(having)}"
+            if having
+            else "set images.<name>.arctic_inference on a serve image and rebuild it",
+        )
+    drafter = ctx.drafter
+    vllm = ctx.image.vllm
+    too_old = vllm is None or version_tuple(vllm) < MLA_DRAFTER_MIN_VLLM
+    if drafter is not None and drafter.decoder == "mla" and too_old:
+        having = sorted(
+            n for n, i in images.items()
+            if i.role == "serve" and i.vllm and version_tuple(i.vllm) >= MLA_DRAFTER_MIN_VLLM
+        )  # fmt: skip
+        raise UsageError(
+            f"--drafter {ctx.drafter_name}: an MLA EAGLE-3 drafter needs vLLM >= 0.32 "
+            f"(Eagle3DeepseekV2ForCausalLM); {where} has vLLM {vllm}",
+            hint=f"serve with --image {' or '.join(having)}"
+            if having
+            else "add a serve image with vLLM >= 0.32",
+        )
+
+
 def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
     """Checked here, before anything is created: a drafter, lengths vLLM accepts for k, and (on
     serve) an image whose vLLM has synthetic rejection sampling."""
@@ -225,10 +264,11 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
             f"--drafter: unknown drafter '{name}' (valid: {', '.join(valid)})",
             hint="`kimideploy drafter list` shows the registry",
         )
-    if pipeline and name == NO_DRAFTER:
+    if pipeline and name not in project.eagle_drafters:
         raise UsageError(
-            f"--drafter none: {request.workload} builds data for a drafter and needs its layer ids",
-            hint=f"pass one of {', '.join(sorted(project.drafters))}",
+            f"--drafter {name}: {request.workload} builds data for an EAGLE-3 drafter and needs "
+            "its layer ids",
+            hint=f"pass one of {', '.join(sorted(project.eagle_drafters))}",
         )
     return name
 
@@ -326,9 +366,14 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
     if spec is None:
         return [*facts, ("speculative", "off (no drafter)")]
     drafter = ctx.drafter
-    assert drafter is not None
-    vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
-    aux = f"{drafter.aux_layer_ids} ({drafter.layer_id_convention}) = {vllm_ids} in vLLM"
+    if drafter is not None:
+        vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
+        drafts_from = (
+            f"{drafter.aux_layer_ids} ({drafter.layer_id_convention}) = {vllm_ids} in vLLM"
+        )
+        drafts_key = "aux layers"
+    else:
+        drafts_key, drafts_from = "drafts from", "the request's own tokens (model-free: no weights)"
     counted = (
         "per request: the bench counts only its own requests (--per-request-spec-decode-metrics)"
         if serve.counts_per_request(ctx)
@@ -336,10 +381,11 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
     )
     facts += [
         ("speculative", json.dumps(spec)),
-        ("aux layers", aux),
+        (drafts_key, drafts_from),
         ("acceptance counted", counted),
     ]
-    k = ctx.synthetic_k or drafter.num_speculative_tokens
+    k = ctx.speculative_tokens
+    assert k is not None
     gate = ctx.cluster.gate
     gated = gated_levels(ctx)
     levels = ",".join(map(str, gated))
@@ -359,7 +405,7 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
 
 def prediction_facts(ctx: PlanInputs, k: int, levels: list[int]) -> list[tuple[str, str]]:
     """Predicted speedup per gated concurrency, saying which cost model it comes from."""
-    drafter = ctx.drafter
+    drafter = ctx.drafter or ctx.model_free
     assert drafter is not None
     costs = ctx.cost_model
     found = acceptance.evidence(drafter, k)
@@ -372,8 +418,10 @@ def prediction_facts(ctx: PlanInputs, k: int, levels: list[int]) -> list[tuple[s
         even = ", ".join(f"c={c} {calibration.break_even_length(costs, k, c):.2f}" for c in levels)
         predicted = f"unknown: no measured acceptance; break-even acceptance length {even} (k={k})"
     facts = [("predicted", predicted), ("step cost", _cost_source(ctx))]
+    if ctx.drafter is None:
+        return facts
     schedule = serve.k_schedule(ctx)
-    if drafter.k_schedule == "auto" or schedule.ranges:
+    if ctx.drafter.k_schedule == "auto" or schedule.ranges:
         facts.append(("k schedule", schedule.describe()))
     return facts
 
@@ -410,7 +458,14 @@ def _training_target_fact(ctx: PlanInputs) -> tuple[str, str, str | None]:
 def _drafter_findings(ctx: PlanInputs) -> tuple[CheckResult, ...]:
     """The registry judgement of a drafter served on this plan's cluster, with the cost model the
     plan predicts with; none for a calibration, whose acceptance is synthetic."""
-    if ctx.workload != "serve" or ctx.drafter is None or ctx.synthetic_k is not None:
+    if ctx.workload != "serve" or ctx.synthetic_k is not None:
+        return ()
+    if ctx.model_free is not None:
+        found = method_findings(
+            ctx.project, ctx.drafter_name, ctx.model_free, ctx.cluster_name, ctx.cost_model
+        )
+        return tuple(found)
+    if ctx.drafter is None:
         return ()
     found = registry_findings(
         ctx.project, ctx.drafter_name, ctx.drafter, ctx.cluster_name, ctx.cost_model

@@ -8,7 +8,14 @@ import json
 import math
 from typing import Any
 
-from kimideploy.config.drafters import NO_DRAFTER, Drafter
+from kimideploy.config.drafters import (
+    NO_DRAFTER,
+    Drafter,
+    ModelFreeMethod,
+    NgramMethod,
+    SuffixMethod,
+)
+from kimideploy.config.images import SUFFIX_SELFCHECK
 from kimideploy.config.specs import (
     SPEC_FILE_NAME,
     SPEC_PATH,
@@ -39,6 +46,8 @@ def speculative_config(ctx: PlanInputs) -> dict[str, Any] | None:
     """The --speculative-config value vLLM parses as JSON; None for non-speculative serving."""
     if not is_speculative(ctx):
         return None
+    if ctx.model_free is not None:
+        return model_free_config(ctx.model_free)
     drafter = ctx.drafter
     assert drafter is not None
     config: dict[str, Any] = {
@@ -55,6 +64,25 @@ def speculative_config(ctx: PlanInputs) -> dict[str, Any] | None:
     schedule = k_schedule(ctx)
     if schedule.ranges:
         config["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule.ranges]
+    return config
+
+
+def model_free_config(method: ModelFreeMethod) -> dict[str, Any]:
+    """A model-free method's keys under vLLM's names (vllm/config/speculative.py)."""
+    config: dict[str, Any] = {
+        "method": method.method,
+        "num_speculative_tokens": method.num_speculative_tokens,
+    }
+    if isinstance(method, NgramMethod):
+        config["prompt_lookup_min"] = method.prompt_lookup_min
+        config["prompt_lookup_max"] = method.prompt_lookup_max
+        return config
+    config.update(
+        suffix_decoding_max_tree_depth=method.max_tree_depth,
+        suffix_decoding_max_cached_requests=method.max_cached_requests,
+        suffix_decoding_max_spec_factor=method.max_spec_factor,
+        suffix_decoding_min_token_prob=method.min_token_prob,
+    )
     return config
 
 
@@ -175,10 +203,10 @@ def serve_spec(ctx: PlanInputs) -> ServeSpec:
         drafter=ctx.drafter_name,
         drafter_path=drafter_path(ctx.drafter_name, drafter) if drafter else None,
         layers=ctx.layers() if drafter else None,
-        num_speculative_tokens=(
-            (ctx.synthetic_k or drafter.num_speculative_tokens) if drafter else None
-        ),
+        num_speculative_tokens=ctx.speculative_tokens,
         draft_vocab_size=drafter.draft_vocab_size if drafter else None,
+        decoder=drafter.decoder if drafter else "llama",
+        image_patches=list(ctx.image.patches),
         image_cuda_archs=list(ctx.image.cuda_archs),
         vllm_version=ctx.image.vllm,
     )
@@ -216,6 +244,16 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
             "securityContext": hardened,
         }
     ] if ctx.drafter else []  # fmt: skip
+    if isinstance(ctx.model_free, SuffixMethod):
+        # Suffix decoding has no files to check; what it needs is Arctic Inference in the image.
+        drafter_check = [{
+            "name": "drafter-check",
+            "image": ctx.image.reference,
+            "command": ["python", "-m", "kimideploy.images.selfcheck", SUFFIX_SELFCHECK],
+            "resources": small,
+            "volumeMounts": writable,
+            "securityContext": hardened,
+        }]  # fmt: skip
     return [
         *publish.pull_container(ctx, publish.pulls(ctx), spec_mount, writable),
         {

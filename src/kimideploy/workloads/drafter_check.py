@@ -30,6 +30,8 @@ def run(spec: ServeSpec) -> int:
         draft_vocab_size=spec.draft_vocab_size or 0,
         num_speculative_tokens=spec.num_speculative_tokens or 0,
         vllm_version=spec.vllm_version or "0.32.0",
+        decoder=spec.decoder,
+        image_patches=tuple(spec.image_patches),
     )
     findings = folder_findings(expected, Path(spec.drafter_path))
     for finding in findings:

@@ -46,6 +46,7 @@ from kimideploy.services.gate.gating import (
     serves_like,
     serving_record,
 )
+from kimideploy.services.gate.restore import restore_serving
 from kimideploy.services.gate.verdict import GateMeasurementError, pick_baseline
 from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.release import deploy
@@ -397,28 +398,8 @@ def points_from(k: int, result: dict[str, Any], baseline: dict[str, Any]) -> lis
 
 def _restore(sweep: Sweep, found: ReleaseRecord | None, latest: int | None) -> str:
     """Put back what served before the calibration; say what was done."""
-    session, plan = sweep.session, sweep.plan
-    if latest is None:
-        return "nothing was deployed, nothing to restore"
-    try:
-        if found is None:
-            deploy.down(session, plan.release, sweep.apply.change, sweep.reporter)
-            return "nothing served before the calibration, so the release was taken down again"
-        target = deploy.RollbackTo(
-            to=found.revision,
-            note=f"restored after calibration {plan.calibration_id}",
-            expect_serving=latest,
-        )
-        unattended = sweep.apply.unattended(auto_rollback=False)
-        deploy.rollback(session, plan.release, target, unattended, sweep.reporter)
-    except deploy.StaleRollbackError as exc:
-        return f"not restored: {exc.message}"
-    except KimiDeployError as exc:
-        return (
-            f"restoring revision {found.revision if found else '-'} failed: {exc.message}; "
-            f"`kimideploy rollback serve --to {found.revision if found else 'N'}` retries it"
-        )
-    return f"restored revision {found.revision} ({found.drafter}), which served before"
+    return restore_serving(sweep.session, sweep.plan.release, found, latest, sweep.apply,
+                           sweep.reporter, f"calibration {sweep.plan.calibration_id}")  # fmt: skip
 
 
 def _interrupted(plan: CalibrationPlan, found: ReleaseRecord | None, cal: Calibration) -> str:

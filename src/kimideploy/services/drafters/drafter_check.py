@@ -11,12 +11,13 @@ from pathlib import Path
 
 from kimideploy.config.drafters import HeldOutAcceptance
 from kimideploy.config.project import Project
+from kimideploy.errors import UsageError
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.drafter_files import LINEAGE_FILE, read_lineage
 from kimideploy.formats.drafter_files import folder_findings as files_findings
 from kimideploy.plan.acceptance import held_out_from_lineage
 from kimideploy.plan.calibration import CostModel
-from kimideploy.plan.drafter_judgement import expected_files, registry_findings
+from kimideploy.plan.drafter_judgement import expected_files, method_findings, registry_findings
 
 
 def check(
@@ -29,7 +30,15 @@ def check(
 ) -> list[CheckResult]:
     """Registry findings for serving on `cluster` (default: the default cluster), and the files'
     when a local copy is given, judged by the vLLM of that cluster's serve image."""
-    drafter = project.drafters[name]
+    method = project.model_free_methods.get(name)
+    if method is not None:
+        if folder is not None:
+            raise UsageError(
+                f"--dir: {name} is a model-free method ({method.method}); it has no files",
+                hint=f"run `kimideploy drafter check {name}` without --dir",
+            )
+        return method_findings(project, name, method, cluster, costs, concurrency)
+    drafter = project.eagle_drafter(name)
     held_out = lineage_held_out(folder) if folder is not None else None
     findings = registry_findings(project, name, drafter, cluster, costs, concurrency, held_out)
     if folder is not None:

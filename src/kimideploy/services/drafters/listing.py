@@ -4,43 +4,58 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
+from kimideploy.config.drafters import Drafter, ModelFreeMethod, NgramMethod, to_vllm_layer_ids
 from kimideploy.config.project import Project
 from kimideploy.plan.acceptance import held_out_length
 from kimideploy.plan.speedup import rates_at_k, tokens_per_step
 
 
 def drafter_rows(project: Project) -> list[dict[str, Any]]:
-    """One row per drafter, with layer ids shown as written and as vLLM will read them."""
+    """One row per registry entry: EAGLE-3 drafters with layer ids shown as written and as vLLM
+    will read them; model-free methods with their own settings in place of a source."""
     rows = []
     for name, d in sorted(project.drafters.items()):
-        if d.source.hub:
-            source = f"hub:{d.source.hub.repo}@{d.source.hub.revision[:8]}"
-        elif d.source.oci:
-            source = f"oci:{d.source.oci.repository}@{d.source.oci.digest[:19]}"
-        else:
-            source = f"volume:{d.source.path}"
-        rows.append(
-            {
-                "name": name,
-                "method": d.method,
-                "source": source,
-                "tokens": d.num_speculative_tokens,
-                "layer_ids": d.aux_layer_ids,
-                "convention": d.layer_id_convention,
-                "vllm_ids": to_vllm_layer_ids(d.aux_layer_ids, d.layer_id_convention),
-                "draft_vocab": d.draft_vocab_size,
-                "trained_for": d.lineage.trained_for,
-                "variant": d.lineage.trained_for_variant or "default",
-                # The publisher's figure is a prior; training's held-out judgement comes next;
-                # what serving measured wins (plan/acceptance.py orders them for predictions).
-                "prior_length": _prior(d),
-                "held_out_length": _held_out(d),
-                "measured_length": _measured(d),
-                "status": d.status,
-            }
-        )
+        row = _drafter_row(d) if isinstance(d, Drafter) else _method_row(d)
+        rows.append({"name": name, "method": d.method, **row, "status": d.status})
     return rows
+
+
+def _drafter_row(d: Drafter) -> dict[str, Any]:
+    if d.source.hub:
+        source = f"hub:{d.source.hub.repo}@{d.source.hub.revision[:8]}"
+    elif d.source.oci:
+        source = f"oci:{d.source.oci.repository}@{d.source.oci.digest[:19]}"
+    else:
+        source = f"volume:{d.source.path}"
+    return {
+        "source": source if d.decoder == "llama" else f"{source} ({d.decoder})",
+        "tokens": d.num_speculative_tokens,
+        "layer_ids": d.aux_layer_ids,
+        "convention": d.layer_id_convention,
+        "vllm_ids": to_vllm_layer_ids(d.aux_layer_ids, d.layer_id_convention),
+        "draft_vocab": d.draft_vocab_size,
+        "trained_for": d.lineage.trained_for,
+        "variant": d.lineage.trained_for_variant or "default",
+        # The publisher's figure is a prior; training's held-out judgement comes next;
+        # what serving measured wins (plan/acceptance.py orders them for predictions).
+        "prior_length": _prior(d),
+        "held_out_length": _held_out(d),
+        "measured_length": _measured(d.acceptance, d.num_speculative_tokens),
+    }
+
+
+def _method_row(d: ModelFreeMethod) -> dict[str, Any]:
+    if isinstance(d, NgramMethod):
+        settings = f"n-gram {d.prompt_lookup_min}..{d.prompt_lookup_max}"
+    else:
+        settings = f"suffix tree depth {d.max_tree_depth}, {d.max_cached_requests} responses"
+    return {
+        "source": f"model-free ({settings})",
+        "tokens": d.num_speculative_tokens,
+        "layer_ids": None, "convention": None, "vllm_ids": None, "draft_vocab": None,
+        "trained_for": None, "variant": None, "prior_length": None, "held_out_length": None,
+        "measured_length": _measured(d.acceptance, d.num_speculative_tokens),
+    }  # fmt: skip
 
 
 def _prior(drafter: Drafter) -> str | None:
@@ -62,8 +77,7 @@ def _held_out(drafter: Drafter) -> str | None:
     return None if length is None else f"{length:.2f} @k={k} (held-out{run})"
 
 
-def _measured(drafter: Drafter) -> str | None:
-    if not drafter.acceptance:
+def _measured(acceptance: list[float], k: int) -> str | None:
+    if not acceptance:
         return None
-    k = drafter.num_speculative_tokens
-    return f"{tokens_per_step(rates_at_k(list(drafter.acceptance), k)):.2f} @k={k}"
+    return f"{tokens_per_step(rates_at_k(list(acceptance), k)):.2f} @k={k}"

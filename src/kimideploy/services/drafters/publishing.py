@@ -56,9 +56,10 @@ def pin_published(config: Path, name: str, result: dict[str, Any]) -> Published:
         text = config.read_text()
         current = load_project_text(text, config).project
         created = name not in current.drafters
-        if not created and current.drafters[name].source.path is not None:
+        trained_at = None if created else current.eagle_drafter(name).source.path
+        if trained_at is not None:
             # Kept: where it was trained, so that no `run train` writes that name again.
-            values["source"] = {"path": current.drafters[name].source.path, "oci": oci}
+            values["source"] = {"path": trained_at, "oci": oci}
         if created:
             text = yaml_edit.add_entry(text, ("drafters",), name, {**entry(lineage), **values})
         else:

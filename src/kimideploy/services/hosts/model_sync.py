@@ -36,7 +36,7 @@ def sync_targets(project: Project, cluster_name: str, drafters: bool) -> list[Sy
     model = project.model_for(cluster_name)  # the checkpoint this cluster serves
     targets = [SyncTarget(model.repo, model.revision, f"{root}/hub/{model.repo}/{model.revision}")]
     if drafters:
-        for drafter in project.drafters.values():
+        for drafter in project.eagle_drafters.values():
             hub = drafter.source.hub
             if hub is not None:
                 targets.append(

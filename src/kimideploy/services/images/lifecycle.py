@@ -97,19 +97,21 @@ def _serve_cases_for(
 ) -> list[dict[str, Any]]:
     project, cases = loaded.project, []
     for drafter in [NO_DRAFTER, *sorted(project.drafters)]:
-        plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter))
+        try:
+            plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter))
+        except UsageError:
+            continue  # a method this image cannot serve is refused by the plan, before any load
         deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
         args = [a.replace(target_model_path(project.model_for(cluster_name)), str(target))
                 for a in deployment["args"]]  # fmt: skip
-        if drafter != NO_DRAFTER:
-            record = project.drafters[drafter]
+        case: dict[str, Any] = {"name": f"{cluster_name} --drafter {drafter}{label}"}
+        record = project.eagle_drafters.get(drafter)
+        if record is not None:
             args = [a.replace(drafter_path(drafter, record), str(drafters / drafter)) for a in args]
-        cases.append(
-            {
-                "name": f"{cluster_name} --drafter {drafter}{label}",
-                "argv": ["--model", str(target), *args],
-            }
-        )
+            if record.decoder == "mla":
+                # Accepted is not enough: vLLM must also run the drafter's attention as MLA.
+                case["expect"] = {"draft_mla": True}
+        cases.append({**case, "argv": ["--model", str(target), *args]})
     return cases
 
 
@@ -130,7 +132,7 @@ def calibration_cases(
         if cluster.gpu.arch not in image.cuda_archs:
             continue
         drafter = cluster.workloads.train.drafter
-        record = project.drafters[drafter]
+        record = project.eagle_drafter(drafter)
         for k in CALIBRATION_KS:
             synthetic = SyntheticAcceptance(k, lengths_for(k, DEFAULT_LENGTHS))
             plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter, image=name,
@@ -154,7 +156,7 @@ def extraction_cases(
     for cluster_name, cluster in sorted(project.clusters.items()):
         if cluster.images.extract != name or cluster.workloads.extract.backend != "vllm":
             continue
-        record = project.drafters[cluster.workloads.train.drafter]
+        record = project.eagle_drafter(cluster.workloads.train.drafter)
         ids = to_vllm_layer_ids(record.aux_layer_ids, record.layer_id_convention)
         flags = extraction_engine.serve_flags(ids, project.model.num_hidden_layers, str(storage))
         cases.append({"name": f"{cluster_name} extraction at vLLM layers "
@@ -170,13 +172,16 @@ def write_tiny_models(project: Project, root: Path) -> tuple[Path, Path]:
     for name, text in checks.tiny_tokenizer_files(1024).items():
         (target / name).write_text(text)
     drafters = root / "drafters"
-    for name, record in project.drafters.items():
+    for name, record in project.eagle_drafters.items():
         folder = drafters / name
         folder.mkdir(parents=True)
         ids = to_vllm_layer_ids(record.aux_layer_ids, record.layer_id_convention)
-        (folder / "config.json").write_text(
-            json.dumps(checks.tiny_drafter_config(ids, record.draft_vocab_size))
+        tiny = (
+            checks.tiny_mla_drafter_config
+            if record.decoder == "mla"
+            else checks.tiny_drafter_config
         )
+        (folder / "config.json").write_text(json.dumps(tiny(ids, record.draft_vocab_size)))
     return target, drafters
 
 
@@ -215,7 +220,7 @@ def _engine_steps(
     reporter.status(f"{name}: preparing vLLM {image.vllm} (first run downloads and installs it)")
     try:
         python = engine_python(image.vllm)
-        overlay = checks.patched_overlay(image) if image.patches else None
+        overlay = checks.patched_overlay(image, python) if image.patches else None
     except RuntimeError as exc:  # pip or patch output, already trimmed to its last lines
         raise KimiDeployError(
             f"{name}: cannot prepare vLLM {image.vllm} on this machine: {exc}",

@@ -79,7 +79,7 @@ def rental_notice(
     made = _made_by_runs(runs)
     train = profile.workloads.train
     found: list[Unpublished] = []
-    drafter = project.drafters.get(train.drafter)
+    drafter = project.eagle_drafters.get(train.drafter)
     if drafter is not None and drafter.source.oci is None and drafter.source.path is not None:
         found.append(Unpublished(
             f"drafter {train.drafter} (models volume, {drafter.source.path})",

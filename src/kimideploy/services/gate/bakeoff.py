@@ -1,0 +1,130 @@
+"""The bake-off table: every candidate's bench levels side by side with the non-speculative
+baseline's, judged by the gate's own rule, and the method to serve at each concurrency.
+
+A candidate is recommended at a concurrency when it passes the gate there on every prompt set
+(at least `min_speedup` over no drafter on each) and has the best geometric-mean speedup over
+the prompt sets among those that pass; where none passes, serving without speculation is the
+recommendation. k stays each candidate's own: a k schedule per batch size is `k_schedule: auto`
+on the chosen drafter (plan/k_schedule.py), decided from calibration, not from this table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.services.gate.verdict import GateMeasurementError, judge
+
+
+@dataclass(frozen=True)
+class BakeoffRow:
+    prompt_set: str
+    concurrency: int
+    candidate: str
+    output_tokens_per_s: float
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    per_position_acceptance: list[float] | None
+    speedup: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Bakeoff:
+    rows: list[BakeoffRow]
+    recommended: dict[int, str]
+    """concurrency -> the candidate to serve there (`none` where nothing pays everywhere)."""
+    unmeasured: dict[str, str]
+    """candidate -> why it could not be judged (its bench lacked a level or vLLM's counters)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [vars(r) for r in self.rows],
+            "recommended": {str(c): m for c, m in sorted(self.recommended.items())},
+            "unmeasured": dict(self.unmeasured),
+        }
+
+
+def bakeoff(
+    results: dict[str, dict[str, Any]],
+    needed: list[tuple[str, int]],
+    min_speedup: float,
+) -> Bakeoff:
+    """`results`: candidate -> its bench result (the `result` event), including NO_DRAFTER's."""
+    baseline = results[NO_DRAFTER]
+    rows: list[BakeoffRow] = []
+    unmeasured: dict[str, str] = {}
+    for (prompt_set, concurrency), level in _levels(baseline, needed).items():
+        tokens = float(level["output_tokens_per_s"])
+        rows.append(
+            BakeoffRow(prompt_set, concurrency, NO_DRAFTER, tokens, None, None, None, 1.0, True)
+        )
+    for name, measured in results.items():
+        if name == NO_DRAFTER:
+            continue
+        try:
+            _, _, compared = judge(measured, baseline, needed, min_speedup)
+        except GateMeasurementError as exc:
+            unmeasured[name] = str(exc)
+            continue
+        rows += [
+            BakeoffRow(
+                row["prompt_set"],
+                row["concurrency"],
+                name,
+                float(row["tokens_per_s"]),
+                row["acceptance_rate"],
+                row["mean_acceptance_length"],
+                row["per_position_acceptance"],
+                float(row["speedup"]),
+                bool(row["passed"]),
+            )
+            for row in compared
+        ]
+    return Bakeoff(rows, _recommend(rows, needed), unmeasured)
+
+
+def _levels(result: dict[str, Any], needed: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
+    found = {(lv["prompt_set"], int(lv["concurrency"])): lv for lv in result.get("levels", [])}
+    missing = [f"{p} c={c}" for p, c in needed if not (found.get((p, c)) or {}).get(
+        "output_tokens_per_s")]  # fmt: skip
+    if missing:
+        raise GateMeasurementError(f"baseline: no output tokens/s at {', '.join(missing)}")
+    return {key: found[key] for key in needed}
+
+
+def _recommend(rows: list[BakeoffRow], needed: list[tuple[str, int]]) -> dict[int, str]:
+    chosen = {}
+    for concurrency in sorted({c for _, c in needed}):
+        here = [r for r in rows if r.concurrency == concurrency and r.candidate != NO_DRAFTER]
+        score: dict[str, float] = {}
+        for candidate in {r.candidate for r in here}:
+            mine = [r for r in here if r.candidate == candidate]
+            if all(r.passed for r in mine) and len(mine) == len(
+                [1 for _, c in needed if c == concurrency]
+            ):
+                score[candidate] = math.exp(sum(math.log(r.speedup) for r in mine) / len(mine))
+        chosen[concurrency] = max(score, key=lambda c: (score[c], c)) if score else NO_DRAFTER
+    return chosen
+
+
+def table_rows(result: Bakeoff) -> list[dict[str, Any]]:
+    """One printable row per prompt set, concurrency and candidate, best first."""
+    ordered = sorted(result.rows, key=lambda r: (r.prompt_set, r.concurrency, -r.speedup))
+    return [
+        {
+            "prompt_set": r.prompt_set,
+            "c": r.concurrency,
+            "candidate": r.candidate,
+            "tokens_per_s": round(r.output_tokens_per_s, 1),
+            "acceptance": None if r.acceptance_rate is None else round(r.acceptance_rate, 3),
+            "mean_length": None
+            if r.mean_acceptance_length is None
+            else round(r.mean_acceptance_length, 2),
+            "speedup": f"{r.speedup:.2f}x",
+            "recommended": "yes" if result.recommended.get(r.concurrency) == r.candidate else "",
+        }
+        for r in ordered
+    ]

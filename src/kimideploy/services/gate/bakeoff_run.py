@@ -1,0 +1,184 @@
+"""`kimideploy run bench --drafters none,ngram,suffix,k25`: one serve revision per candidate on
+one cluster, each benched with the same settings, judged side by side (services/gate/bakeoff.py).
+
+Order of work, as `run calibrate` (each model load is ~25 minutes on the real target):
+1. render every candidate's revision and the bench first (the resolver's refusals, such as
+   suffix decoding on an image without Arctic Inference, come before anything is created);
+2. resume: a candidate whose stored bench run was measured on a revision that served exactly
+   its render, with the same bench settings, is not loaded again;
+3. say how many loads remain and how long they may take; confirm once;
+4. per candidate: deploy, bench, store (the non-speculative run is what the gate later picks as
+   its baseline);
+5. restore the revision that served before (or take the release down if nothing did), also
+   after a failure; an interrupt says how to restore, and the same command resumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kimideploy.cluster.bench_results import StoredBench
+from kimideploy.cluster.records import ReleaseRecord
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.config.loading import LoadedProject
+from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.plan.model import PlanRequest
+from kimideploy.services.gate.bakeoff import Bakeoff, bakeoff
+from kimideploy.services.gate.gating import (
+    GateOptions,
+    GateRun,
+    GateTerms,
+    bench_revision,
+    gate_terms,
+    serving_record,
+)
+from kimideploy.services.gate.restore import restore_serving
+from kimideploy.services.gate.verdict import GateMeasurementError, serve_fingerprint
+from kimideploy.services.preflight import require_prerequisites
+from kimideploy.services.release import deploy
+from kimideploy.services.rendering import Rendered, render_workload
+from kimideploy.services.reporting import Reporter
+
+
+@dataclass(frozen=True)
+class BakeoffPlan:
+    cluster: str
+    release: str
+    candidates: dict[str, Rendered]
+    """name -> its serve revision, `none` first."""
+    gate: GateTerms
+    startup_budget_s: int
+
+    def describe(self, todo: list[str]) -> str:
+        reused = [n for n in self.candidates if n not in todo]
+        minutes = max(1, round(len(todo) * self.startup_budget_s / 60))
+        levels = ", ".join(f"{p} c={c}" for p, c in self.gate.needed)
+        again = f"; measured before, not loaded again: {', '.join(reused)}" if reused else ""
+        return (
+            f"bake-off on {self.cluster}: {len(todo)} model load(s) ({', '.join(todo) or 'none'}; "
+            f"each up to the startup budget, {minutes} min at most), one bench per load at "
+            f"{levels}{again}"
+        )
+
+
+def plan_bakeoff(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    cluster: str | None,
+    candidates: tuple[str, ...],
+    overrides: tuple[str, ...],
+    image: str | None = None,
+    concurrency: tuple[int, ...] | None = None,
+) -> BakeoffPlan:
+    """Render every candidate before anything is created; `none` is always measured (it is
+    what every speedup is over)."""
+    names = list(dict.fromkeys((NO_DRAFTER, *candidates)))
+    if len(names) < 2:
+        raise UsageError(
+            "--drafters: name at least one method or drafter besides none",
+            hint="e.g. --drafters none,ngram,suffix,k25",
+        )
+    rendered = {
+        name: render_workload(loaded, PlanRequest("serve", cluster, name, overrides,
+                                                  namespace=session.namespace, image=image))
+        for name in names
+    }  # fmt: skip
+    gate = gate_terms(
+        session,
+        loaded,
+        PlanRequest("serve", cluster, NO_DRAFTER, overrides, image=image),
+        GateOptions(concurrency=concurrency),
+    )
+    first = rendered[NO_DRAFTER].plan
+    profile = loaded.project.clusters[first.cluster]
+    return BakeoffPlan(first.cluster, first.release, rendered, gate,
+                       profile.workloads.serve.startup_budget_s)  # fmt: skip
+
+
+def measured_before(session: ClusterSession, plan: BakeoffPlan) -> dict[str, StoredBench]:
+    """Per candidate, the newest stored bench run taken on a revision that served exactly its
+    render, with this bake-off's bench settings."""
+    history = {r.revision: r for r in session.history(plan.release)}
+    found: dict[str, StoredBench] = {}
+    for stored in session.bench_results(plan.release):
+        rendered = plan.candidates.get(stored.drafter)
+        record = history.get(stored.revision)
+        if rendered is None or record is None or stored.bench_fingerprint != plan.gate.bench_print:
+            continue
+        if not _covers(stored, plan.gate.needed):
+            continue
+        if _fingerprint(record) == serve_fingerprint(rendered.objects):
+            found[stored.drafter] = stored
+    return found
+
+
+def _fingerprint(record: ReleaseRecord) -> str | None:
+    try:
+        return serve_fingerprint(record.manifests)
+    except (StopIteration, KeyError, IndexError):
+        return None
+
+
+def _covers(stored: StoredBench, needed: list[tuple[str, int]]) -> bool:
+    levels = {
+        (lv.get("prompt_set"), lv.get("concurrency")) for lv in stored.result.get("levels", [])
+    }
+    return all(key in levels for key in needed)
+
+
+def run_bakeoff(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    plan: BakeoffPlan,
+    apply: deploy.ApplyOptions,
+    reporter: Reporter,
+    bench_poll_s: float = 5.0,
+) -> Bakeoff:
+    """Carry out a plan from plan_bakeoff; the table of every candidate, measured or reused."""
+    results = {name: stored.result for name, stored in measured_before(session, plan).items()}
+    todo = [name for name in plan.candidates if name not in results]
+    reporter.info(plan.describe(todo))
+    for name in todo:  # before the first write
+        require_prerequisites(session, plan.candidates[name].objects, plan.cluster)
+    found = serving_record(session, plan.release)
+    before = f"revision {found.revision} ({found.drafter})" if found else "nothing"
+    if todo and not (apply.change.yes or reporter.confirm(f"bake-off, then restore {before}?")):
+        raise KimiDeployError("cancelled; nothing was changed", hint="pass --yes to skip this")
+    if todo and session.ensure_namespace():
+        reporter.info(f"created namespace {session.namespace}")
+    gate_run = GateRun(session, loaded, plan.gate, reporter, bench_poll_s=bench_poll_s)
+    unattended = apply.unattended()
+    latest: int | None = None
+    try:
+        for name in todo:
+            revision = deploy.revision_from_render(
+                loaded, plan.candidates[name], note=f"bake-off revision ({name})"
+            )
+            reporter.info(f"bake-off: deploying {name}")
+            latest = deploy.deploy(session, revision, unattended, reporter, "bake-off").revision
+            overrides = tuple(plan.candidates[name].plan.inputs["overrides"])
+            request = PlanRequest("serve", plan.cluster, name, overrides)
+            results[name] = bench_revision(gate_run, request, latest).result
+    except KeyboardInterrupt:
+        back = (
+            f"`kimideploy rollback serve --to {found.revision}` restores what served before"
+            if found
+            else "`kimideploy down serve` removes the bake-off revision"
+        )
+        reporter.info(f"interrupted: measured {sorted(results) or 'none'} (stored); {back}; "
+                      "the same `run bench --drafters` resumes")  # fmt: skip
+        raise
+    except (KimiDeployError, GateMeasurementError) as exc:
+        message = exc.message if isinstance(exc, KimiDeployError) else str(exc)
+        restored = restore_serving(session, plan.release, found, latest, unattended, reporter,
+                                   "the bake-off")  # fmt: skip
+        raise RolloutError(
+            f"bake-off stopped: {message}; {restored}",
+            hint="run the same `kimideploy run bench --drafters` again: measured candidates "
+            f"({', '.join(sorted(results)) or 'none'}) are not loaded again",
+        ) from exc
+    reporter.info(restore_serving(session, plan.release, found, latest, unattended, reporter,
+                                  "the bake-off"))  # fmt: skip
+    ordered = {name: results[name] for name in plan.candidates}
+    return bakeoff(ordered, plan.gate.needed, plan.gate.settings.min_speedup)
