@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
 COMMON = ["schema", "command", "ok", "exit_code", "status", "reason", "hint"]
 RELEASE_DOC = [*COMMON, "release", "revision", "serving_revision", "verdict"]
-RUN_DOC = [*COMMON, "run", "results", "comparison", "calibration"]
+RUN_DOC = [*COMMON, "run", "results", "comparison", "calibration", "bakeoff"]
 
 
 def outcome(result: tuple[int, str, str], keys: list[str], output: str = "json") -> dict[str, Any]:
@@ -142,7 +142,7 @@ def test_run_outcomes_for_a_complete_a_failed_and_a_detached_run(
         "complete", 2, 2, [],
     )  # fmt: skip
     assert done["results"]["1"] == {"loss": 1.42, "acceptance_pos0": 0.61}
-    assert done["comparison"] is None and done["calibration"] is None
+    assert done["comparison"] is None and done["calibration"] is None and done["bakeoff"] is None
 
     failing = annotations(run_duration="1s", fail_index="1")
     result = kd("run", "train", *b300, "--set", failing)
