@@ -49,6 +49,12 @@ class UsageError(KimiDeployError):
     exit_code = ExitCode.USAGE
 
 
+class MethodNotServedError(UsageError):
+    """The serve image cannot run the method named (suffix without Arctic Inference, an MLA
+    drafter on vLLM < 0.32): refused by the plan; golden files and `image verify` skip exactly
+    these combinations, and nothing else."""
+
+
 class ManifestError(KimiDeployError):
     """A rendered object failed schema or semantic validation; nothing was applied."""
 

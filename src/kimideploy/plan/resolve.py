@@ -12,7 +12,7 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, WORKLOAD_NAMES
-from kimideploy.errors import UsageError
+from kimideploy.errors import MethodNotServedError, UsageError
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import acceptance, calibration, data_layout, jobs, online, publish, serve
@@ -190,7 +190,7 @@ def _check_method_on_image(ctx: PlanInputs) -> None:
     where = f"image {ctx.image_name} (serve on {ctx.cluster_name})"
     if isinstance(ctx.model_free, SuffixMethod) and ctx.image.arctic_inference is None:
         having = sorted(n for n, i in images.items() if i.role == "serve" and i.arctic_inference)
-        raise UsageError(
+        raise MethodNotServedError(
             f"--drafter {ctx.drafter_name}: suffix decoding needs Arctic Inference and {where} "
             "has none",
             hint=f"serve with --image {' or '.join(having)}"
@@ -205,7 +205,7 @@ def _check_method_on_image(ctx: PlanInputs) -> None:
             n for n, i in images.items()
             if i.role == "serve" and i.vllm and version_tuple(i.vllm) >= MLA_DRAFTER_MIN_VLLM
         )  # fmt: skip
-        raise UsageError(
+        raise MethodNotServedError(
             f"--drafter {ctx.drafter_name}: an MLA EAGLE-3 drafter needs vLLM >= 0.32 "
             f"(Eagle3DeepseekV2ForCausalLM); {where} has vLLM {vllm}",
             hint=f"serve with --image {' or '.join(having)}"

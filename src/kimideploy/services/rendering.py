@@ -13,7 +13,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
 from kimideploy.config.workload_names import WORKLOAD_NAMES
-from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.errors import KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
@@ -65,9 +65,7 @@ def golden_files(config: Path) -> dict[Path, str]:
                 name = workload if drafter is None else f"{workload}-{drafter}"
                 try:
                     rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter))
-                except UsageError:
-                    if drafter in (None, NO_DRAFTER):
-                        raise
+                except MethodNotServedError:
                     continue
                 files[GOLDEN_DIR / cluster / f"{name}.yaml"] = rendered.yaml
     return files

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER
-from kimideploy.services.gate.verdict import GateMeasurementError, judge
+from kimideploy.services.gate.verdict import GateMeasurementError, check_measured, judge
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,8 @@ def bakeoff(
 
 
 def _levels(result: dict[str, Any], needed: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
+    check_measured(result, needed, "baseline")
     found = {(lv["prompt_set"], int(lv["concurrency"])): lv for lv in result.get("levels", [])}
-    missing = [f"{p} c={c}" for p, c in needed if not (found.get((p, c)) or {}).get(
-        "output_tokens_per_s")]  # fmt: skip
-    if missing:
-        raise GateMeasurementError(f"baseline: no output tokens/s at {', '.join(missing)}")
     return {key: found[key] for key in needed}
 
 
@@ -101,10 +98,9 @@ def _recommend(rows: list[BakeoffRow], needed: list[tuple[str, int]]) -> dict[in
         here = [r for r in rows if r.concurrency == concurrency and r.candidate != NO_DRAFTER]
         score: dict[str, float] = {}
         for candidate in {r.candidate for r in here}:
+            # judge() returned a row for every needed level or raised, so all levels are here.
             mine = [r for r in here if r.candidate == candidate]
-            if all(r.passed for r in mine) and len(mine) == len(
-                [1 for _, c in needed if c == concurrency]
-            ):
+            if all(r.passed for r in mine):
                 score[candidate] = math.exp(sum(math.log(r.speedup) for r in mine) / len(mine))
         chosen[concurrency] = max(score, key=lambda c: (score[c], c)) if score else NO_DRAFTER
     return chosen

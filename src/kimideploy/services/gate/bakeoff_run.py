@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kimideploy.cluster.bench_results import StoredBench
-from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
@@ -31,6 +30,7 @@ from kimideploy.services.gate.gating import (
     GateTerms,
     bench_revision,
     gate_terms,
+    record_serve_print,
     serving_record,
 )
 from kimideploy.services.gate.restore import restore_serving
@@ -108,16 +108,9 @@ def measured_before(session: ClusterSession, plan: BakeoffPlan) -> dict[str, Sto
             continue
         if not _covers(stored, plan.gate.needed):
             continue
-        if _fingerprint(record) == serve_fingerprint(rendered.objects):
+        if record_serve_print(record) == serve_fingerprint(rendered.objects):
             found[stored.drafter] = stored
     return found
-
-
-def _fingerprint(record: ReleaseRecord) -> str | None:
-    try:
-        return serve_fingerprint(record.manifests)
-    except (StopIteration, KeyError, IndexError):
-        return None
 
 
 def _covers(stored: StoredBench, needed: list[tuple[str, int]]) -> bool:

@@ -225,11 +225,16 @@ def serving_record(session: ClusterSession, release: str) -> ReleaseRecord | Non
     return next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
 
 
-def serves_like(record: ReleaseRecord, serve_print: str) -> bool:
+def record_serve_print(record: ReleaseRecord) -> str | None:
+    """The serve fingerprint of a stored revision (None when its manifests lack a Deployment)."""
     try:
-        return record.drafter == NO_DRAFTER and serve_fingerprint(record.manifests) == serve_print
+        return serve_fingerprint(record.manifests)
     except (StopIteration, KeyError, IndexError):
-        return False
+        return None
+
+
+def serves_like(record: ReleaseRecord, serve_print: str) -> bool:
+    return record.drafter == NO_DRAFTER and record_serve_print(record) == serve_print
 
 
 def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredBench:

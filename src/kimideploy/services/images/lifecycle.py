@@ -11,7 +11,7 @@ from typing import Any
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
-from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.errors import KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.formats import extraction_engine
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
@@ -99,7 +99,7 @@ def _serve_cases_for(
     for drafter in [NO_DRAFTER, *sorted(project.drafters)]:
         try:
             plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter))
-        except UsageError:
+        except MethodNotServedError:
             continue  # a method this image cannot serve is refused by the plan, before any load
         deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
         args = [a.replace(target_model_path(project.model_for(cluster_name)), str(target))
