@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from kimideploy.formats.vllm_metrics import (
+    BASIS_APPROXIMATE,
+    BASIS_FULL_LENGTH,
     DRAFTS,
     Samples,
     acceptance,
@@ -30,6 +32,7 @@ def test_acceptance_over_the_benchmark_window() -> None:
     assert result.rate == pytest.approx(2760 / 6000)
     assert result.mean_acceptance_length == pytest.approx(1 + 2760 / 2000)
     assert result.per_position_rate == pytest.approx((0.65, 0.45, 0.28))
+    assert result.per_position_basis == BASIS_FULL_LENGTH  # 6000 draft tokens = 2000 drafts x 3
 
 
 def test_no_counters_means_no_drafter() -> None:
@@ -115,3 +118,13 @@ def test_requests_own_acceptance_sums_to_the_counters_figures() -> None:
     assert sum(result.per_position) == result.accepted
     assert result.mean_acceptance_length == pytest.approx(1 + 35 / 15)
     assert from_requests([]) is None
+
+
+def test_drafts_of_varying_length_are_said_to_be_approximate() -> None:
+    """Suffix decoding drafts up to k tokens and often fewer: vLLM 0.32's per-request report of
+    10 steps drafting 14 tokens at k=3 cannot say which positions each draft reached."""
+    [report] = [{"acceptance_histogram": [4, 4, 2, 0], "num_spec_steps": 10,
+                 "num_draft_tokens": 14, "num_accepted_draft_tokens": 8, "num_spec_tokens": 3}]  # fmt: skip
+    result = from_requests([report])
+    assert result is not None and result.per_position_basis == BASIS_APPROXIMATE
+    assert result.per_position_rate == pytest.approx((0.6, 0.2, 0.0))  # over all 10 drafts

@@ -1,10 +1,17 @@
 """vLLM's speculative-decoding counters from two /metrics scrapes (Prometheus text format).
 
 Acceptance rate = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts;
-per-position acceptance = accepted at position i / drafts, all over the difference of the two
-scrapes and summed over engines (data-parallel replicas). Where the server reports each
-request's own acceptance (vLLM >= 0.32), `from_requests` sums those instead: the same figures,
-without other traffic in the window.
+per-position acceptance = accepted at position i / the drafts that reached position i, all over
+the difference of the two scrapes and summed over engines (data-parallel replicas). Where the
+server reports each request's own acceptance (vLLM >= 0.32), `from_requests` sums those instead:
+the same figures, without other traffic in the window.
+
+Which drafts reached position i is known exactly when every draft had the full length k (draft
+tokens = drafts x k: a fixed k, the usual EAGLE-3 case) or when the engine counts drafts by their
+scheduled length (`vllm:spec_decode_num_drafts_by_draft_length`, newer vLLM than the pinned 0.16
+and 0.32). Otherwise (suffix decoding, n-gram with no match, a k schedule that shortens drafts at
+high batch sizes, on an engine without that counter) the per-position figure divides by all
+drafts, which understates the later positions; `per_position_basis` says which it is.
 """
 
 from __future__ import annotations
@@ -21,7 +28,16 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+DRAFTS_BY_LENGTH = "vllm:spec_decode_num_drafts_by_draft_length_total"
 SPEC_DECODE_METRICS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION)
+"""The counters the pinned vLLM versions export (DRAFTS_BY_LENGTH is read where it exists)."""
+
+BASIS_BY_LENGTH = "exact: drafts counted by length"
+BASIS_FULL_LENGTH = "exact: every draft had the full length"
+BASIS_APPROXIMATE = (
+    "approximate: drafts of varying length and no per-length counter, so later positions are "
+    "divided by every draft (understated)"
+)
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 """metric name -> {sorted (label, unescaped value) pairs: value}."""
@@ -111,6 +127,8 @@ class Acceptance:
     draft_tokens: float
     accepted: float
     per_position: tuple[float, ...]
+    drafts_by_length: tuple[float, ...] | None = None
+    """Drafts by scheduled draft length 0..k, where the engine counts them."""
 
     @property
     def rate(self) -> float | None:
@@ -121,8 +139,24 @@ class Acceptance:
         return 1 + self.accepted / self.drafts if self.drafts else None
 
     @property
+    def per_position_basis(self) -> str:
+        counted: float = sum(self.drafts_by_length or ())
+        if counted > 0:
+            return BASIS_BY_LENGTH
+        if self.draft_tokens == self.drafts * len(self.per_position):
+            return BASIS_FULL_LENGTH
+        return BASIS_APPROXIMATE
+
+    @property
     def per_position_rate(self) -> tuple[float, ...]:
-        return tuple(p / self.drafts for p in self.per_position) if self.drafts else ()
+        """Position i accepted given a draft reached it (see the module docstring)."""
+        if not self.drafts:
+            return ()
+        if self.per_position_basis != BASIS_BY_LENGTH:
+            return tuple(p / self.drafts for p in self.per_position)
+        lengths = self.drafts_by_length or ()
+        reached = [sum(lengths[i + 1 :]) for i in range(len(self.per_position))]
+        return tuple(p / n if n else 0.0 for p, n in zip(self.per_position, reached, strict=True))
 
 
 def from_requests(reports: list[dict[str, Any]]) -> Acceptance | None:
@@ -149,12 +183,18 @@ def _total(metrics: Samples, name: str) -> float:
     return sum(metrics.get(name, {}).values())
 
 
-def _per_position(metrics: Samples) -> dict[int, float]:
+def _by_index(metrics: Samples, name: str, label: str) -> dict[int, float]:
+    """`name` summed over engines, by the integer in `label` (position, draft_length)."""
     out: dict[int, float] = {}
-    for labels, value in metrics.get(PER_POSITION, {}).items():
-        position = int(dict(labels)["position"])
-        out[position] = out.get(position, 0.0) + value
+    for labels, value in metrics.get(name, {}).items():
+        index = int(dict(labels)[label])
+        out[index] = out.get(index, 0.0) + value
     return out
+
+
+def _difference(first: Samples, second: Samples, name: str, label: str) -> tuple[float, ...]:
+    before, after = _by_index(first, name, label), _by_index(second, name, label)
+    return tuple(after[i] - before.get(i, 0.0) for i in sorted(after))
 
 
 def acceptance(
@@ -164,12 +204,35 @@ def acceptance(
     first, second = reader(before), reader(after)
     if DRAFTS not in second:
         return None
-    positions_before, positions_after = _per_position(first), _per_position(second)
     return Acceptance(
         drafts=_total(second, DRAFTS) - _total(first, DRAFTS),
         draft_tokens=_total(second, DRAFT_TOKENS) - _total(first, DRAFT_TOKENS),
         accepted=_total(second, ACCEPTED) - _total(first, ACCEPTED),
-        per_position=tuple(
-            positions_after[p] - positions_before.get(p, 0.0) for p in sorted(positions_after)
+        per_position=_difference(first, second, PER_POSITION, "position"),
+        drafts_by_length=(
+            _difference(first, second, DRAFTS_BY_LENGTH, "draft_length")
+            if DRAFTS_BY_LENGTH in second
+            else None
+        ),
+    )
+
+
+def summed(parts: list[Acceptance]) -> Acceptance | None:
+    """Several servers' acceptance as one (a per-length count only where every part has one)."""
+    if not parts:
+        return None
+
+    def columns(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
+        width = max((len(r) for r in rows), default=0)
+        return tuple(sum(r[i] for r in rows if i < len(r)) for i in range(width))
+
+    lengths = [p.drafts_by_length for p in parts]
+    return Acceptance(
+        drafts=sum(p.drafts for p in parts),
+        draft_tokens=sum(p.draft_tokens for p in parts),
+        accepted=sum(p.accepted for p in parts),
+        per_position=columns([p.per_position for p in parts]),
+        drafts_by_length=(
+            None if any(n is None for n in lengths) else columns([n for n in lengths if n])
         ),
     )

@@ -23,6 +23,39 @@ from kimideploy.plan.model import ObjectPlan
 
 ACCEPTANCE_RATE_PANEL = 1
 """The panel id of "Acceptance rate (accepted / draft tokens)" in the shipped dashboard."""
+PER_POSITION_PANEL = 3
+"""The panel id of "Per-position acceptance" in the shipped dashboard."""
+RATE = '{{model_name=~"$model"{extra}}}[$__rate_interval]'
+
+
+def per_position_expr(k: int) -> str:
+    """Position i accepted over the drafts that reached it, from the per-length counter where
+    the engine exports it (vllm_metrics.DRAFTS_BY_LENGTH; newer than the pinned vLLMs), else
+    the shipped panel's expression over every draft, which is exact at a fixed k and understates
+    the later positions where drafts vary in length (suffix decoding, n-gram).
+
+    PromQL cannot compare a label numerically, so each position's denominator names the lengths
+    that reach it (`draft_length=~"2|3"` for position 1 at k=3); `or` keeps the first answer per
+    position, so the fallback fills only positions the exact form did not answer."""
+    accepted = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    by_length = "vllm:spec_decode_num_drafts_by_draft_length_total"
+    exact = []
+    for position in range(k):
+        lengths = "|".join(str(n) for n in range(position + 1, k + 1))
+        numerator = RATE.format(extra=f',position="{position}"')
+        denominator = RATE.format(extra=f',draft_length=~"{lengths}"')
+        exact.append(
+            f"(sum by (position) (rate({accepted}{numerator})) / ignoring(position) group_left "
+            f"sum(rate({by_length}{denominator})))"
+        )
+    fallback = shipped_per_position_expr()
+    return " or ".join([*exact, f"({fallback})"])
+
+
+def shipped_per_position_expr() -> str:
+    panel = next(p for p in shipped_dashboard()["panels"] if p["id"] == PER_POSITION_PANEL)
+    expr: str = panel["targets"][0]["expr"]
+    return expr
 
 
 @lru_cache(maxsize=1)
@@ -47,6 +80,14 @@ def release_dashboard(ctx: PlanInputs, break_even_rate: float | None) -> dict[st
     for variable in dashboard["templating"]["list"]:
         if variable["name"] == "model":
             variable["current"] = {"text": [served], "value": [served]}
+    if ctx.speculative_tokens:
+        panel = next(p for p in dashboard["panels"] if p["id"] == PER_POSITION_PANEL)
+        panel["targets"][0]["expr"] = per_position_expr(ctx.speculative_tokens)
+        panel["description"] = (
+            f"Position i accepted given the draft reached it (k={ctx.speculative_tokens}): exact "
+            "where vLLM counts drafts by length; otherwise over every draft, exact at a fixed k "
+            "and understated at later positions where drafts vary in length."
+        )
     if break_even_rate is not None:
         panel = next(p for p in dashboard["panels"] if p["id"] == ACCEPTANCE_RATE_PANEL)
         defaults = panel["fieldConfig"]["defaults"]

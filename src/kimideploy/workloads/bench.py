@@ -187,6 +187,7 @@ def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any
         "acceptance_rate": accepted.rate if accepted else None,
         "mean_acceptance_length": accepted.mean_acceptance_length if accepted else None,
         "per_position_acceptance": list(accepted.per_position_rate) if accepted else None,
+        "per_position_basis": accepted.per_position_basis if accepted else None,
         "scraped_acceptance_rate": counted.rate if counted else None,
         "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
     }

@@ -29,6 +29,8 @@ class BakeoffRow:
     per_position_acceptance: list[float] | None
     speedup: float
     passed: bool
+    per_position_basis: str | None = None
+    """vllm_metrics' BASIS_*: exact, or approximate where drafts varied in length."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def bakeoff(
                 row["per_position_acceptance"],
                 float(row["speedup"]),
                 bool(row["passed"]),
+                row.get("per_position_basis"),
             )
             for row in compared
         ]
@@ -119,8 +122,19 @@ def table_rows(result: Bakeoff) -> list[dict[str, Any]]:
             "mean_length": None
             if r.mean_acceptance_length is None
             else round(r.mean_acceptance_length, 2),
+            "per_position": _per_position(r),
             "speedup": f"{r.speedup:.2f}x",
             "recommended": "yes" if result.recommended.get(r.concurrency) == r.candidate else "",
         }
         for r in ordered
     ]
+
+
+def _per_position(row: BakeoffRow) -> str:
+    """Per-position acceptance, marked `~` where it is approximate (drafts of varying length on
+    an engine that does not count them by length: suffix decoding, n-gram)."""
+    if not row.per_position_acceptance:
+        return ""
+    figures = " ".join(f"{p:.2f}" for p in row.per_position_acceptance)
+    approximate = (row.per_position_basis or "").startswith("approximate")
+    return f"~{figures}" if approximate else figures

@@ -181,6 +181,7 @@ def judge(
             "acceptance_rate": level.get("acceptance_rate"),
             "mean_acceptance_length": level.get("mean_acceptance_length"),
             "per_position_acceptance": level.get("per_position_acceptance"),
+            "per_position_basis": level.get("per_position_basis"),
             "ttft_p50_s": level.get("ttft_p50_s"),
             "tpot_p50_s": level.get("tpot_p50_s"),
             "passed": speedup >= min_speedup,

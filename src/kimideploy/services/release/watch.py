@@ -16,7 +16,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.gate import WatchSettings
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, UsageError
-from kimideploy.formats.vllm_metrics import Acceptance, acceptance
+from kimideploy.formats.vllm_metrics import acceptance, summed
 from kimideploy.plan.calibration import Calibration
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
@@ -78,27 +78,13 @@ def scrape_serve_pods(
     return texts, errors
 
 
-def _sum(parts: list[Acceptance]) -> Acceptance | None:
-    if not parts:
-        return None
-    width = max(len(p.per_position) for p in parts)
-    return Acceptance(
-        drafts=sum(p.drafts for p in parts),
-        draft_tokens=sum(p.draft_tokens for p in parts),
-        accepted=sum(p.accepted for p in parts),
-        per_position=tuple(
-            sum(p.per_position[i] for p in parts if i < len(p.per_position)) for i in range(width)
-        ),
-    )
-
-
 def live_acceptance(session: ClusterSession, record: ReleaseRecord) -> dict[str, Any]:
     """Acceptance since the serve pods started (lifetime counters), for `status`."""
     facts = serving_facts(record, session.calibrations_of(record.cluster))
     if facts is None:
         return {"acceptance": "no drafter"}
     texts, errors = scrape_serve_pods(session, record.release, facts.port)
-    total = _sum([a for a in (acceptance("", t) for t in texts.values()) if a is not None])
+    total = summed([a for a in (acceptance("", t) for t in texts.values()) if a is not None])
     shown: dict[str, Any] = {
         "break_even_rate": round(facts.break_even, 4),
         "break_even_from": facts.break_even_source,
@@ -112,6 +98,8 @@ def live_acceptance(session: ClusterSession, record: ReleaseRecord) -> dict[str,
         "acceptance": f"{total.rate:.1%} since pod start{below}",
         "acceptance_rate": round(total.rate, 4),
         "mean_acceptance_length": round(total.mean_acceptance_length or 0, 3),
+        "per_position_acceptance": [round(r, 4) for r in total.per_position_rate],
+        "per_position_basis": total.per_position_basis,
         "pods_scraped": len(texts),
     }
 
@@ -136,7 +124,7 @@ class AcceptanceWatch:
             if window is not None and pod in self.previous:
                 parts.append(window)
         self.previous = dict(texts)
-        total = _sum(parts)
+        total = summed(parts)
         trouble = f"; unavailable: {'; '.join(errors)}" if errors else ""
         if total is None or total.rate is None:
             return f"acceptance: no window yet ({len(texts)} pods scraped{trouble})", False
