@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from simulated import PROFILE_LABEL, SIMULATED_LABEL, simulated_objects
 from stages import (
+    AWAIT_HOOK,
     CRASH_LOOP,
     FAIL_INDEX,
     HOOK_STAGES,
@@ -571,11 +572,6 @@ class PodHooks(threading.Thread):
                     continue
                 self.seen.add(name)
                 log_file, annotations = self.choose(pod)
-                if annotations:
-                    pairs = [f"{k}={v}" for k, v in annotations.items()]
-                    self.cluster.kubectl(
-                        "-n", self.namespace, "annotate", "pod", name, *pairs, check=False
-                    )
                 if log_file is not None:
                     logs = {
                         "apiVersion": "kwok.x-k8s.io/v1alpha1",
@@ -585,6 +581,21 @@ class PodHooks(threading.Thread):
                     }
                     self.cluster.kubectl(
                         "apply", "-f", "-", stdin=yaml.safe_dump(logs), check=False
+                    )
+                # Its log is in place: a pod that awaits the hook may now run to its end.
+                pairs = [f"{k}={v}" for k, v in annotations.items()]
+                if AWAIT_HOOK in (pod["metadata"].get("annotations") or {}):
+                    pairs.append(f"{AWAIT_HOOK}-")
+                if pairs:
+                    self.cluster.kubectl(
+                        "-n",
+                        self.namespace,
+                        "annotate",
+                        "--overwrite",
+                        "pod",
+                        name,
+                        *pairs,
+                        check=False,
                     )
             self.stopping.wait(0.2)
 

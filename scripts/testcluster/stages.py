@@ -19,6 +19,11 @@ FAIL_EXIT_CODE = "kimideploy.test/fail-exit-code"  # the failing index's exit co
 FAIL_AFTER = (
     "kimideploy.test/fail-after"  # Go duration before that index fails (default: run-duration)
 )
+# A Job pod that must not finish before a test's PodHooks has given it its log: it runs (its
+# run-duration has not started) until the hook removes this annotation. Without it, a loaded
+# machine let a 1 s pod finish, and kimideploy read its log, before the hook's kubectl calls
+# landed (CI: "bench run ... finished without a result line").
+AWAIT_HOOK = "kimideploy.test/await-hook"
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 HOOK_WEIGHT = 1_000_000  # KWOK picks a weighted stage over the weight-0 upstream ones
@@ -112,9 +117,19 @@ phase: Running
 """,
     ),
     _pod_stage(
+        "kimideploy-test-job-pod-await-hook",
+        [
+            _annotation(AWAIT_HOOK),
+            _phase("Running"),
+            {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]},
+        ],
+        "phase: Running\n",
+    ),
+    _pod_stage(
         "kimideploy-test-job-pod-finish",
         [
             _annotation(RUN_DURATION),
+            _annotation(AWAIT_HOOK, "DoesNotExist"),
             _phase("Running"),
             {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]},
         ],

@@ -19,7 +19,10 @@ pytestmark = pytest.mark.integration
 FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
 BENCH_PODS = "app.kubernetes.io/component=bench"
 LEVELS = (1, 8)
-QUICK_BENCH = "bench.pod_annotations=" + json.dumps({"kimideploy.test/run-duration": "1s"})
+QUICK_BENCH = "bench.pod_annotations=" + json.dumps(
+    {"kimideploy.test/run-duration": "1s", "kimideploy.test/await-hook": "true"}
+)
+"""Bench pods that run 1 s once a harness.PodHooks has given them their log (use it inside one)."""
 MANUAL_BENCH = ("--set", QUICK_BENCH, "--set", "bench.concurrency=[1, 8]", "--poll", "0.3")
 
 
@@ -124,6 +127,33 @@ def record_labels(
     return labels
 
 
+def rolled_back_by_the_gate(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    where: Path,
+    drafter: str,
+    tokens_per_s: dict[int, float],
+    rate: float,
+    min_speedup: str,
+) -> str:
+    """A gated `up` of `drafter` measured at `tokens_per_s` against 60 / 400 without a drafter
+    on a namespace that served nothing: it must end rolled back (exit 4). Returns stderr."""
+    files = {
+        "none": bench_log(where / "none.log", "none", {1: 60.0, 8: 400.0}, None),
+        drafter: bench_log(where / f"{drafter}.log", drafter, tokens_per_s, rate),
+    }
+    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
+        code, _, err = gated(kd, drafter, "--min-speedup", min_speedup)
+    assert code == 4, err
+    assert [(r["revision"], r["drafter"], r["status"]) for r in history(kd)] == [
+        (1, "none", "superseded"),
+        (2, drafter, "rolled-back"),
+        (3, "none", "deployed"),
+    ]
+    return err
+
+
 def test_a_drafter_below_the_threshold_is_rolled_back_to_non_speculative_serving(
     kd: Callable[..., tuple[int, str, str]],
     testcluster: harness.TestCluster,
@@ -131,23 +161,13 @@ def test_a_drafter_below_the_threshold_is_rolled_back_to_non_speculative_serving
     tmp_path: Path,
     observability_binaries: tuple[Path, Path],
 ) -> None:
-    files = {
-        "none": bench_log(tmp_path / "none.log", "none", {1: 60.0, 8: 400.0}, None),
-        "v3": bench_log(tmp_path / "v3.log", "v3", {1: 40.0, 8: 390.0}, 0.15),
-    }
-    with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
-        code, out, err = gated(kd, "v3", "--min-speedup", "1.1")
-    assert code == 4, err
+    err = rolled_back_by_the_gate(kd, testcluster, namespace, tmp_path, "v3",
+                                  {1: 40.0, 8: 390.0}, 0.15, "1.1")  # fmt: skip
     assert "no non-speculative baseline has been measured on cluster rtx6000" in err
     assert "deploying the non-speculative configuration first" in err
     assert "PodMonitor" not in err  # this cluster serves no monitoring.coreos.com CRD
     assert "drafter v3 was rolled back by the gate: below 1.10x at chat c=1 0.67x" in err
     rows = history(kd)
-    assert [(r["revision"], r["drafter"], r["status"]) for r in rows] == [
-        (1, "none", "superseded"),
-        (2, "v3", "rolled-back"),
-        (3, "none", "deployed"),
-    ]
     assert rows[1]["gate"].startswith("rolled back (worst 0.67x, needed 1.10x): below 1.10x")
     assert rows[2]["note"].startswith("gate rollback of revision 2: below 1.10x at chat c=1 0.67x")
     deployment = json.loads(
@@ -332,6 +352,24 @@ def test_watch_reports_unreachable_metrics_and_refuses_a_release_without_a_draft
     assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
     code, _, err = kd("watch", "serve", "--windows", "1")
     assert code == 2 and "serves without a drafter; there is nothing to watch" in err
+
+
+def test_a_model_free_method_is_gated_and_watched_as_a_drafter_is(
+    kd: Callable[..., tuple[int, str, str]],
+    testcluster: harness.TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """n-gram (no weights, no drafter files) goes through the same gate and the same watch: the
+    team's hand-measured n-gram on reasoning traffic was slower than none, and that is a rollback."""
+    err = rolled_back_by_the_gate(kd, testcluster, namespace, tmp_path, "ngram",
+                                  {1: 54.0, 8: 340.0}, 0.2, "1.0")  # fmt: skip
+    assert "drafter ngram was rolled back by the gate: below 1.00x at chat c=1 0.90x" in err
+    assert kd("up", "serve", "--drafter", "ngram", *FAST)[0] == 0
+    code, out, err = kd("watch", "serve", "--windows", "1", "--interval", "0.1")
+    assert code == 0, err
+    assert "watching revision 4 (ngram, k=3) every 0.1s; break-even acceptance " in err
+    assert "watched 1 windows" in out
 
 
 def test_a_manual_non_speculative_bench_run_becomes_the_gates_baseline(
