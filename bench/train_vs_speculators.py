@@ -51,10 +51,10 @@ def pipeline_spec(workdir: Path) -> Path:
     )  # fmt: skip
     if done.returncode != 0:
         sys.exit(f"the pipeline test that makes the features failed:\n{done.stdout[-3000:]}")
-    for spec in sorted(base.glob("cluster*/train-spec.json")):
-        if json.loads(spec.read_text())["drafter"] == "good":
-            return spec
-    sys.exit(f"the pipeline test left no train spec of drafter good under {base}")
+    spec = pipeline_spec_in(sorted(base.glob("cluster*/train-spec.json")))
+    if spec is None:
+        sys.exit(f"the pipeline test left no train spec of drafter good under {base}")
+    return spec
 
 
 def pipeline_spec_in(found: list[Path]) -> Path | None:
