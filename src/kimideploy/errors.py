@@ -14,6 +14,8 @@ class ExitCode(IntEnum):
     USAGE = 2
     CLUSTER = 3
     ROLLOUT = 4
+    UNHEALTHY = 5
+    """`drafter doctor`: the replay ran and named a cause (a verdict, not a failure)."""
     INTERRUPTED = 130
 
 

@@ -114,10 +114,12 @@ def _secret_env(pod: dict[str, Any]) -> dict[str, str]:
 
 def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
              overrides: tuple[str, ...] = (),
-             synthetic: SyntheticAcceptance | None = None, cluster: str = "cpu") -> Rendered:  # fmt: skip
-    """Render `workload` for a pipeline cluster: spec.json and the vLLM container's args."""
+             synthetic: SyntheticAcceptance | None = None, cluster: str = "cpu",
+             **replay: Any) -> Rendered:  # fmt: skip
+    """Render `workload` for a pipeline cluster: spec.json and the vLLM container's args;
+    `replay` takes PlanRequest's replay_drafters and replay_prompts."""
     request = PlanRequest(workload, cluster, drafter, overrides=overrides, run_id="p1",
-                          synthetic=synthetic)  # fmt: skip
+                          synthetic=synthetic, **replay)  # fmt: skip
     manifests = [dict(m) for m in render_workload(loaded, request).objects]
     config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
     spec = json.loads(config_map["data"][SPEC_FILE_NAME])

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
-from kimideploy.cli.terminal import TerminalReporter, publish_options
+from kimideploy.cli.terminal import TerminalReporter, cluster_options, publish_options
 
 
 @click.group()
@@ -43,13 +44,29 @@ def list_drafters(state: CliState, output: str) -> None:
     default=None,
     help="Judge for serving there: its serve image's vLLM and its step cost (default cluster).",
 )
+@click.option(
+    "--replay",
+    "replay_file",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Your prompts (JSON Lines or Parquet, as the bench reads them): predict the drafter's "
+    "acceptance and speedup on them with one replay Job on CLUSTER's engine, before any serve.",
+)
 @output_option()
+@cluster_options
+@click.option("--poll", default=2.0, hidden=True)
 @click.pass_obj
 def check(
-    state: CliState, name: str, folder: Path | None, cluster: str | None, output: str
-) -> None:
-    """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens."""
+    state: CliState, name: str, folder: Path | None, cluster: str | None,
+    replay_file: Path | None, output: str, context: str | None, namespace: str | None,
+    poll: float,
+) -> None:  # fmt: skip
+    """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens.
+    With --replay, the predicted acceptance on your prompts, measured on the cluster."""
     from kimideploy.errors import KimiDeployError, UsageError
+
+    if replay_file is not None:
+        _predict(state, name, cluster, replay_file, output, context, namespace, poll)
+        return
     from kimideploy.plan.resolve import serve_cost_model
     from kimideploy.services.calibrate.calibrations import cached
     from kimideploy.services.drafters.drafter_check import check as run
@@ -82,6 +99,113 @@ def check(
         raise KimiDeployError(
             f"drafter {name}: {len(failed)} blocking problem(s)", hint="each row says how to fix it"
         )
+
+
+def _predict(state: CliState, name: str, cluster: str | None, prompts: Path, output: str,
+             context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip
+    """`drafter check NAME --replay FILE`: one replay Job, no serve load."""
+    from kimideploy.services.drafters.doctor import USER_PROMPTS, read_prompts
+
+    result = _replay(state, (name,), cluster, read_prompts(prompts), context, namespace, poll,
+                     "drafter check --replay runs a replay Job on the cluster")  # fmt: skip
+    diagnosis = result[0]
+    prediction = {"drafter": name, "cluster": diagnosis.cluster, "k": diagnosis.k,
+                  "prompts": str(prompts), "prompt_set": USER_PROMPTS,
+                  **diagnosis.prediction}  # fmt: skip
+    text = machine(prediction, output)
+    if text is not None:
+        click.echo(text)
+        return
+    click.echo(_prediction_lines(diagnosis.prediction, diagnosis.k))
+
+
+def _replay(state: CliState, names: tuple[str, ...], cluster: str | None,
+            prompts: tuple[dict[str, Any], ...], context: str | None, namespace: str | None,
+            poll: float, why: str) -> list[Any]:  # fmt: skip
+    from kimideploy.errors import UsageError
+    from kimideploy.plan.resolve import serve_cost_model
+    from kimideploy.services.connection import open_session
+    from kimideploy.services.drafters.doctor import USER_PROMPTS, diagnoses, measured, run_replay
+
+    loaded = state.project(why)
+    project = loaded.project
+    unknown = [n for n in names if n not in project.drafters]
+    if unknown:
+        raise UsageError(f"unknown drafter(s) {', '.join(unknown)} "
+                         f"(valid: {', '.join(sorted(project.drafters))})")  # fmt: skip
+    session = open_session(loaded, cluster, context, namespace)
+    where = cluster or project.default_cluster
+    outcome = run_replay(session, loaded, names, where, prompts, TerminalReporter(), poll)
+    calibrations = session.calibrations_of(where)
+    level = serve_cost_model(loaded, where, calibrations)[2]
+    found = {n: measured(session, loaded, n, where, level) for n in names}
+    return diagnoses(loaded, where, outcome, found, calibrations,
+                     USER_PROMPTS if prompts else None)  # fmt: skip
+
+
+def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
+    if not prediction:
+        return "no prediction: the replay judged no position"
+    rows = [{"k": f"{d}{' (served)' if int(d) == k else ''}",
+             "mean acceptance length": f"{v['mean_acceptance_length']:.2f}",
+             "speedup": f"{v['speedup']:.2f}x"}
+            for d, v in prediction["by_k"].items()]  # fmt: skip
+    rates = " ".join(f"{r:.2f}" for r in prediction["per_position"])
+    return "\n".join([
+        f"per-position acceptance ({prediction['source']}): {rates}",
+        format_table(rows),
+        f"best k {prediction['best_k']} at c={prediction['concurrency']}; step cost "
+        f"{prediction['cost_source']}",
+    ])  # fmt: skip
+
+
+@drafter.command("doctor")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--cluster", default=None, help="Where the drafter serves (default cluster).")
+@click.option(
+    "--prompts",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Your prompts (JSON Lines or Parquet): replayed beside the drafter's own, to see "
+    "whether they are the cause.",
+)
+@output_option()
+@cluster_options
+@click.option("--poll", default=2.0, hidden=True)
+@click.pass_context
+def doctor(ctx: click.Context, names: tuple[str, ...], cluster: str | None,
+           prompts: Path | None, output: str, context: str | None, namespace: str | None,
+           poll: float) -> None:  # fmt: skip
+    """Why is acceptance low? Replays the drafter on CLUSTER's serving engine under controlled
+    alternatives (features, template, layer ids, prompts, k) and names the cause with the
+    figures side by side and the fix. Exit 0: every drafter healthy; 5: a cause was found (or
+    nothing to judge one on)."""
+    from kimideploy.errors import ExitCode
+    from kimideploy.services.drafters.doctor import read_prompts
+
+    rows = read_prompts(prompts) if prompts else ()
+    found = _replay(ctx.obj, names, cluster, rows, context, namespace, poll,
+                    "drafter doctor runs a replay Job on the cluster")  # fmt: skip
+    text = machine([d.as_dict() for d in found], output)
+    click.echo(text if text is not None else "\n\n".join(_report(d) for d in found))
+    if any(not d.healthy for d in found):
+        ctx.exit(int(ExitCode.UNHEALTHY))
+
+
+def _report(diagnosis: Any) -> str:
+    lines = [f"drafter {diagnosis.drafter} on {diagnosis.cluster} (k={diagnosis.k}): "
+             f"{diagnosis.verdict}"]  # fmt: skip
+    table = [{"scenario": r["scenario"], "what": r["what"],
+              "length": "-" if r["length"] is None else f"{r['length']:.2f}",
+              "per position": " ".join(f"{p:.2f}" for p in r["per_position"])}
+             for r in diagnosis.rows]  # fmt: skip
+    lines.append(format_table(table))
+    for finding in diagnosis.findings:
+        lines += [f"cause {finding.cause}: {finding.summary}", f"  evidence: {finding.evidence}",
+                  f"  fix: {finding.fix}"]  # fmt: skip
+    if diagnosis.prediction:
+        lines.append(_prediction_lines(diagnosis.prediction, diagnosis.k))
+    lines += [f"note: {note}" for note in diagnosis.notes]
+    return "\n".join(lines)
 
 
 @drafter.command("publish")

@@ -182,6 +182,11 @@ class TrainSpec(WorkloadSpec):
     weight_decay: float = 0.01
     held_out_fraction: float = 0.0
     held_out_max_samples: int = 256
+    conversations_dir: str | None = Field(
+        default=None,
+        description="The conversations the features were made from: the judged held-out ones "
+        "travel with the drafter (its replay sample, read by `drafter doctor`).",
+    )
 
     @property
     def judged_depth(self) -> int:
@@ -248,6 +253,43 @@ class ServeSpec(WorkloadSpec):
     image_patches: list[str] = []
     image_cuda_archs: list[str]
     vllm_version: str | None
+
+
+class ReplayDrafter(SpecModel):
+    """One drafter a replay judges, as the cluster would serve it."""
+
+    name: str
+    path: str = Field(description="The drafter's folder inside the pod.")
+    served_layer_ids: list[int] = Field(description="What serving feeds it (vLLM ids).")
+    num_speculative_tokens: int
+
+
+class ReplayPromptSet(SpecModel):
+    """Prompts the served engine answers in the replay: the user's (`--prompts`, `--replay`)."""
+
+    name: str
+    rows: list[dict[str, Any]] = Field(
+        description="JSON Lines rows as the bench reads them: {id, prompt} or {id, messages}."
+    )
+
+
+class ReplaySpec(WorkloadSpec):
+    """`drafter doctor` / `drafter check --replay`: the serving engine captures hidden states of
+    conversations as they are served (replay-capture), then the drafters are judged offline on
+    them with training's held-out computation (replay-judge)."""
+
+    workload: Literal["replay"] = "replay"
+    capture_dir: str = Field(description="Captured sequences, shared by every replay of them.")
+    capture_image: str = Field(description="The image whose vLLM captures (for the record).")
+    capture_note: str = ""
+    layer_ids: list[int] = Field(description="vLLM ids captured; the final layer is added.")
+    drafters: list[ReplayDrafter]
+    prompt_sets: list[ReplayPromptSet] = Field(default_factory=list)
+    max_tokens: int = 128
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1
+    batch_size: int = 8
+    max_seq_len: int = 4096
 
 
 SPEC_TYPES: dict[str, type[WorkloadSpec]] = {

@@ -8,7 +8,9 @@ JOB_WORKLOADS = ("datagen", "extract", "vocab", "train", "bench")
 """Each run is a new, immutable Job."""
 PUBLISH = "publish"
 """`drafter publish` and `data publish`: a Job, though not one `run` starts."""
-WORKLOAD_NAMES = (*JOB_WORKLOADS, PUBLISH, SERVE)
+REPLAY = "replay"
+"""`drafter doctor` and `drafter check --replay`: a Job, though not one `run` starts."""
+WORKLOAD_NAMES = (*JOB_WORKLOADS, PUBLISH, REPLAY, SERVE)
 PIPELINE_WORKLOADS = ("datagen", "extract", "vocab", "train")
 """These build the train drafter's data, so they default to (and need) a drafter record."""
 GPU_WORKLOADS = frozenset({SERVE, "extract", "train"})

@@ -65,6 +65,23 @@ def speculative_config(vllm_ids: list[int], num_hidden_layers: int) -> dict[str,
     }
 
 
+def llm_kwargs(
+    target: Any, tensor_parallel_size: int, dtype: str, vllm_ids: list[int], storage: str
+) -> dict[str, Any]:
+    """`vllm.LLM(**these)` for the extraction engine of `target` (a spec's TargetRef)."""
+    return {
+        "model": target.path,
+        "tokenizer": target.path,
+        "served_model_name": target.served_name,
+        "tensor_parallel_size": tensor_parallel_size,
+        "dtype": dtype,
+        "trust_remote_code": True,
+        "enable_prefix_caching": False,
+        "speculative_config": speculative_config(vllm_ids, target.num_hidden_layers),
+        "kv_transfer_config": kv_transfer_config(storage),
+    }
+
+
 def kv_transfer_config(storage: str) -> dict[str, Any]:
     return {
         "kv_connector": CONNECTOR,

@@ -159,6 +159,17 @@ class Acceptance:
         return tuple(p / n if n else 0.0 for p, n in zip(self.per_position, reached, strict=True))
 
 
+def conditional_rates(unconditional: list[float]) -> list[float]:
+    """P(accept i | accepted 1..i-1) = u_i / u_(i-1): vLLM's per-position rate at a fixed k
+    (accepted at i over drafts) as the conditional rates a sampler draws against and the speedup
+    model multiplies."""
+    out, previous = [], 1.0
+    for rate in unconditional:
+        out.append(rate / previous if previous > 0 else 0.0)
+        previous = rate
+    return out
+
+
 def from_requests(reports: list[dict[str, Any]]) -> Acceptance | None:
     """Acceptance over requests' own `metrics.speculative_decoding` (vLLM >= 0.32 with
     --per-request-spec-decode-metrics): each report's histogram counts verify steps by the number

@@ -96,13 +96,18 @@ def cached_wheel(distribution: str, version: str) -> Path:
     if found:
         return found[0]
     wheels.mkdir(parents=True, exist_ok=True)
-    done = _pip(
-        sys.executable, "download", "--no-deps", f"{distribution}=={version}", "-d", str(wheels)
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"cannot download {distribution}=={version}: {done.stderr.strip()[-400:]}"
+    # Downloaded beside the cache and moved in whole: scripts/test installs in parallel, and a
+    # reader must never see half a wheel (two downloads of one wheel both land the same bytes).
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=wheels) as partial:
+        done = _pip(
+            sys.executable, "download", "--no-deps", f"{distribution}=={version}", "-d", partial
         )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"cannot download {distribution}=={version}: {done.stderr.strip()[-400:]}"
+            )
+        for wheel in Path(partial).glob("*.whl"):
+            wheel.replace(wheels / wheel.name)
     return sorted(wheels.glob(pattern))[0]
 
 

@@ -26,6 +26,8 @@ WORKLOAD_CLAIMS: dict[str, dict[str, bool]] = {
     "bench": {"datasets": False},
     # Writable datasets: `data publish` holds each shard's writer lock while it pushes.
     "publish": {"models": True, "datasets": False},
+    # The captured sequences are kept on the hidden-states claim (reused, resumed).
+    "replay": {"models": True, "hidden_states": False},
 }
 
 

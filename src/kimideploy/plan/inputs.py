@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.datasets import PublishedDataset
@@ -51,6 +52,8 @@ class PlanInputs:
     """Why a stored calibration was not used (empty when it was, or when there was none)."""
     model_free: ModelFreeMethod | None = None
     """The model-free method (ngram, suffix) named instead of a drafter."""
+    replay_drafters: tuple[str, ...] = ()
+    replay_prompts: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = ()
 
     @property
     def speculative_tokens(self) -> int | None:

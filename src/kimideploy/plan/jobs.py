@@ -22,7 +22,7 @@ from kimideploy.config.specs import (
 )
 from kimideploy.config.workloads import WorkloadSettings
 from kimideploy.errors import UsageError
-from kimideploy.plan import online, pods, publish
+from kimideploy.plan import online, pods, publish, replay
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
 from kimideploy.plan.data_layout import data_dirs, dataset_fingerprints, published_conversations
 from kimideploy.plan.inputs import (
@@ -131,6 +131,7 @@ def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
         online=online_spec, ttt_steps=train_depth(settings.ttt_steps, drafter),
         data_fingerprint=dataset_fingerprints(ctx)[
             "conversations" if online_spec else "hidden_states"],
+        conversations_dir=dirs["conversations"],
     )  # fmt: skip
 
 
@@ -239,6 +240,11 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         scratch_vol, scratch_mount = online.scratch_volume(ctx)
         volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
         init_containers.append(online.server_container(ctx, online.check(ctx)))
+    if ctx.workload == "replay":
+        # The serving engine captures first (GPUs, the extraction shape); the judgement follows.
+        capture_env = pods.env(ctx, ctx.cluster.workloads.extract.gpus_per_shard,
+                               {"KIMIDEPLOY_SPEC": SPEC_PATH})  # fmt: skip
+        init_containers.append(replay.capture_container(ctx, mounts, capture_env))
     if ctx.workload == "publish":
         registry = publish.require_registry(ctx, "publishing")
         auth_vols, auth_mounts = publish.secret_volumes(registry, registry.push_secret)
@@ -255,7 +261,7 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         "ttl_s": FINISHED_JOB_TTL_S,
         "subdomain": shape.subdomain,
         "pod_labels": labels,
-        "pod_annotations": dict(getattr(ctx.cluster.workloads, ctx.workload).pod_annotations),
+        "pod_annotations": dict(_settings(ctx).pod_annotations),
         "node_selector": pods.node_selector(ctx, shape.gpus),
         "tolerations": pods.tolerations(ctx),
         "security": pods.pod_security(ctx),
@@ -277,6 +283,12 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
     if ctx.cluster.network_policy.enabled:
         objects.append(ObjectPlan("networkpolicy", _job_policy(ctx, bool(shape.subdomain))))
     return objects
+
+
+def _settings(ctx: PlanInputs) -> Any:
+    """The workload's cluster settings; the replay runs in the extraction's shape."""
+    workloads = ctx.cluster.workloads
+    return workloads.extract if ctx.workload == "replay" else getattr(workloads, ctx.workload)
 
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -317,6 +329,12 @@ def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
         return JobShape(
             res.cpu, res.memory, command, args, spec.shards, parallelism, 3, gpus=gpus, shm="64Gi"
         )
+    if ctx.workload == "replay":
+        # The judgement: the drafters and the target's head on one GPU (the capture container
+        # before it held the extraction shape's). Retried once: both stages resume.
+        res = w.train.resources
+        args = ["replay-judge", "--spec", SPEC_PATH]
+        return JobShape(res.cpu, res.memory, command, args, 1, 1, 1, gpus=1, shm="16Gi")
     # datagen, vocab, bench and publish are CPU-only; datagen retries most (its requests are
     # idempotent), publish too (a push skips the blobs already there).
     res = getattr(w, ctx.workload).resources

@@ -45,6 +45,10 @@ class PlanRequest:
     """publish: the repository to push to instead of the registry's <repository>/drafters/NAME."""
     publish_dataset: str | None = None
     """publish: push the cluster's pipeline conversations as this dataset (`data publish`)."""
+    replay_drafters: tuple[str, ...] = ()
+    """replay: the drafters judged (`drafter doctor A B`); empty: the one named by `drafter`."""
+    replay_prompts: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = ()
+    """replay: (name, rows) of the user's prompt sets ({id, messages[, tools]} rows)."""
 
 
 @dataclass(frozen=True)

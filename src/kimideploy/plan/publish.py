@@ -147,12 +147,15 @@ def _dataset_spec(ctx: PlanInputs, run_id: str, name: str, to: str | None) -> Pu
 
 def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
     """The published artifacts this workload's pods read, pulled by their first init container:
-    the served drafter (serve), the drafter fine-tuned from (train), and the conversations a
+    the served drafter (serve), the drafters replayed (replay), the drafter fine-tuned from
+    (train), and the conversations a
     pipeline takes from the registry (extract, vocab, online train)."""
     found: list[PulledArtifact] = []
     names: list[str] = []
     if ctx.workload == "serve" and ctx.drafter is not None:
         names.append(ctx.drafter_name)
+    if ctx.workload == "replay":
+        names += list(ctx.replay_drafters or (ctx.drafter_name,))
     if ctx.workload == "train" and ctx.cluster.workloads.train.base_drafter:
         names.append(ctx.cluster.workloads.train.base_drafter)
     for name in names:

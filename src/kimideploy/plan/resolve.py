@@ -15,7 +15,16 @@ from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, 
 from kimideploy.errors import MethodNotServedError, UsageError
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import acceptance, calibration, data_layout, jobs, online, publish, serve
+from kimideploy.plan import (
+    acceptance,
+    calibration,
+    data_layout,
+    jobs,
+    online,
+    publish,
+    replay,
+    serve,
+)
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.drafter_judgement import (
@@ -117,6 +126,8 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         bench_concurrency=request.bench_concurrency,
         publish_to=request.publish_to,
         publish_dataset=request.publish_dataset,
+        replay_drafters=request.replay_drafters,
+        replay_prompts=request.replay_prompts,
     )
     _check_method_on_image(ctx)
     if request.synthetic is not None:
@@ -140,6 +151,8 @@ def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
         images = project.clusters[cluster].images
         if request.workload == "publish":
             return images.publish or images.vocab  # a CPU image that has the ORAS CLI
+        if request.workload == "replay":
+            return images.train  # the judgement; the capture container names its own image
         return str(getattr(images, request.workload))
     serving = sorted(n for n, image in project.images.items() if image.role == "serve")
     if request.workload != "serve" or request.image not in serving:
@@ -255,7 +268,9 @@ def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
 def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
     """serve and bench default to no drafter; the data pipeline (and publishing what it makes)
     defaults to the train drafter."""
-    pipeline = request.workload in (*PIPELINE_WORKLOADS, "publish")
+    pipeline = request.workload in (*PIPELINE_WORKLOADS, "publish", "replay")
+    if request.workload == "replay" and request.replay_drafters and not request.drafter:
+        request = dataclasses.replace(request, drafter=request.replay_drafters[0])
     default = project.clusters[cluster].workloads.train.drafter if pipeline else NO_DRAFTER
     name = request.drafter or default
     valid = [NO_DRAFTER, *sorted(project.drafters)]
@@ -263,6 +278,12 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
         raise UsageError(
             f"--drafter: unknown drafter '{name}' (valid: {', '.join(valid)})",
             hint="`kimideploy drafter list` shows the registry",
+        )
+    if request.workload == "replay" and name not in project.eagle_drafters:
+        raise UsageError(
+            f"drafter {name}: the replay judges EAGLE-3 drafters; model-free methods have "
+            "nothing to replay offline",
+            hint="`kimideploy run bench --drafters ...` measures them served",
         )
     if pipeline and name not in project.eagle_drafters:
         raise UsageError(
@@ -283,6 +304,7 @@ def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
         "train": lambda: jobs.train_spec(ctx, run_id),
         "bench": lambda: jobs.bench_spec(ctx, run_id),
         "publish": lambda: publish.publish_spec(ctx, run_id, ctx.publish_to),
+        "replay": lambda: replay.replay_spec(ctx, run_id),
     }
     spec: WorkloadSpec = builders[ctx.workload]()
     # What the pod's artifact-pull init container fetches (the same list it mounts volumes for).

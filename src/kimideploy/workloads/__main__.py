@@ -13,11 +13,14 @@ from kimideploy.errors import ExitCode, KimiDeployError
 from kimideploy.workloads.runtime import EXIT_BAD_INPUT, EXIT_FAILED, load_spec, log
 
 # Every job workload; the serve pod's drafter-check, which reads the serve spec; artifact-pull,
-# which reads the common part of whichever workload's spec its pod has.
+# which reads the common part of whichever workload's spec its pod has; the replay's two stages.
 WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
     **{name: specs.SPEC_TYPES[name] for name in (*JOB_WORKLOADS, PUBLISH)},
     "drafter-check": specs.SPEC_TYPES[SERVE],
     "artifact-pull": specs.WorkloadSpec,
+    # The replay Job's two containers (`drafter doctor`): the serving engine, then the judgement.
+    "replay-capture": specs.ReplaySpec,
+    "replay-judge": specs.ReplaySpec,
 }
 
 

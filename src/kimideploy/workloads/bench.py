@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
+from kimideploy.formats.prompts import load_prompts
 from kimideploy.formats.vllm_metrics import acceptance, from_requests, parse_with_client
-from kimideploy.workloads.prompts import load_prompts
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
     EXIT_OK,

@@ -38,3 +38,12 @@ def read(path: Path) -> dict[str, Any]:
 def remove(path: Path) -> None:
     path.unlink(missing_ok=True)
     lock_path(path).unlink(missing_ok=True)
+
+
+def discard(path: Path) -> None:
+    """Remove a file nobody reads (a generation request's), once its writer is done with it."""
+    lock = lock_path(path)
+    if lock.is_file():
+        with lock.open("rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+    remove(path)

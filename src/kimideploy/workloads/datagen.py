@@ -25,8 +25,8 @@ from typing import Any
 from kimideploy.config.specs import DatagenSpec
 from kimideploy.formats.bounded_io import CHUNK_LIMIT, UnreadableFileError, read_bytes
 from kimideploy.formats.chat_template import SAMPLE_FORMAT
+from kimideploy.formats.prompts import Prompt, load_prompts
 from kimideploy.workloads import dataset_record
-from kimideploy.workloads.prompts import Prompt, load_prompts
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,

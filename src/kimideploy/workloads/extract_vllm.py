@@ -48,18 +48,8 @@ def aux_layer_ids(spec: ExtractSpec) -> list[int]:
 
 def engine_kwargs(spec: ExtractSpec, storage: Path) -> dict[str, Any]:
     """vllm.LLM(**these): checked against the pinned vLLM's own config builder by the tests."""
-    vllm_ids, layers = spec.layers.vllm_ids, spec.target.num_hidden_layers
-    return {
-        "model": spec.target.path,
-        "tokenizer": spec.target.path,
-        "served_model_name": spec.target.served_name,
-        "tensor_parallel_size": spec.tensor_parallel_size,
-        "dtype": spec.dtype,
-        "trust_remote_code": True,
-        "enable_prefix_caching": False,
-        "speculative_config": extraction_engine.speculative_config(vllm_ids, layers),
-        "kv_transfer_config": extraction_engine.kv_transfer_config(str(storage)),
-    }
+    return extraction_engine.llm_kwargs(spec.target, spec.tensor_parallel_size, spec.dtype,
+                                        list(spec.layers.vllm_ids), str(storage))  # fmt: skip
 
 
 def convert(

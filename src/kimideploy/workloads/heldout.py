@@ -170,6 +170,59 @@ class TargetHead:
         return torch.cat(out)
 
 
+def load_drafter(path: str, attention: str, verifier: str) -> Any:
+    """A speculators EAGLE-3 checkpoint with the attention implementation chosen here (the model
+    fixes it, and its mask builder, when it is built) and `verifier` as its target: the path its
+    config recorded is a folder of the cluster that trained it, and speculators reads it on load."""
+    from speculators.models.eagle3.config import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+
+    config = Eagle3SpeculatorConfig.from_pretrained(path)
+    config.transformer_layer_config._attn_implementation = attention
+    config.speculators_config.verifier.name_or_path = verifier
+    return Eagle3DraftModel.from_pretrained(path, config=config)
+
+
+PACKED_KEYS = (
+    "input_ids",
+    "hidden_states",
+    "verifier_last_hidden_states",
+    "loss_mask",
+    "position_ids",
+    "document_ids",
+)
+
+
+def pack(saved: list[dict[str, Any]], max_seq_len: int, device: Any) -> dict[str, Any]:
+    """Samples (input_ids, loss_mask, aux_hidden_states [layers, T, H], last_hidden_state) packed
+    into one sequence as speculators trains on it (document ids keep attention within a sample)."""
+    import torch
+    from speculators.models.eagle3.data import shift_batch
+
+    parts = []
+    for doc, one in enumerate(saved):
+        aux = one["aux_hidden_states"].float()  # [layers, T, H]
+        length = min(int(one["input_ids"].shape[0]), max_seq_len + 1)
+        sample = {
+            "input_ids": one["input_ids"][:length],
+            "hidden_states": aux.permute(1, 0, 2).reshape(aux.shape[1], -1)[:length],
+            "verifier_last_hidden_states": one["last_hidden_state"].float()[:length],
+            "loss_mask": one["loss_mask"][:length].bool(),
+            "lengths": torch.tensor([length]),
+            "position_ids": torch.arange(length),
+        }
+        shifted = shift_batch(sample)
+        shifted["document_ids"] = torch.full_like(shifted["input_ids"], doc)
+        parts.append(shifted)
+    return {k: torch.cat([p[k] for p in parts])[None].to(device) for k in PACKED_KEYS}
+
+
+def judge_batch(model: Any, head: TargetHead, batch: dict[str, Any], depth: int) -> list[list[int]]:
+    """Accepted-in-a-row counts per draft-start position of each packed sample's trained span."""
+    targets = head.greedy(batch["verifier_last_hidden_states"][0])
+    return turns(rollout(model, batch, depth, targets), batch)
+
+
 def to_target_ids(draft: Any, d2t: Any) -> Any:
     """Draft-vocabulary indexes to target token ids, as vLLM maps them (index + d2t[index])."""
     return draft if d2t is None else draft + d2t[draft]

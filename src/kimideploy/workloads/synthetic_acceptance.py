@@ -18,6 +18,8 @@ import itertools
 import json
 from typing import Any
 
+from kimideploy.formats.vllm_metrics import conditional_rates
+
 RATE_ATTRIBUTE = "synthetic_conditional_rates"
 
 
@@ -43,15 +45,6 @@ def validate_rates(rates: list[float], k: int) -> list[float]:
     if any(later > earlier for earlier, later in itertools.pairwise(rates)):
         raise ValueError(f"rates must be non-increasing, got {rates}")
     return [float(r) for r in rates]
-
-
-def conditional_rates(unconditional: list[float]) -> list[float]:
-    """P(accept i | accepted 1..i-1) = u_i / u_(i-1): what the sampler draws against."""
-    out, previous = [], 1.0
-    for rate in unconditional:
-        out.append(rate / previous if previous > 0 else 0.0)
-        previous = rate
-    return out
 
 
 class SyntheticAcceptanceControl:  # named in config/specs.py (SYNTHETIC_CONTROL_*)

@@ -27,7 +27,13 @@ from typing import Any
 
 from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.specs import TrainSpec
-from kimideploy.workloads import dataset_record, heldout, train_checkpoints, train_data
+from kimideploy.workloads import (
+    dataset_record,
+    heldout,
+    replay_sample,
+    train_checkpoints,
+    train_data,
+)
 from kimideploy.workloads.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -232,34 +238,8 @@ class Trainer:
 
     def _batch(self, sample_ids: list[int]) -> dict[str, Any]:
         """Samples packed into one sequence (document ids keep attention within a sample)."""
-        import torch
-        from speculators.models.eagle3.data import shift_batch
-
-        parts = []
-        for doc, index in enumerate(sample_ids):
-            saved = self.features.load(index)
-            aux = saved["aux_hidden_states"].float()  # [layers, T, H]
-            length = min(int(saved["input_ids"].shape[0]), self.spec.max_seq_len + 1)
-            sample = {
-                "input_ids": saved["input_ids"][:length],
-                "hidden_states": aux.permute(1, 0, 2).reshape(aux.shape[1], -1)[:length],
-                "verifier_last_hidden_states": saved["last_hidden_state"].float()[:length],
-                "loss_mask": saved["loss_mask"][:length].bool(),
-                "lengths": torch.tensor([length]),
-                "position_ids": torch.arange(length),
-            }
-            shifted = shift_batch(sample)
-            shifted["document_ids"] = torch.full_like(shifted["input_ids"], doc)
-            parts.append(shifted)
-        keys = (
-            "input_ids",
-            "hidden_states",
-            "verifier_last_hidden_states",
-            "loss_mask",
-            "position_ids",
-            "document_ids",
-        )
-        return {k: torch.cat([p[k] for p in parts])[None].to(self.device) for k in keys}
+        saved = [self.features.load(index) for index in sample_ids]
+        return heldout.pack(saved, self.spec.max_seq_len, self.device)
 
     def _report(
         self,
@@ -336,10 +316,7 @@ class Trainer:
             for start in range(0, len(mine), self.spec.batch_size):
                 ids = mine[start : start + self.spec.batch_size]
                 self.features.prefetch(ids)
-                batch = self._batch(ids)
-                targets = self.head.greedy(batch["verifier_last_hidden_states"][0])
-                lengths = heldout.rollout(self.model, batch, depth, targets)
-                per_turn += heldout.turns(lengths, batch)
+                per_turn += heldout.judge_batch(self.model, self.head, self._batch(ids), depth)
         self.model.train(was_training)
         walks = heldout.judge_turns(per_turn, depth)
         if self.ranks.world > 1:
@@ -518,6 +495,7 @@ class Trainer:
         methods[0]["speculative_tokens"] = self.spec.num_speculative_tokens
         atomic_write(config_path, json.dumps(config, indent=2, sort_keys=True).encode())
         lineage = self._lineage(figures, selected, held_out)
+        lineage["replay_sample"] = self._write_replay_sample(tmp)
         atomic_write(tmp / LINEAGE_FILE, json.dumps(lineage, indent=2).encode())
         if out.exists():  # never overwrite a drafter: the previous one moves aside
             aside = out.with_name(f"{out.name}.previous-{datetime.now(UTC):%Y%m%dT%H%M%S}")
@@ -538,6 +516,27 @@ class Trainer:
             }
         )
         log(f"wrote drafter {self.spec.drafter} (step {selected['step']}) to {out}")
+
+    def _write_replay_sample(self, folder: Path) -> dict[str, Any] | None:
+        """The judged held-out conversations, with the token ids training rendered them to, for
+        `drafter doctor` to replay on the serving engine wherever the drafter goes."""
+        where = self.spec.conversations_dir or (
+            self.spec.online.conversations_dir if self.spec.online else None
+        )
+        if not self.split.held_out or where is None:
+            return None
+        self.features.prefetch(self.split.held_out)
+        rendered = {}
+        for index in self.split.held_out:
+            saved = self.features.load(index)
+            rendered[self.features.sample_id(index)] = (
+                [int(i) for i in saved["input_ids"].tolist()],
+                [int(m) for m in saved["loss_mask"].tolist()],
+            )
+        rows = replay_sample.write(folder, Path(where), rendered)
+        log(f"replay sample: {rows} held-out conversations written beside the drafter")
+        return {"file": replay_sample.REPLAY_SAMPLE_FILE, "conversations": rows,
+                "rendering": self.features.rendering()}  # fmt: skip
 
     def _lineage(
         self, figures: dict[str, Any], selected: dict[str, Any], held_out: dict[str, Any] | None
@@ -602,7 +601,7 @@ def build_model(spec: TrainSpec, d2t: Any, t2d: Any) -> Any:
     if spec.base_drafter_path:
         base = Path(spec.base_drafter_path)
         try:
-            model = Eagle3DraftModel.from_pretrained(str(base))
+            model = heldout.load_drafter(str(base), attention, spec.target.path)
         except (OSError, ValueError, KeyError) as exc:
             raise BadInputError(
                 f"base drafter {base} is not a speculators EAGLE-3 checkpoint ({exc}); convert it "
@@ -619,7 +618,6 @@ def build_model(spec: TrainSpec, d2t: Any, t2d: Any) -> Any:
                 f"base drafter {base} has a draft vocabulary of {model.config.draft_vocab_size}, "
                 f"drafter {spec.drafter} wants {spec.draft_vocab_size}"
             )
-        model.config.transformer_layer_config._attn_implementation = attention
         return model
     from speculators.train.cli import create_transformer_layer_config
 

@@ -50,6 +50,10 @@ class Features(Protocol):
 
     def lineage(self) -> dict[str, Any]: ...
 
+    def rendering(self) -> dict[str, str]:
+        """The chat template and vocabulary the samples were rendered with (their sha256)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -102,6 +106,10 @@ class StoredFeatures:
             "fingerprint": self.record.get("id"),
             **self.dataset.lineage(),
         }
+
+    def rendering(self) -> dict[str, str]:
+        observed = self.record.get("observed") or {}
+        return {k: str(v) for k, v in observed.items() if k.endswith("_sha256")}
 
     def close(self) -> None:
         pass
@@ -290,6 +298,9 @@ class OnlineFeatures:
             "server_aux_layer_ids": list(self.online.aux_layer_ids),
             "model": {"repo": self.spec.target.repo, "revision": self.spec.target.revision},
         }
+
+    def rendering(self) -> dict[str, str]:
+        return template_fingerprint(self.tokenizer or load_tokenizer(self.spec.target.path))
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,4 +1,6 @@
 """Reading a prompt dataset: JSON Lines or Parquet, plain prompts, ShareGPT or OpenAI conversations.
+The datagen and bench pods read theirs with it, and the CLI reads the user's (`drafter doctor
+--prompts`, `drafter check --replay`) the same way.
 
 An OpenAI-style row (`messages`) keeps what the chat template renders: `tools` beside the
 messages, and on the turns `tool_calls`, `tool_call_id`, `name` and an assistant's `reasoning`
