@@ -41,7 +41,15 @@ def test_datagen_against_real_vllm_serve_writes_every_sample_with_its_reasoning(
     # back in the format the target sees.
     with_reasoning = [s for s in samples if s["reasoning"].strip()]
     assert len(with_reasoning) >= 0.9 * SAMPLES, samples[0]
-    assert all(s["format"] == SAMPLE_FORMAT and s["answer"] for s in samples)
+    assert all(s["format"] == SAMPLE_FORMAT for s in samples)
+    # A turn that ended on its own has an answer. One that reached max_tokens inside its thinking
+    # (a greedy repetition loop of this small target; CPU batching decides which prompt, so it
+    # varies between runs: 1 of 480 in the fresh CI of 78b8b7c) is kept as it was generated, with
+    # its finish reason, as serving would have returned it.
+    assert all(s["answer"] for s in samples if s["finish_reason"] == "stop"), samples[0]
+    truncated = [s for s in samples if not s["answer"]]
+    assert all(s["finish_reason"] == "length" for s in truncated), truncated[:1]
+    assert len(truncated) <= 0.02 * SAMPLES, len(truncated)
 
 
 def test_vllm_extraction_equals_the_reference_backend_at_the_declared_layers(
