@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -90,12 +92,20 @@ def test_context_and_tag_are_stable_and_follow_the_inputs(
     assert changed.tag("r") != first.tag("r")
 
 
-DOCKER = REPO / "tests" / "fixtures" / "docker"
+DOCKER = REPO / "tests" / "fixtures" / "docker"  # recorded by its `record` script
+PROJECT_REPOSITORY = "localhost:5000/kimideploy/vllm"
+MIRROR_REPOSITORY = "127.0.0.1:5001/mirror/vllm"
+
+
+def recorded_digest(name: str) -> str:
+    found = re.search(r"digest: (sha256:[0-9a-f]{64})", (DOCKER / name).read_text())
+    assert found is not None
+    return found.group(1)
 
 
 class RecordingRunner:
-    """Records the commands a build issues and answers with recorded transcripts (there is no
-    Docker engine on this machine)."""
+    """Records the commands a build issues and answers with transcripts recorded from a real
+    build and push (tests/fixtures/docker/record)."""
 
     host = "gpu-host"
 
@@ -144,10 +154,8 @@ def test_build_and_push_stream_and_record_the_pushed_digest(
     context = build_context(example.project, "vllm-0.16-kimi")
     runner = RecordingRunner()
     seen, steps, lines = watch()
-    result = building.build(
-        runner, context, "ghcr.io/kimideploy/vllm", "abc123", True, seen, tmp_path
-    )  # type: ignore[arg-type]
-    tag = context.tag("ghcr.io/kimideploy/vllm")
+    result = building.build(runner, context, PROJECT_REPOSITORY, "abc123", True, seen, tmp_path)  # type: ignore[arg-type]
+    tag = context.tag(PROJECT_REPOSITORY)
     remote = f"/tmp/kimideploy-build.Ab12Cd34Ef/vllm-0.16-kimi-{context.sha256[:12]}.tar"
     assert runner.uploads == [(context.tar, remote)]
     assert runner.calls == [
@@ -157,21 +165,16 @@ def test_build_and_push_stream_and_record_the_pushed_digest(
         ["rm", "-rf", "--", "/tmp/kimideploy-build.Ab12Cd34Ef"],
     ]
     assert "--progress=plain" in building.BUILD_SCRIPT and "exec 2>&1" in building.BUILD_SCRIPT
-    assert (
-        result
-        == "ghcr.io/kimideploy/vllm@sha256:c5c5fda71656f28e49ac9c5416b3643eaa6a108a8093151d6d1afc9463be8e33"
-    )
+    assert result == f"{PROJECT_REPOSITORY}@{recorded_digest('push.txt')}"
     # Every step shown once, as it started, in order; every line streamed as status.
     assert steps == [
-        "[internal] load build definition from Dockerfile",
-        steps[1],
-        "[internal] load .dockerignore",
-        "[builder 1/6] FROM docker.io/nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04@sha256:28c78fb12c758649ad36bf952e29269c806ea683cfbe6872075dbf188648163e",
-        "[builder 2/6] RUN apt-get update && apt-get install -y --no-install-recommends python3.12 python3.12-venv patch",
-        "[builder 3/6] COPY docker/constraints/vllm-0.16-kimi.txt /tmp/constraints.txt",
-        steps[6],
-        steps[7],
-        "[builder 6/6] RUN /opt/venv/bin/python -m kimideploy.images.selfcheck patch-0001 patch-0002 patch-0003",
+        "[internal] load remote build context",
+        "[internal] load metadata for docker.io/kimideploy-record/busybox:1",
+        "[builder 1/4] FROM docker.io/kimideploy-record/busybox:1",
+        "[builder 2/4] COPY patches/ /patches/",
+        '[builder 3/4] RUN mkdir -p /opt/venv && echo "installing" && sha256sum /patches/*.patch > /opt/venv/PATCHES',
+        '[builder 4/4] RUN cat /opt/venv/PATCHES && echo "ok patch-0001-example"',
+        "[stage-1 2/2] COPY --from=builder /opt/venv /opt/venv",
     ]
     pushed = (DOCKER / "push.txt").read_text().splitlines()
     assert lines == (DOCKER / "build-plain.txt").read_text().splitlines() + pushed
@@ -181,27 +184,29 @@ def test_build_and_push_stream_and_record_the_pushed_digest(
 def test_an_image_that_carries_another_repositorys_digest_records_this_push(
     example: LoadedProject, tmp_path: Path
 ) -> None:
-    """RepoDigests lists every repository the image was pushed to or pulled from: its first
-    entry named the mirror. The push's own output is read instead, and nothing asks inspect."""
+    """The recorded image was pushed to a mirror before the project's repository: its RepoDigests
+    names the mirror first. The push's own output is read instead, and nothing asks inspect."""
+    repo_digests = json.loads((DOCKER / "repo-digests.json").read_text())
+    assert repo_digests[0].startswith(MIRROR_REPOSITORY + "@")  # what RepoDigests[0] would pin
     context = build_context(example.project, "vllm-0.16-kimi")
-    runner = RecordingRunner(inspect="registry.example.com/mirror/vllm@sha256:" + "e" * 64)
+    runner = RecordingRunner(inspect=json.dumps(repo_digests))
     seen, _, _ = watch()
-    result = building.build(runner, context, "ghcr.io/kimideploy/vllm", "x", True, seen, tmp_path)  # type: ignore[arg-type]
-    assert result is not None and result.startswith("ghcr.io/kimideploy/vllm@sha256:c5c5fda7")
+    result = building.build(runner, context, PROJECT_REPOSITORY, "x", True, seen, tmp_path)  # type: ignore[arg-type]
+    assert result == f"{PROJECT_REPOSITORY}@{recorded_digest('push.txt')}"
     assert not [c for c in runner.calls if c[:2] == ["docker", "image"]]
     other = RecordingRunner(push_output="push-other-repo.txt")
     with pytest.raises(
         KimiDeployError,
-        match=r"the push went to registry.example.com/mirror/vllm, not ghcr.io/kimideploy/vllm",
+        match=f"the push went to {MIRROR_REPOSITORY}, not {PROJECT_REPOSITORY}",
     ):
-        building.build(other, context, "ghcr.io/kimideploy/vllm", "x", True, seen, tmp_path)  # type: ignore[arg-type]
+        building.build(other, context, PROJECT_REPOSITORY, "x", True, seen, tmp_path)  # type: ignore[arg-type]
 
 
 def test_push_output_parsing_and_repository_names() -> None:
     text = (DOCKER / "push.txt").read_text()
-    assert building.pushed_reference(text, "ghcr.io/kimideploy/vllm").endswith("8e33")
+    assert building.pushed_reference(text, PROJECT_REPOSITORY).endswith(recorded_digest("push.txt"))
     with pytest.raises(KimiDeployError, match="names no repository and digest"):
-        building.pushed_reference("5f70bf18a086: Pushed\n", "ghcr.io/kimideploy/vllm")
+        building.pushed_reference("5f70bf18a086: Pushed\n", PROJECT_REPOSITORY)
     assert building.normalize("ubuntu") == building.normalize("docker.io/library/ubuntu")
     assert building.normalize("me/app") == "docker.io/me/app"
     assert building.normalize("localhost:5000/app") == "localhost:5000/app"
