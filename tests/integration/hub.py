@@ -38,6 +38,8 @@ class Hub:
         self.ignore_ranges = False
         self.extra_bytes = b""
         self.listing: list[dict[str, Any]] | None = None  # a hostile listing, served as is
+        self.others: dict[str, tuple[str, dict[str, bytes]]] = {}
+        """More repositories (repo -> (revision, files)), for a host that syncs drafters too."""
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,11 +53,14 @@ class Hub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def siblings(self) -> list[dict[str, Any]]:
-        if self.listing is not None:
+    def add_repo(self, repo: str, revision: str, files: dict[str, bytes]) -> None:
+        self.others[repo] = (revision, files)
+
+    def siblings(self, files: dict[str, bytes] | None = None) -> list[dict[str, Any]]:
+        if self.listing is not None and files is None:
             return self.listing
         found = []
-        for name, data in self.files.items():
+        for name, data in (self.files if files is None else files).items():
             entry: dict[str, Any] = {
                 "rfilename": name,
                 "size": len(data),
@@ -72,6 +77,9 @@ class Hub:
         if auth != f"Bearer {self.token}":
             request.send_error(401)
             return
+        for repo, (revision, files) in self.others.items():
+            if self._serve_other(request, repo, revision, files):
+                return
         api = f"/api/models/{self.repo}/revision/"
         prefix = f"/{self.repo}/resolve/{self.revision}/"
         if request.path.startswith(api):
@@ -87,6 +95,25 @@ class Hub:
             self.send_file(request, request.path[len(prefix) :])
         else:
             request.send_error(404)
+
+    def _serve_other(self, request: BaseHTTPRequestHandler, repo: str, revision: str,
+                     files: dict[str, bytes]) -> bool:  # fmt: skip
+        """Answer for an added repository, plainly (no drops, throttling or corruption)."""
+        if request.path.startswith(f"/api/models/{repo}/revision/{revision}"):
+            body = json.dumps({"sha": revision, "siblings": self.siblings(files)}).encode()
+        elif request.path.startswith(f"/{repo}/resolve/{revision}/"):
+            name = request.path.split(f"/resolve/{revision}/", 1)[1]
+            if name not in files:
+                request.send_error(404)
+                return True
+            body = files[name]
+        else:
+            return False
+        request.send_response(200)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body)
+        return True
 
     def send_file(self, request: BaseHTTPRequestHandler, name: str) -> None:
         data = self.files[name] + self.extra_bytes

@@ -475,3 +475,120 @@ def test_a_rented_cluster_says_what_its_volumes_hold_unpublished(
     code, _, err = kd("run", "vocab", "--cluster", "b300", "--detach", config=config)
     assert code == 0, err
     assert "warning: cluster b300 is rented" in err
+
+
+def published_v4(config: Path, result: dict[str, Any]) -> None:
+    """Register v4 in the config as `drafter publish` pins it: source.oci, status trained."""
+    repository, _, digest = str(result["reference"]).rpartition("@")
+    files = ", ".join(f"{name}: {sha}" for name, sha in sorted(result["files"].items()))
+    text = config.read_text()
+    config.write_text(text.replace(
+        "      base_drafter: v1\n      dataset: datasets/synthetic-v3\n",
+        "      base_drafter: v1\n      dataset: datasets/synthetic-v3\n"
+        f"  v4:\n    source: {{oci: {{repository: {repository}, digest: '{digest}', files: {{{files}}}}}}}\n"
+        "    aux_layer_ids: [2, 30, 58]\n    layer_id_convention: vllm\n    status: trained\n"
+        "    lineage: {trained_for: moonshotai/Kimi-K2.5}\n"))  # fmt: skip
+
+
+def test_host_sync_model_fetches_published_drafters_with_the_serve_pods_own_pull(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str,
+    registry: test_registry.TestRegistry, published: dict[str, Any], sshd: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """On the PCIe host: `host sync-model rtx6000` downloads the model and the hub drafters over
+    SSH, then runs a pull Job on the host's cluster for the published drafter: the serve pod's
+    artifact-pull (serve image, pull Secret, CA, the same destination), whose log here is what
+    that code printed when run against the real registry. `drafter pull` again finds it there
+    by digest; a drafter that is not published is refused before anything is created."""
+    from kimideploy.config.specs import PullSpec
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.services.rendering import render_workload
+    from tests.integration.hub import Hub
+
+    config = registry_config(tmp_path, registry)
+    published_v4(config, published)
+    host = (f"      - {{name: gpu-host, address: 127.0.0.1, port: {sshd.port}, user: {sshd.user}, "
+            f"identity_file: {sshd.user_key}, known_hosts: {sshd.known_hosts}}}")  # fmt: skip
+    text = config.read_text()
+    for old, new in (
+        ("      - {name: gpu-host, address: 192.0.2.10, user: ops}   # EXAMPLE: your host's address", host),
+        ("      model_path: /mnt/nvme/models ", f"      model_path: {tmp_path}/nvme/models "),
+    ):  # fmt: skip
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    config.write_text(text)
+    project = load_project(config).project
+    model = project.model_for("rtx6000")
+    hub = Hub(model.repo, model.revision, {"config.json": b'{"model_type": "kimi_k25"}\n'},
+              "hf_test", lfs=set())  # fmt: skip
+    for drafter in project.eagle_drafters.values():
+        if drafter.source.hub is not None:
+            hub.add_repo(drafter.source.hub.repo, drafter.source.hub.revision,
+                         {"config.json": b'{"architectures": ["LlamaForCausalLMEagle3"]}\n'})  # fmt: skip
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    for secret in ("kimideploy-registry-pull",):
+        testcluster.kubectl("-n", namespace, "create", "secret", "docker-registry", secret,
+                            f"--docker-server={registry.host}", "--docker-username=x", "--docker-password=y")  # fmt: skip
+    testcluster.kubectl("-n", namespace, "create", "secret", "generic", "kimideploy-registry-ca",
+                        f"--from-file=ca.crt={registry.ca}")  # fmt: skip
+    # The pull pod's work, done here against the registry with the spec the plan renders.
+    rendered = render_workload(load_project(config), PlanRequest("pull", "rtx6000", "v4"))
+    spec = PullSpec.model_validate(rendered.plan.spec.model_dump())
+    assert [(p.name, p.reference) for p in spec.pulls] == [("v4", published["reference"])]
+    local = tmp_path / "rtx6000-models"
+    pulled = spec.pulls[0].model_copy(update={
+        "dest": str(local / Path(spec.pulls[0].dest).relative_to("/models")),
+        "registry": access(registry, tmp_path / "pull")})  # fmt: skip
+    done = run_pod("artifact-pull", spec.model_copy(update={"pulls": [pulled]}), tmp_path,
+                   registry.oras)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["pulled"][0]["state"] == "pulled"
+    result["pulled"][0]["dest"] = spec.pulls[0].dest  # as the pod on the host reports it
+    harness.serve_logs(testcluster, namespace, harness.write_container_log(
+        tmp_path / "pull.log", [json.dumps(result)]))  # fmt: skip
+
+    code, _, err = kd("host", "sync-model", "rtx6000", *FAST, config=config)
+    hub.stop()
+    assert code == 0, err
+    models = tmp_path / "nvme" / "models"
+    assert (models / "hub" / model.repo / model.revision / ".kimideploy-complete").is_file()
+    assert "published drafters v4: pulled by a Job on rtx6000" in err
+    assert f"drafter v4: {published['reference']} pulled at {spec.pulls[0].dest}" in err
+    jobs = json.loads(testcluster.kubectl("-n", namespace, "get", "jobs", "-l",
+                                          "app.kubernetes.io/component=pull", "-o", "json"))["items"]  # fmt: skip
+    assert len(jobs) == 1
+    pod = jobs[0]["spec"]["template"]["spec"]
+    assert "initContainers" not in pod or not pod["initContainers"]
+    container = pod["containers"][0]
+    assert container["name"] == "pull" and container["args"][0] == "artifact-pull"
+    assert container["image"] == project.images[project.clusters["rtx6000"].images.serve].reference
+    assert {"name": "models", "mountPath": "/models"} in container["volumeMounts"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"registry-auth": "kimideploy-registry-pull",
+                       "registry-ca": "kimideploy-registry-ca"}  # fmt: skip
+    for name in published["files"]:
+        assert (Path(pulled.dest) / name).is_file()
+
+    # The second time the volume has it: the pull reports it present and fetches nothing.
+    again = run_pod("artifact-pull", spec.model_copy(update={"pulls": [pulled]}), tmp_path,
+                    registry.oras)  # fmt: skip
+    assert (
+        again.returncode == 0
+        and json.loads(again.stdout.splitlines()[-1])["pulled"][0]["state"] == "present"
+    )
+    harness.write_container_log(tmp_path / "pull.log", again.stdout.splitlines())  # KWOK rereads
+    code, out, err = kd("drafter", "pull", "v4", "--cluster", "rtx6000", "-o", "json", *FAST,
+                        config=config)  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)[0]["state"] == "present"
+
+    # Not published: refused with the way to get it there, before any object is created.
+    before = testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "name")
+    code, _, err = kd("drafter", "pull", "v3", "--cluster", "rtx6000", config=config)
+    assert code == 2 and "drafter v3 comes from a cluster's volume" in err
+    assert "kimideploy drafter publish v3 --from CLUSTER" in err
+    code, _, err = kd("drafter", "pull", "k25", "--cluster", "rtx6000", config=config)
+    assert code == 2 and "comes from the hub" in err and "host sync-model" in err
+    assert testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "name") == before

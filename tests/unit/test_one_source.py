@@ -1,4 +1,4 @@
-"""Facts kept in one place (issue 18): each reader derives from it, so these agree by construction
+"""Facts kept in one place: each reader derives from it, so these agree by construction
 and a new workload or a renamed release cannot leave one reader behind."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from kimideploy.cli.run_cmds import JOB_CHOICE
 from kimideploy.cli.state import WORKLOAD_CHOICE
-from kimideploy.config.loading import LoadedProject
+from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.config.specs import SPEC_TYPES
 from kimideploy.config.workload_names import JOB_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.plan.model import PlanRequest
@@ -32,9 +32,11 @@ def test_every_workload_has_one_spec_model_and_the_cli_offers_exactly_those() ->
 def test_the_plan_carries_its_spec_and_the_release_names(
     example: LoadedProject, workload: str
 ) -> None:
-    plan = resolve(
-        example, PlanRequest(workload, "rtx6000", run_id=None if workload == "serve" else "abc123")
-    )
+    if workload == "pull":  # a pull needs a drafter published (pinned by digest)
+        example = with_published_drafter(example)
+    drafter = "v4" if workload == "pull" else None
+    run_id = None if workload == "serve" else "abc123"
+    plan = resolve(example, PlanRequest(workload, "rtx6000", drafter, run_id=run_id))
     assert type(plan.spec) is SPEC_TYPES[workload]
     assert plan.release == example.project.release_name(workload)
     assert plan.serve_release == example.project.release_name("serve")
@@ -45,6 +47,17 @@ def test_the_plan_carries_its_spec_and_the_release_names(
         if "spec.json" in o.values.get("data", {})
     )
     assert plan.spec.model_dump(mode="json") == json.loads(spec_json)
+
+
+def with_published_drafter(example: LoadedProject) -> LoadedProject:
+    anchor = "      base_drafter: v1\n      dataset: datasets/synthetic-v3\n"
+    entry = ("  v4:\n    source: {oci: {repository: ghcr.io/kimideploy/artifacts/drafters/v4, "
+             f"digest: 'sha256:{'a' * 64}', files: {{config.json: {'b' * 64}}}}}}}\n"
+             "    aux_layer_ids: [2, 30, 58]\n    layer_id_convention: vllm\n    status: trained\n"
+             "    lineage: {trained_for: moonshotai/Kimi-K2.5}\n")  # fmt: skip
+    text = example.path.read_text()
+    assert text.count(anchor) == 1
+    return load_project_text(text.replace(anchor, anchor + entry), example.path)
 
 
 # Fields the plan derives although the settings have one of the same name.

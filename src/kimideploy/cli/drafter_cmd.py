@@ -233,3 +233,26 @@ def publish(state: CliState, name: str, cluster: str, to: str | None,
     click.echo(f"drafters.{name} {what} {loaded.path}: source.oci pinned, status trained, "
                f"{len(done.files)} file checksums" + (f", held-out {lengths}" if lengths else ""),
                err=True)  # fmt: skip
+
+
+@drafter.command("pull")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--cluster", default=None, help="Where it will serve (default cluster).")
+@output_option()
+@cluster_options
+@click.option("--poll", default=2.0, hidden=True)
+@click.pass_obj
+def pull(state: CliState, names: tuple[str, ...], cluster: str | None, output: str,
+         context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip
+    """Fetch published drafters onto CLUSTER's models volume ahead of serving: a Job runs the
+    serve pod's own artifact-pull (verified blob by blob and file by file against the digest
+    and checksums kimideploy.yaml pins), so `up serve` later finds them there."""
+    from kimideploy.services.connection import open_session
+    from kimideploy.services.drafters.pulling import pull_drafters
+
+    loaded = state.project()
+    session = open_session(loaded, cluster, context, namespace)
+    done = pull_drafters(session, loaded, names, cluster, TerminalReporter(), poll)
+    rows = [{"drafter": d.name, "state": d.state, "reference": d.reference, "path": d.dest}
+            for d in done]  # fmt: skip
+    click.echo(machine(rows, output) or format_table(rows))

@@ -8,7 +8,7 @@ import click
 
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import format_table, machine, output_option
-from kimideploy.cli.terminal import TerminalReporter
+from kimideploy.cli.terminal import TerminalReporter, cluster_options
 
 
 @click.group()
@@ -77,14 +77,32 @@ def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
 @host.command("sync-model")
 @click.argument("cluster")
 @click.option("--host", "only", help="Only this host of the cluster.")
-@click.option("--no-drafters", is_flag=True, help="Only the target model, not the hub drafters.")
+@click.option("--no-drafters", is_flag=True, help="Only the target model, not the drafters.")
+@cluster_options
+@click.option("--poll", default=2.0, hidden=True)
 @click.pass_obj
-def sync_model(state: CliState, cluster: str, only: str | None, no_drafters: bool) -> None:
-    """Download the pinned revision onto the host's NVMe: resumable, verified, marked complete.
+def sync_model(state: CliState, cluster: str, only: str | None, no_drafters: bool,
+               context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip
+    """Download the pinned revision (and the hub drafters) onto the host's NVMe: resumable,
+    verified, marked complete; then fetch the published drafters (pinned by digest) onto the
+    cluster's models volume with the serve pod's own pull, run as a Job on the host's k3s.
 
     The token comes from HF_TOKEN in the environment and reaches the host on stdin only.
     """
     from kimideploy.services.hosts.model_sync import sync_model as run
 
     loaded = state.project("host sync-model writes to hosts")
-    run(loaded.project, cluster, TerminalReporter(), drafters=not no_drafters, only=only)
+    reporter = TerminalReporter()
+    run(loaded.project, cluster, reporter, drafters=not no_drafters, only=only)
+    if no_drafters:
+        return
+    from kimideploy.services.drafters.pulling import published_drafters, pull_drafters
+
+    published = published_drafters(loaded.project)
+    if published:
+        from kimideploy.services.connection import open_session
+
+        reporter.info(f"published drafters {', '.join(published)}: pulled by a Job on {cluster}")
+        session = open_session(loaded, cluster, context, namespace)
+        for done in pull_drafters(session, loaded, published, cluster, reporter, poll):
+            reporter.info(f"drafter {done.name}: {done.reference} {done.state} at {done.dest}")

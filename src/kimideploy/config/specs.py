@@ -227,6 +227,14 @@ class BenchSpec(WorkloadSpec):
     synthetic: SyntheticSweep | None = None
 
 
+class PullSpec(WorkloadSpec):
+    """`drafter pull` / `host sync-model`: the published drafters in `pulls`, fetched onto the
+    models volume by the same artifact-pull the serve pod runs first (which then finds them there,
+    same digest, and fetches nothing)."""
+
+    workload: Literal["pull"] = "pull"
+
+
 class PublishSpec(WorkloadSpec):
     """`drafter publish` / `data publish`: a folder on a volume pushed as one OCI artifact."""
 

@@ -10,7 +10,10 @@ PUBLISH = "publish"
 """`drafter publish` and `data publish`: a Job, though not one `run` starts."""
 REPLAY = "replay"
 """`drafter doctor` and `drafter check --replay`: a Job, though not one `run` starts."""
-WORKLOAD_NAMES = (*JOB_WORKLOADS, PUBLISH, REPLAY, SERVE)
+PULL = "pull"
+"""`drafter pull` and `host sync-model`: a Job that fetches published drafters onto a cluster's
+models volume ahead of serving, though not one `run` starts."""
+WORKLOAD_NAMES = (*JOB_WORKLOADS, PUBLISH, REPLAY, PULL, SERVE)
 PIPELINE_WORKLOADS = ("datagen", "extract", "vocab", "train")
 """These build the train drafter's data, so they default to (and need) a drafter record."""
 GPU_WORKLOADS = frozenset({SERVE, "extract", "train"})

@@ -28,6 +28,8 @@ WORKLOAD_CLAIMS: dict[str, dict[str, bool]] = {
     "publish": {"models": True, "datasets": False},
     # The captured sequences are kept on the hidden-states claim (reused, resumed).
     "replay": {"models": True, "hidden_states": False},
+    # The pull is the one container that writes the drafters it fetches.
+    "pull": {"models": False},
 }
 
 

@@ -54,6 +54,7 @@ class PlanInputs:
     """The model-free method (ngram, suffix) named instead of a drafter."""
     replay_drafters: tuple[str, ...] = ()
     replay_prompts: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = ()
+    pull_drafters: tuple[str, ...] = ()
 
     @property
     def speculative_tokens(self) -> int | None:

@@ -236,6 +236,11 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
     artifacts = publish.pulls(ctx)
     init_containers = publish.pull_container(ctx, artifacts, spec_mount, writable_mounts)
     volumes = [*volumes, *publish.pull_volumes(ctx, artifacts)]
+    if ctx.workload == "pull":
+        # The pull is the Job's own container: the same command, Secret and CA as the init one.
+        init_containers = []
+        registry = publish.require_registry(ctx, "a published drafter is pulled")
+        mounts = [*mounts, *publish.secret_volumes(registry, registry.pull_secret)[1]]
     if online.is_online(ctx):
         scratch_vol, scratch_mount = online.scratch_volume(ctx)
         volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
@@ -286,9 +291,11 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
 
 
 def _settings(ctx: PlanInputs) -> Any:
-    """The workload's cluster settings; the replay runs in the extraction's shape."""
+    """The workload's cluster settings; the replay runs in the extraction's shape, a pull in
+    publish's (both move an artifact between a volume and the registry)."""
     workloads = ctx.cluster.workloads
-    return workloads.extract if ctx.workload == "replay" else getattr(workloads, ctx.workload)
+    borrowed = {"replay": "extract", "pull": "publish"}
+    return getattr(workloads, borrowed.get(ctx.workload, ctx.workload))
 
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -335,6 +342,10 @@ def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
         res = w.train.resources
         args = ["replay-judge", "--spec", SPEC_PATH]
         return JobShape(res.cpu, res.memory, command, args, 1, 1, 1, gpus=1, shm="16Gi")
+    if ctx.workload == "pull":
+        # Retried like a push: ORAS resumes from the blobs already there; bad input fails at once.
+        return JobShape(w.publish.resources.cpu, w.publish.resources.memory, command,
+                        ["artifact-pull", "--spec", SPEC_PATH], 1, 1, 3)  # fmt: skip
     # datagen, vocab, bench and publish are CPU-only; datagen retries most (its requests are
     # idempotent), publish too (a push skips the blobs already there).
     res = getattr(w, ctx.workload).resources

@@ -49,6 +49,8 @@ class PlanRequest:
     """replay: the drafters judged (`drafter doctor A B`); empty: the one named by `drafter`."""
     replay_prompts: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = ()
     """replay: (name, rows) of the user's prompt sets ({id, messages[, tools]} rows)."""
+    pull_drafters: tuple[str, ...] = ()
+    """pull: the published drafters fetched onto the cluster's models volume."""
 
 
 @dataclass(frozen=True)

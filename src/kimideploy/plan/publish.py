@@ -156,6 +156,8 @@ def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
         names.append(ctx.drafter_name)
     if ctx.workload == "replay":
         names += list(ctx.replay_drafters or (ctx.drafter_name,))
+    if ctx.workload == "pull":
+        names += list(ctx.pull_drafters or (ctx.drafter_name,))
     if ctx.workload == "train" and ctx.cluster.workloads.train.base_drafter:
         names.append(ctx.cluster.workloads.train.base_drafter)
     for name in names:

@@ -10,7 +10,7 @@ from typing import Any
 from kimideploy.config.drafters import NO_DRAFTER, SuffixMethod, to_vllm_layer_ids
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
-from kimideploy.config.specs import WorkloadSpec
+from kimideploy.config.specs import PullSpec, WorkloadSpec
 from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.errors import MethodNotServedError, UsageError
 from kimideploy.formats.check_result import CheckResult
@@ -128,6 +128,7 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         publish_dataset=request.publish_dataset,
         replay_drafters=request.replay_drafters,
         replay_prompts=request.replay_prompts,
+        pull_drafters=request.pull_drafters,
     )
     _check_method_on_image(ctx)
     if request.synthetic is not None:
@@ -153,6 +154,8 @@ def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
             return images.publish or images.vocab  # a CPU image that has the ORAS CLI
         if request.workload == "replay":
             return images.train  # the judgement; the capture container names its own image
+        if request.workload == "pull":
+            return images.serve  # what the serve pod's own artifact-pull runs on
         return str(getattr(images, request.workload))
     serving = sorted(n for n, image in project.images.items() if image.role == "serve")
     if request.workload != "serve" or request.image not in serving:
@@ -271,6 +274,8 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
     pipeline = request.workload in (*PIPELINE_WORKLOADS, "publish", "replay")
     if request.workload == "replay" and request.replay_drafters and not request.drafter:
         request = dataclasses.replace(request, drafter=request.replay_drafters[0])
+    if request.workload == "pull":
+        return _pulled_drafters(project, request)[0]
     default = project.clusters[cluster].workloads.train.drafter if pipeline else NO_DRAFTER
     name = request.drafter or default
     valid = [NO_DRAFTER, *sorted(project.drafters)]
@@ -294,6 +299,32 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
     return name
 
 
+def _pulled_drafters(project: Project, request: PlanRequest) -> tuple[str, ...]:
+    """pull fetches drafters pinned by digest; anything else is refused before a Job starts."""
+    names = request.pull_drafters or ((request.drafter,) if request.drafter else ())
+    if not names:
+        raise UsageError("pull needs a drafter: `kimideploy drafter pull NAME --cluster C`")
+    for name in names:
+        drafter = project.eagle_drafters.get(name)
+        if drafter is None:
+            raise UsageError(
+                f"drafter {name}: not an EAGLE-3 drafter of the registry (drafters: "
+                f"{', '.join(sorted(project.eagle_drafters))})",
+                hint="`kimideploy drafter list` shows the registry",
+            )
+        if drafter.source.oci is None:
+            where = "the hub" if drafter.source.hub is not None else "a cluster's volume"
+            how = f"publish it first: `kimideploy drafter publish {name} --from CLUSTER`"
+            if drafter.source.hub is not None:
+                how = "`kimideploy host sync-model` downloads hub drafters"
+            raise UsageError(
+                f"drafter {name} comes from {where}, not from a published artifact: there is "
+                "no digest to pull",
+                hint=how,
+            )
+    return names
+
+
 def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
     run_id = ctx.run_id or "serve"
     builders: dict[str, Any] = {
@@ -305,6 +336,7 @@ def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
         "bench": lambda: jobs.bench_spec(ctx, run_id),
         "publish": lambda: publish.publish_spec(ctx, run_id, ctx.publish_to),
         "replay": lambda: replay.replay_spec(ctx, run_id),
+        "pull": lambda: PullSpec(run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref()),
     }
     spec: WorkloadSpec = builders[ctx.workload]()
     # What the pod's artifact-pull init container fetches (the same list it mounts volumes for).

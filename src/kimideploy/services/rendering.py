@@ -12,7 +12,7 @@ from typing import Any
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
-from kimideploy.config.workload_names import WORKLOAD_NAMES
+from kimideploy.config.workload_names import PULL, WORKLOAD_NAMES
 from kimideploy.errors import KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.resolve import resolve
@@ -53,18 +53,24 @@ def write_objects(rendered: Rendered, directory: Path) -> list[Path]:
 
 def golden_files(config: Path) -> dict[Path, str]:
     """Every (cluster, workload[, drafter]) of a config, keyed by its path under k8s/rendered/;
-    a method the cluster's serve image cannot serve (the plan refuses it) has no file."""
+    a method the cluster's serve image cannot serve (the plan refuses it) has no file, nor a
+    pull where no drafter is published (source.oci)."""
     loaded = load_project(config)
     files: dict[Path, str] = {}
+    published = tuple(sorted(name for name, d in loaded.project.eagle_drafters.items()
+                             if d.source.oci is not None))  # fmt: skip
     for cluster in sorted(loaded.project.clusters):
         for workload in WORKLOAD_NAMES:
+            if workload == PULL and not published:
+                continue
             drafters = (
                 [NO_DRAFTER, *sorted(loaded.project.drafters)] if workload == "serve" else [None]
             )
             for drafter in drafters:
                 name = workload if drafter is None else f"{workload}-{drafter}"
                 try:
-                    rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter))
+                    request = PlanRequest(workload, cluster, drafter, pull_drafters=published)
+                    rendered = render_workload(loaded, request)
                 except MethodNotServedError:
                     continue
                 files[GOLDEN_DIR / cluster / f"{name}.yaml"] = rendered.yaml

@@ -12,12 +12,13 @@ from pathlib import Path
 
 from kimideploy.config.specs import PulledArtifact, WorkloadSpec
 from kimideploy.workloads import dataset_record, oci_artifacts
-from kimideploy.workloads.runtime import EXIT_OK, BadInputError, log
+from kimideploy.workloads.runtime import EXIT_OK, BadInputError, emit, log
 
 
 def run(spec: WorkloadSpec) -> int:
     if not spec.pulls:
         log("no published artifact to pull")
+    pulled: list[dict[str, str]] = []
     for artifact in spec.pulls:
         what = f"{artifact.kind} {artifact.name}"
         try:
@@ -29,6 +30,11 @@ def run(spec: WorkloadSpec) -> int:
             return exc.exit_code
         done = "pulled and verified" if fetched else "already on the volume (same digest)"
         log(f"{what}: {artifact.reference} {done} at {artifact.dest}")
+        state = "pulled" if fetched else "present"
+        pulled.append({"name": artifact.name, "reference": artifact.reference,
+                       "dest": artifact.dest, "state": state})  # fmt: skip
+    if spec.workload == "pull":  # its own Job: the CLI reads the result line (an init has none)
+        emit({"event": "result", "stage": "pull", "pulled": pulled})
     return EXIT_OK
 
 
