@@ -272,8 +272,6 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
     """serve and bench default to no drafter; the data pipeline (and publishing what it makes)
     defaults to the train drafter."""
     pipeline = request.workload in (*PIPELINE_WORKLOADS, "publish", "replay")
-    if request.workload == "replay" and request.replay_drafters and not request.drafter:
-        request = dataclasses.replace(request, drafter=request.replay_drafters[0])
     if request.workload == "pull":
         return _pulled_drafters(project, request)[0]
     default = project.clusters[cluster].workloads.train.drafter if pipeline else NO_DRAFTER

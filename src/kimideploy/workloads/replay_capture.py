@@ -97,7 +97,7 @@ def plan(spec: ReplaySpec, tokenizer: Any) -> Plan:
         if rows is None:
             log(f"drafter {drafter.name}: no replay sample beside it; only the prompt sets replay")
             continue
-        differ: list[str] = []
+        differ: list[tuple[dict[str, Any], list[int]]] = []
         for row in rows:
             trained_ids, trained_mask = row["input_ids"], row["loss_mask"]
             found.prefill(request_name(f"trained:{drafter.name}", row["id"]), trained_ids,
@@ -106,13 +106,13 @@ def plan(spec: ReplaySpec, tokenizer: Any) -> Plan:
             found.prefill(request_name(f"rendered:{drafter.name}", row["id"]), served.ids,
                           served.loss_mask)  # fmt: skip
             if served.ids != trained_ids:
-                differ.append(row["id"])
+                differ.append((row, served.ids))
             found.answer(request_name(f"answered:{drafter.name}", row["id"]), row["messages"],
                          row.get("tools"), spec.max_tokens)  # fmt: skip
         found.rendering[drafter.name] = {
             "conversations": len(rows),
             "differ": len(differ),
-            "first_difference": _first_difference(rows, differ, tokenizer),
+            "first_difference": _first_difference(differ[0], tokenizer) if differ else "",
         }
     for prompt_set in spec.prompt_sets:
         for row in prompt_set.rows:
@@ -121,13 +121,22 @@ def plan(spec: ReplaySpec, tokenizer: Any) -> Plan:
     return found
 
 
-def _first_difference(rows: list[dict[str, Any]], differ: list[str], tokenizer: Any) -> str:
+def _require_drafter(name: str, folder: Path) -> None:
+    """The drafter must be on this cluster's models volume before an engine starts: a drafter
+    trained on another cluster reaches it by publishing and pulling, not by the replay."""
+    if not (folder / "config.json").is_file():
+        raise BadInputError(
+            f"drafter {name}: {folder} is not on this cluster's models volume (no config.json)",
+            hint=(f"a drafter trained elsewhere: `kimideploy drafter publish {name} --from "
+                  "CLUSTER`, then the replay pulls it by digest; a hub drafter: `kimideploy host "
+                  "sync-model` puts it there"),
+        )  # fmt: skip
+
+
+def _first_difference(first: tuple[dict[str, Any], list[int]], tokenizer: Any) -> str:
     """Where the first differing conversation's renderings part, as text: what a user reads to
     see which template (or tokenizer) training used."""
-    if not differ:
-        return ""
-    row = next(r for r in rows if r["id"] == differ[0])
-    served = render_sample(tokenizer, row).ids
+    row, served = first
     trained = row["input_ids"]
     at = next((i for i, (a, b) in enumerate(zip(served, trained, strict=False)) if a != b),
               min(len(served), len(trained)))  # fmt: skip
@@ -145,6 +154,8 @@ def engine_kwargs(spec: ReplaySpec, storage: Path) -> dict[str, Any]:
 
 
 def run(spec: ReplaySpec) -> int:
+    for drafter in spec.drafters:  # before the tokenizer, the engine, or anything is written
+        _require_drafter(drafter.name, Path(drafter.path))
     root = Path(spec.capture_dir)
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(spec.target.path)
@@ -159,9 +170,10 @@ def run(spec: ReplaySpec) -> int:
     storage = root / ".vllm-hidden-states"
     storage.mkdir(exist_ok=True)
     todo_answers = [k for k in work.prompts if k not in answers]
+    _with_answers(work, answers)
     todo = [k for k in work.sequences if not (root / f"{k}.safetensors").is_file()]
     llm = None
-    if todo_answers or todo or _answers_missing(work, answers, root):
+    if todo_answers or todo:
         from vllm import LLM
 
         llm = LLM(**engine_kwargs(spec, storage))
@@ -178,10 +190,7 @@ def run(spec: ReplaySpec) -> int:
             emit({"event": "progress", "stage": "replay-capture", "answered": len(answers)})
     for key, prompt in work.prompts.items():
         _compare_prompt(tokenizer, prompt, answers[key]["ids"], answers[key]["mask"], agreement)
-    for name, entry in work.index.items():
-        if "answer" in entry:
-            answered = answers[entry["answer"]]
-            work.prefill(name, answered["ids"], answered["mask"])
+    _with_answers(work, answers)
     todo = [k for k in work.sequences if not (root / f"{k}.safetensors").is_file()]
     if todo:
         assert llm is not None
@@ -203,14 +212,12 @@ def run(spec: ReplaySpec) -> int:
     return EXIT_OK
 
 
-def _answers_missing(work: Plan, answers: dict[str, Any], root: Path) -> bool:
-    for entry in work.index.values():
+def _with_answers(work: Plan, answers: dict[str, Any]) -> None:
+    """Each request whose answer is known becomes the sequence (prompt + answer) to prefill."""
+    for name, entry in list(work.index.items()):
         if "answer" in entry and entry["answer"] in answers:
             answered = answers[entry["answer"]]
-            key = sequence_key(answered["ids"], answered["mask"])
-            if not (root / f"{key}.safetensors").is_file():
-                return True
-    return False
+            work.prefill(name, answered["ids"], answered["mask"])
 
 
 def _read_json(path: Path) -> dict[str, Any]:
