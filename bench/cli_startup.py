@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/cli_startup.py [--runs N]. Prints the median wall and CPU (user +
 system) time of each command and their ratios to `python -c pass` measured in the same interleaved
-run (this machine is noisy, so ratios are the figure to quote). Targets (issue 18): `--help` within
+run (this machine is noisy, so ratios are the figure to quote). Targets: `--help` within
 3.5x and `render serve --drafter v3` within 12x of the bare interpreter's CPU time.
 """
 

@@ -7,7 +7,8 @@ from typing import Any
 
 
 class ExitCode(IntEnum):
-    """Process exit codes, documented in the README; scripts may rely on them."""
+    """Process exit codes, documented in the README and docs/reference/cli.md; scripts may rely
+    on them."""
 
     OK = 0
     RUNTIME = 1

@@ -195,10 +195,10 @@ def verdicts_panel_answers_from_the_release_records(
     cluster: harness.TestCluster, namespace: str, where: Path, binaries: tuple[Path, Path]
 ) -> None:
     """The dashboard's gate-verdict panel, evaluated by a real Prometheus over a real
-    kube-state-metrics watching this namespace's Secrets with the allowlist the README gives."""
+    kube-state-metrics watching this namespace's Secrets with the allowlist the serving guide gives."""
     allowlist = re.search(r"--metric-labels-allowlist=(secrets=\[[^\]]+\])",
-                          (REPO / "README.md").read_text())  # fmt: skip
-    assert allowlist, "README names the kube-state-metrics allowlist"
+                          (REPO / "docs" / "usage" / "serving-and-rollback.md").read_text())  # fmt: skip
+    assert allowlist, "the serving guide names the kube-state-metrics allowlist"
     config_map = json.loads(cluster.kubectl("-n", namespace, "get", "configmap",
                                             "kimi-k25-serve-dashboard", "-o", "json"))  # fmt: skip
     [text] = config_map["data"].values()

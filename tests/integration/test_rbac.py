@@ -23,7 +23,7 @@ def as_deployer(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[str]:
-    """KUBECONFIG switched to a token of ServiceAccount `deployer`, bound like the README says."""
+    """KUBECONFIG switched to a token of ServiceAccount `deployer`, bound like docs/reference/security.md says."""
     sa, binding = "deployer", f"kimideploy-{namespace}"
     testcluster.kubectl("-n", namespace, "create", "serviceaccount", sa)
     subject = f"{namespace}:{sa}"

@@ -1,4 +1,4 @@
-"""From the rented cluster to the host that serves (issue: publish and carry): a real OCI registry
+"""From the rented cluster to the host that serves: a real OCI registry
 (CNCF Distribution, TLS, htpasswd) and the real ORAS CLI, with the control plane applying what
 kimideploy renders. The publish Job's pod is simulated there (KWOK), so its log is what the same
 publish code printed when run here against the registry, as the pipeline tier runs workload code

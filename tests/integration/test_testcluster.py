@@ -1,4 +1,4 @@
-"""Smoke suite proving the test control plane is the real thing (issue: test control plane)."""
+"""Smoke suite proving the test control plane is the real thing."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ distribution.
 
 All figures are greedy, k=3, on held-out code prompts (tests/pipeline/stdlib_corpus.py: seen by
 neither the target's training nor datagen), counted by vLLM 0.32 per request. The thresholds
-below were set from measurements of this tier (README, "The pipeline tier"); each mistake's
+below were set from measurements of this tier (CONTRIBUTING.md, "The pipeline tier"); each mistake's
 margin is below the smallest gap measured across seeds, so a failure here means a real change in
 training, serving or the target, not noise.
 """

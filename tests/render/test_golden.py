@@ -8,7 +8,14 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from kimideploy.services.rendering import GOLDEN_DIR, SCHEMA_FILE, config_json_schema, golden_files
+from kimideploy.services.rendering import (
+    CONFIG_REFERENCE_FILE,
+    GOLDEN_DIR,
+    SCHEMA_FILE,
+    config_json_schema,
+    config_reference,
+    golden_files,
+)
 from tests.conftest import EXAMPLE, REPO
 
 
@@ -41,6 +48,20 @@ def test_committed_json_schema_is_fresh() -> None:
     assert not diff, (
         "schema/kimideploy.schema.json is stale; run scripts/update-golden\n" + diff[:5000]
     )
+
+
+def test_the_configuration_reference_is_fresh_and_describes_every_key() -> None:
+    text = config_reference()
+    diff = _diff(CONFIG_REFERENCE_FILE, text)
+    assert not diff, f"{CONFIG_REFERENCE_FILE} is stale; run scripts/update-golden\n" + diff[:5000]
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert len(rows) > 250
+    undescribed = [row.split("|")[1].strip() for row in rows if row.rstrip().endswith("|  |")]
+    assert not undescribed, (
+        f"keys without a description (a Field description or docstring): {undescribed}"
+    )
+    assert any(row.startswith("| `clusters.<name>.workloads.train.lr` |") for row in rows)
+    assert any(row.startswith("| `drafters.<name>.source.oci.digest` |") for row in rows)
 
 
 def test_golden_naming_covers_every_workload_and_drafter() -> None:

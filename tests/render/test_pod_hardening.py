@@ -1,5 +1,5 @@
 """Every pod kimideploy renders, for every cluster and workload (the golden files), runs without an
-API token and without the hub token (issue: safety): none calls the Kubernetes API and none
+API token and without the hub token: none calls the Kubernetes API and none
 downloads from the hub."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Config values reach Ansible as data, never as templates or options (issue: safety). Real
+"""Config values reach Ansible as data, never as templates or options. Real
 ansible-inventory and ansible-playbook (on localhost, connection local) read the generated inventory."""
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ def test_a_complete_calibration_predicts_before_a_newer_partial_one(example: Loa
 def test_up_judges_the_drafter_with_the_step_cost_measured_on_the_cluster_it_deploys_to(
     example: LoadedProject,
 ) -> None:
-    """One judgement (issue 18): the plan's findings, which `up` refuses on, use the cost model
+    """One judgement: the plan's findings, which `up` refuses on, use the cost model
     the plan predicts with, on the plan's own cluster, not the default cluster's constant."""
     from kimideploy.services.release.deploy import _refuse_failing_drafter
 

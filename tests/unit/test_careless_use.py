@@ -1,4 +1,4 @@
-"""Careless use (issue: safety): the implicit built-in example never reaches a cluster or a host,
+"""Careless use: the implicit built-in example never reaches a cluster or a host,
 KIMIDEPLOY_CONFIG is honoured, read-only commands say they use the example, and a zero timeout is
 refused. Each is exit 2 with a hint and no traceback; nothing is contacted."""
 

@@ -1,4 +1,4 @@
-"""Hostile or careless YAML (issue: parser robustness): each is exit 2 with the file, the line and
+"""Hostile or careless YAML: each is exit 2 with the file, the line and
 what to do, never a traceback, in bounded time and memory; nothing in a value is executed."""
 
 from __future__ import annotations

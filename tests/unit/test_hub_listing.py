@@ -1,4 +1,4 @@
-"""The model downloader against a hostile or careless hub listing (issue: safety): a fake hub on
+"""The model downloader against a hostile or careless hub listing: a fake hub on
 127.0.0.1 lists traversal names, absolute names, hashless and empty files; the real payload runs.
 Nothing is written outside the destination (nor inside it, when the listing is refused), no
 completion marker is set for a refused listing, and an empty file downloads."""

@@ -1,4 +1,4 @@
-"""Layering (README, "Where things live") and the light CLI path, enforced on the source itself."""
+"""Layering (CONTRIBUTING.md, "Where things live") and the light CLI path, enforced on the source itself."""
 
 from __future__ import annotations
 
@@ -195,6 +195,6 @@ def test_help_does_not_even_load_pydantic_or_jinja() -> None:
 
 def test_render_validates_without_the_jsonschema_package() -> None:
     """render/json_schema.py applies the schemas; importing jsonschema (with referencing, attrs
-    and rpds) would cost more than the rest of `render` (issue 18's start-up budget)."""
+    and rpds) would cost more than the rest of `render` (the start-up budget, bench/cli_startup.py)."""
     loaded = loaded_modules("render", "serve", "--drafter", "v3")
     assert not loaded & {"jsonschema", "referencing", "rpds", "attrs", "kubernetes_validate"}

@@ -1,5 +1,5 @@
 """`-o yaml` wherever `-o json` exists, the same document; shell completion through click's own
-mechanism, as the README documents it."""
+mechanism, as docs/reference/cli.md documents it."""
 
 from __future__ import annotations
 

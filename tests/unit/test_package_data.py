@@ -1,4 +1,4 @@
-"""Every non-Python file inside the package is package data, so an install carries it (issue 18:
+"""Every non-Python file inside the package is package data, so an install carries it (once
 `host check` read remote/payloads/host_probe.sh, which no pattern named)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`$(NAME)` in a user string is not expanded by Kubernetes (issue: safety): a served name or an
+"""`$(NAME)` in a user string is not expanded by Kubernetes: a served name or an
 extra vLLM flag cannot read HF_TOKEN or any other pod variable; kimideploy's own references stay."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Release records carry a schema version (issue: safety): a reader ignores fields a newer minor
+"""Release records carry a schema version: a reader ignores fields a newer minor
 added and refuses a newer major with a clear message, never a traceback."""
 
 from __future__ import annotations
@@ -58,3 +58,12 @@ def test_a_newer_major_is_refused_with_what_to_do() -> None:
         "2.0; this one reads 1.x)" in caught.value.message
     )
     assert caught.value.exit_code == 2 and "upgrade kimideploy" in (caught.value.hint or "")
+
+
+def test_a_record_from_before_the_workload_field_is_a_serve_release() -> None:
+    data = secret(schema="1.1")
+    raw = json.loads(gzip.decompress(base64.b64decode(data["data"]["release"])))
+    del raw["workload"]
+    data["data"]["release"] = base64.b64encode(gzip.compress(json.dumps(raw).encode())).decode()
+    assert decode(data).workload == "serve"
+    assert decode(secret(workload="serve")).workload == "serve"

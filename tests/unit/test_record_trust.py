@@ -1,4 +1,4 @@
-"""Release records read back are untrusted input (issue: what kimideploy reads back): each case a
+"""Release records read back are untrusted input: each case a
 namespace-level Secret writer (or a damaged record) could present is refused with the problem
 named, before anything is decompressed past a bound or applied. The same cases run against the
 real control plane in tests/integration/test_release_safety.py."""

@@ -1,5 +1,5 @@
-"""What kimideploy writes goes where it says, whole, and is not lost to a concurrent writer (issue:
-what kimideploy reads back, part 4): no writes through planted links, no lost `image lock` edit."""
+"""What kimideploy writes goes where it says, whole, and is not lost to a concurrent writer: no
+writes through planted links, no lost `image lock` edit."""
 
 from __future__ import annotations
 

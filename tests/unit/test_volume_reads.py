@@ -1,4 +1,4 @@
-"""Files read from a data or models volume are untrusted input (issue: what kimideploy reads back):
+"""Files read from a data or models volume are untrusted input:
 bounded before they are read, links refused, every problem named with an exit code. Each case
 crashed `data inspect`, `drafter check --dir` or the serve pod's drafter-check init container
 before (MemoryError, a hang on /dev/zero, a traceback), or passed a broken file as good."""

@@ -2,8 +2,9 @@
 
 A script that runs `up`, `rollback`, `down` or `run` reads one document on stdout, whatever
 happened: success, a failed rollout, a gate rollback, a refusal. Progress stays on stderr. The
-document (schema kimideploy.outcome.v1, documented in the README) always has the same keys for a
-command, null where a fact does not apply, so a script never needs `get` with a default.
+document (schema kimideploy.outcome.v1, documented in docs/reference/outcomes.md) always has the
+same keys for a command, null where a fact does not apply, so a script never needs `get` with a
+default.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`kimideploy --help` without importing click: the text click printed last time, kept on disk.
 
-Importing click alone costs more than issue 18's budget for `--help` (3.5x a bare `python -c
+Importing click alone costs more than the start-up budget for `--help` (3.5x a bare `python -c
 pass`; click measures 3.5-3.7x on this project's 2-core machine). The top-level help is a pure
 function of cli/main.py (the commands' summaries, the global options), of click (its formatting)
 and of the help width, so it is cached under the cache root with exactly those as its first

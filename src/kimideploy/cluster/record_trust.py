@@ -44,9 +44,9 @@ FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "release": str, "revision": int, "status": str, "created_at": str, "user": str,
     "cluster": str, "namespace": str, "drafter": str, "image": str, "config_sha256": str,
     "config_text": str, "overrides": list, "manifests": list, "note": str,
-    "source_revision": (int, type(None)), "details": dict, "schema": str,
+    "source_revision": (int, type(None)), "details": dict, "schema": str, "workload": str,
 }  # fmt: skip
-OPTIONAL = {"note", "source_revision", "details", "schema"}
+OPTIONAL = {"note", "source_revision", "details", "schema", "workload"}
 
 
 def mapping(value: Any) -> dict[str, Any]:

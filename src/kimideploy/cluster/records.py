@@ -29,8 +29,7 @@ GATE_SPEEDUP_LABEL = "kimideploy.io/gate-speedup"
 """Labels, so kube-state-metrics (kube_secret_labels) can chart gate verdicts in Grafana."""
 DEFAULT_KEEP = 10
 
-STATUSES = ("pending", "deployed", "failed", "superseded", "rolled-back", "removed")
-SCHEMA = "1.1"
+SCHEMA = "1.2"
 """Record layout, major.minor. A newer minor only adds fields (this reader ignores what it does
 not know); a newer major changed the meaning of one, and this reader refuses it."""
 
@@ -53,15 +52,12 @@ class ReleaseRecord:
     note: str = ""
     source_revision: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    workload: str = "serve"
+    """The workload whose release this is (records before schema 1.2: serve, the only one)."""
     schema: str = SCHEMA
     resource_version: str | None = field(default=None, compare=False, metadata={"stored": False})
     """The Secret's resourceVersion when read or written: updates are conditional on it, so a
     record changed by another writer since is never overwritten."""
-
-    @property
-    def good(self) -> bool:
-        """A revision that served successfully at some point (a rollback target)."""
-        return self.status in ("deployed", "superseded")
 
 
 def secret_name(release: str, revision: int) -> str:

@@ -20,7 +20,11 @@ _DECIMAL_SUFFIX = {
 class StrictModel(BaseModel):
     """User-written config: unknown keys are errors, values are immutable once loaded."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # Attribute docstrings are the fields' descriptions: the schema and the generated
+    # docs/reference/configuration-keys.md read them.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True
+    )
 
 
 def is_quantity(value: str) -> bool:

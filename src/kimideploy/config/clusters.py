@@ -57,9 +57,13 @@ class GpuProfile(StrictModel):
 
 class Toleration(StrictModel):
     key: QualifiedName
+    """The taint key."""
     operator: Literal["Exists", "Equal"] = "Exists"
+    """Exists (any value) or Equal (only `value`)."""
     value: str | None = None
+    """The taint value, with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect tolerated; unset: every effect."""
 
 
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany", "ReadWriteOncePod"]
@@ -71,14 +75,19 @@ class Claim(StrictModel):
     storage_class: str = Field(description="StorageClass name on the cluster.")
     size: Quantity = Field(description="Requested size, e.g. 2Ti.")
     access_mode: AccessMode = "ReadWriteOnce"
+    """ReadWriteOnce, or ReadWriteMany where pods on several nodes mount it."""
 
 
 class HiddenStatesClaim(StrictModel):
     """The hidden-state claim; `size: auto` sizes it from the datagen and extract settings."""
 
     storage_class: str
+    """StorageClass name on the cluster."""
     size: Quantity | Literal["auto"] = "auto"
+    """A quantity, or auto: samples x tokens x (aux layers + 1) x hidden size x dtype bytes,
+    plus headroom."""
     access_mode: AccessMode = "ReadWriteOnce"
+    """ReadWriteOnce, or ReadWriteMany where extraction and training run on several nodes."""
     headroom: Annotated[
         float, Field(ge=0, le=2, description="Extra fraction over the estimate.")
     ] = 0.15
@@ -97,11 +106,17 @@ class WorkloadImages(StrictModel):
     """Which image (by name in `images`) each workload runs on this cluster."""
 
     serve: Name
+    """Image (images.<name>, role serve) of the serve release."""
     datagen: Name
+    """Image (images.<name>) of the datagen Job."""
     extract: Name
+    """Image (images.<name>) of the hidden-state extraction Job."""
     vocab: Name
+    """Image (images.<name>) of the vocab-mapping Job."""
     train: Name
+    """Image (images.<name>, role train) of the training Job and the replay's judgement."""
     bench: Name
+    """Image (images.<name>) of the bench Job."""
     publish: Name | None = Field(
         default=None, description="`drafter publish` / `data publish` (default: vocab's image)."
     )
@@ -112,7 +127,9 @@ class PriorityClasses(StrictModel):
     outranks batch work, so a datagen or training pod never preempts the serve release."""
 
     serve: DnsSubdomain = "kimideploy-serve"
+    """PriorityClass of the serve pods."""
     batch: DnsSubdomain = "kimideploy-batch"
+    """PriorityClass of every batch Job's pods (should never preempt)."""
 
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -138,6 +155,7 @@ class NetworkPolicySettings(StrictModel):
     training sidecar's vLLM) are not reachable from outside the pod at all."""
 
     enabled: bool = True
+    """Render a NetworkPolicy for every workload (ingress only)."""
     monitoring_namespaces: list[DnsLabel] = Field(
         default_factory=lambda: ["monitoring"],
         description="Namespaces whose pods may scrape the serve pods (Prometheus).",
@@ -156,9 +174,12 @@ class SshHost(StrictModel):
     """A machine kimideploy reaches over SSH (host checks, provisioning, model sync)."""
 
     name: Name
+    """The host's name in the inventory and in messages."""
     address: str = Field(description="Hostname or IP address.")
     port: Port = 22
+    """SSH port."""
     user: str
+    """SSH user (needs passwordless sudo for `host provision`)."""
     identity_file: str | None = Field(
         default=None, description="Private key; default: ssh-agent and ~/.ssh keys."
     )
@@ -172,8 +193,11 @@ class Mirrors(StrictModel):
     """Where hosts download from; point these at a mirror for air-gapped or slow-egress hosts."""
 
     cuda_repo: str = "https://developer.download.nvidia.com/compute/cuda/repos"
+    """Base URL of NVIDIA's CUDA package repositories (or a mirror)."""
     container_toolkit_repo: str = "https://nvidia.github.io/libnvidia-container"
+    """Base URL of the NVIDIA container toolkit package repository (or a mirror)."""
     k3s_releases: str = "https://github.com/k3s-io/k3s/releases/download"
+    """Base URL the k3s binary and its sha256sum file are downloaded from (or a mirror)."""
 
 
 class HostSetup(StrictModel):
@@ -215,6 +239,7 @@ class Cluster(StrictModel):
     """One deployment target: the PCIe host or a rented NVL8 cluster."""
 
     description: str = ""
+    """Free text for people; not used by kimideploy."""
     kube_context: str = Field(description="kubeconfig context to use (overridable by --context).")
     namespace: DnsLabel = Field(description="Namespace for every object kimideploy creates.")
     kubernetes_version: Annotated[str, Field(pattern=r"^1\.\d+$")] = Field(
@@ -229,6 +254,7 @@ class Cluster(StrictModel):
         default_factory=dict, description="Extra node labels every pod must match."
     )
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations every GPU pod of this cluster carries (e.g. for tainted GPU nodes)."""
     rollout: Literal["auto", "recreate", "rolling"] = Field(
         default="auto",
         description="auto: rolling when the cluster can hold one serve copy more, else recreate.",
@@ -242,8 +268,10 @@ class Cluster(StrictModel):
         "`model:` (e.g. an NVFP4 checkpoint on Blackwell). Unset: `model:` itself.",
     )
     storage: Storage
+    """The PersistentVolumeClaims the workloads mount."""
     images: WorkloadImages
     workloads: Workloads
+    """Per-workload settings on this cluster."""
     step_cost_per_token: Annotated[float, Field(gt=0, le=2)] = Field(
         default=0.1433,
         description="Cost of one more speculative token per decode step, relative to a plain step "

@@ -17,6 +17,7 @@ from kimideploy.config.registry import OciArtifact
 
 class PublishedDataset(StrictModel):
     kind: Literal["conversations"] = "conversations"
+    """What the dataset holds; conversations are the only kind published."""
     oci: OciArtifact = Field(description="Set by `kimideploy data publish` (pinned by digest).")
     fingerprint: str = Field(
         pattern=r"^[0-9a-f]{12}$",

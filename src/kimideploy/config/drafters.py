@@ -26,7 +26,9 @@ LayerConvention = Literal["vllm", "sglang"]
 
 class HubSource(StrictModel):
     repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    """Hub repository id, e.g. lightseekorg/kimi-k2.5-eagle3."""
     revision: GitRevision
+    """The pinned 40-hex commit."""
 
 
 class DrafterSource(StrictModel):
@@ -37,6 +39,7 @@ class DrafterSource(StrictModel):
     read and where training must not write again."""
 
     hub: HubSource | None = None
+    """A drafter on the Hugging Face hub, pinned by revision (`host sync-model` downloads it)."""
     path: str | None = Field(
         default=None, pattern=r"^[\w.][\w./-]*$", description="Relative to the models volume."
     )
@@ -93,16 +96,21 @@ class Lineage(StrictModel):
 
     trained_for: str = Field(description="Target repo id the drafter was trained against.")
     trained_for_revision: GitRevision | None = None
+    """Target revision (40-hex) the drafter was trained against."""
     trained_for_variant: str | None = Field(
         default=None,
         description="The model_variants entry whose outputs it was trained on; unset: `model:` "
         "itself. `drafter check` warns when a cluster serves another checkpoint.",
     )
     base_drafter: str | None = None
+    """The drafter it was fine-tuned from, if any."""
     dataset: str | None = Field(default=None, description="Dataset path or name.")
     samples: Annotated[int, Field(ge=0)] | None = None
+    """Training samples it saw."""
     training_run: str | None = None
+    """The training run id (`run train`)."""
     notes: str = ""
+    """Free text for people."""
 
 
 Status = Literal["planned", "trained", "candidate", "promoted", "rejected"]
@@ -113,7 +121,9 @@ class Drafter(StrictModel):
     """One EAGLE-3 drafter. Layer ids are stored in the convention they were written in."""
 
     description: str = ""
+    """Free text for people; shown by `drafter list`."""
     method: Literal["eagle3"] = "eagle3"
+    """The speculation method; eagle3 for a trained EAGLE-3 drafter."""
     decoder: Literal["llama", "mla"] = Field(
         default="llama",
         description="The drafter's decoder layer: llama (LlamaForCausalLMEagle3, speculators and "
@@ -122,6 +132,7 @@ class Drafter(StrictModel):
     )
     source: DrafterSource
     num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 3
+    """k: tokens drafted per step (1-16); the serve flag and the default training depth."""
     aux_layer_ids: list[Annotated[int, Field(ge=0)]] = Field(
         min_length=1,
         max_length=8,
@@ -131,7 +142,9 @@ class Drafter(StrictModel):
         description="vllm: id k is the input of layer k; sglang: id k is the output of layer k."
     )
     draft_vocab_size: Annotated[int, Field(ge=256, le=1_048_576)] = 32000
+    """The drafter's vocabulary (d2t/t2d map sizes); checked against its config.json."""
     draft_tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] | None = None
+    """vLLM's draft_tensor_parallel_size; unset: vLLM's default (the target's)."""
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
         default=None, description="sha256 of model.safetensors, checked before serving."
     )
@@ -171,8 +184,11 @@ class NgramMethod(StrictModel):
     edits, extraction, quoting), costs a little where they do not."""
 
     description: str = ""
+    """Free text for people; shown by `drafter list`."""
     method: Literal["ngram"]
+    """Prompt lookup (n-gram) speculation."""
     num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 3
+    """k: tokens drafted per step."""
     prompt_lookup_min: Annotated[int, Field(ge=1, le=64)] = Field(
         default=2, description="Shortest n-gram matched."
     )
@@ -183,6 +199,7 @@ class NgramMethod(StrictModel):
         default_factory=list, description="Measured conditional acceptance per draft position."
     )
     status: Status = "candidate"
+    """Registry status; a model-free method needs no training."""
 
     @model_validator(mode="after")
     def _window(self) -> NgramMethod:
@@ -200,7 +217,9 @@ class SuffixMethod(StrictModel):
     weights, no training; the serve image needs the `arctic-inference` package."""
 
     description: str = ""
+    """Free text for people; shown by `drafter list`."""
     method: Literal["suffix"]
+    """Suffix decoding (Arctic Inference)."""
     num_speculative_tokens: Annotated[int, Field(ge=1, le=64)] = Field(
         default=24,
         description="The most tokens one draft may hold; each draft's length varies with how "
@@ -227,6 +246,7 @@ class SuffixMethod(StrictModel):
         default_factory=list, description="Measured conditional acceptance per draft position."
     )
     status: Status = "candidate"
+    """Registry status; a model-free method needs no training."""
 
 
 ModelFreeMethod = NgramMethod | SuffixMethod

@@ -32,10 +32,12 @@ class Image(StrictModel):
     )
     base: str = Field(description="Base image, by digest (repository@sha256:...).")
     python: Annotated[str, Field(pattern=r"^3\.\d+$")]
+    """Python version inside the image."""
     cuda: Annotated[str, Field(pattern=r"^\d+\.\d+$")] | None = Field(
         default=None, description="CUDA toolkit version; none for CPU-only images."
     )
     torch: str
+    """torch version inside the image."""
     vllm: str | None = Field(default=None, description="vLLM version, when installed.")
     speculators: str | None = Field(default=None, description="speculators version, if any.")
     arctic_inference: str | None = Field(

@@ -174,7 +174,7 @@ def _message(err: Any, data: Any) -> str:
     if kind == "union_tag_invalid":
         return (
             f"method {ctx.get('tag')!r} is not one kimideploy serves (valid: "
-            f"{ctx.get('expected_tags')}; see the README's method table)"
+            f"{ctx.get('expected_tags')}; see docs/usage/drafters.md's method table)"
         )
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}"

@@ -34,6 +34,7 @@ class RegistryClient(StrictModel):
     """The ORAS CLI every image carries (built from its Go module in a builder stage)."""
 
     oras: str = Field(default="v1.3.6", pattern=r"^v\d+\.\d+\.\d+$")
+    """The ORAS CLI version baked into images that push or pull artifacts."""
     builder: str = Field(
         pattern=r"^[^@\s]+@sha256:[0-9a-f]{64}$",
         description="Go toolchain image, pinned by digest like every image's base, that the "

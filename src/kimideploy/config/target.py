@@ -32,13 +32,18 @@ class TargetModel(StrictModel):
     model_type: str = Field(description="config.json model_type (kimi_k25 for the wrapper).")
     text_model_type: str = Field(description="model_type of the text config (kimi_k2).")
     num_hidden_layers: Annotated[int, Field(ge=2, le=512)]
+    """The target's decoder layers (config.json); bounds the aux layer ids."""
     hidden_size: Annotated[int, Field(ge=64, le=65536)]
+    """The target's hidden size (config.json); sizes hidden states and checks drafters."""
     vocab_size: Annotated[int, Field(ge=256, le=1_048_576)]
+    """The target's vocabulary (config.json); the vocab map's full side."""
     weights_gb: Annotated[float, Field(gt=0, description="On-disk size of the weights in GB.")]
     max_model_len: Annotated[int, Field(ge=512, le=1_048_576)]
+    """vLLM's --max-model-len for the serve release."""
     reasoning_parser: str | None = Field(default=None, description="vLLM --reasoning-parser.")
     tool_call_parser: str | None = Field(default=None, description="vLLM --tool-call-parser.")
     trust_remote_code: bool = True
+    """Pass --trust-remote-code to vLLM (Kimi-K2.5's config needs it)."""
     hf_token: SecretRef | None = Field(
         default=None,
         description="Secret holding a Hugging Face token, for a workload that downloads from the "
@@ -57,9 +62,11 @@ class ModelVariant(StrictModel):
     names it with `model_variant`, and every workload there uses it instead of `model:`."""
 
     description: str = ""
+    """Free text for people."""
     repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="Hugging Face repository id.")
     revision: GitRevision = Field(description="Pinned commit of the repository (40 hex).")
     quantization: Quantization
+    """The variant's quantization (e.g. nvfp4); replaces model.quantization."""
     weights_gb: Annotated[float, Field(gt=0, description="On-disk size of the weights in GB.")]
 
     def applied_to(self, model: TargetModel) -> TargetModel:

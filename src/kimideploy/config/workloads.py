@@ -12,13 +12,16 @@ from kimideploy.config.target import SecretRef
 
 class PodResources(StrictModel):
     cpu: Quantity
+    """CPU request and limit (a Kubernetes quantity)."""
     memory: Quantity
+    """Memory request and limit (a Kubernetes quantity)."""
 
 
 class WorkloadSettings(StrictModel):
     """Settings every workload has."""
 
     resources: PodResources
+    """CPU and memory of each pod of the workload."""
     pod_annotations: dict[QualifiedName, str] = Field(
         default_factory=dict, description="Extra pod annotations (scrape configs, meshes, tests)."
     )
@@ -29,20 +32,28 @@ class GrafanaDashboard(StrictModel):
     sidecar (kube-prometheus-stack: sidecar.dashboards.label / labelValue)."""
 
     enabled: bool = True
+    """Ship the dashboard ConfigMap with the serve release."""
     label: QualifiedName = "grafana_dashboard"
+    """The label Grafana's dashboard sidecar selects ConfigMaps by."""
     label_value: LabelValue = "1"
+    """That label's value."""
 
 
 class ServeSettings(WorkloadSettings):
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
+    """Serve pods (each holds the whole model)."""
     shm_size: Quantity = Field(default="64Gi", description="Memory-backed /dev/shm for NCCL.")
     port: Port = 8000
+    """The API port of the serve pods."""
     startup_budget_s: Annotated[int, Field(ge=600, le=21600)] = Field(
         default=2700, description="Time a replica may take to load weights (>= 40 min for 1T)."
     )
     probe_period_s: Annotated[int, Field(ge=1, le=300)] = 10
+    """Seconds between startup and readiness probes."""
     gpu_memory_utilization: Annotated[float, Field(gt=0.1, le=0.99)] = 0.92
+    """vLLM's --gpu-memory-utilization."""
     max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 128
+    """vLLM's --max-num-seqs: the most requests in one batch."""
     extra_args: list[str] = Field(
         default_factory=list,
         description="Extra vLLM flags, appended verbatim (checked by image verify).",
@@ -54,6 +65,7 @@ class ServeSettings(WorkloadSettings):
         "when the cluster serves monitoring.coreos.com/v1 podmonitors.",
     )
     scrape_interval_s: Annotated[int, Field(ge=5, le=600)] = 15
+    """The PodMonitor's scrape interval."""
     grafana_dashboard: GrafanaDashboard = Field(
         default_factory=lambda: GrafanaDashboard(),
         description="The release's Grafana dashboard as a ConfigMap for Grafana's sidecar.",
@@ -76,15 +88,22 @@ class DatagenSettings(WorkloadSettings):
         description="Prompt dataset path on the datasets volume (.jsonl or .parquet)."
     )
     samples: Annotated[int, Field(ge=1, le=100_000_000)]
+    """Conversations to generate."""
     shards: Annotated[int, Field(ge=1, le=1024)]
+    """Job indexes the prompts are split over (each writes its own shard)."""
     concurrency: Annotated[int, Field(ge=1, le=4096)] = Field(
         default=32, description="In-flight requests per shard."
     )
     max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 8192
+    """Output tokens per generated answer."""
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.6
+    """Sampling temperature of the answers."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    """Top-p of the answers."""
     request_timeout_s: Annotated[int, Field(ge=1, le=7200)] = 900
+    """Seconds one request may take."""
     max_retries: Annotated[int, Field(ge=0, le=20)] = 5
+    """Retries of one request before the sample is recorded as failed."""
     chunk_samples: Annotated[int, Field(ge=1, le=100_000)] = Field(
         default=64, description="Samples per output chunk: what a restart can lose at most."
     )
@@ -99,10 +118,12 @@ class DatagenSettings(WorkloadSettings):
 
 class ExtractSettings(WorkloadSettings):
     shards: Annotated[int, Field(ge=1, le=1024)]
+    """Job indexes the conversations are split over."""
     gpus_per_shard: Annotated[int, Field(ge=1, le=16)] = Field(
         default=8, description="GPUs per extraction pod; the target must fit on them."
     )
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """dtype the hidden states are stored in."""
     backend: Literal["vllm", "transformers"] = Field(
         default="vllm", description="vllm: production path; transformers: reference path."
     )
@@ -129,18 +150,23 @@ class OnlineTrainSettings(StrictModel):
         "kv_headroom_gb per GPU.",
     )
     gpu_memory_utilization: Annotated[float, Field(gt=0.1, le=0.98)] = 0.9
+    """vLLM's --gpu-memory-utilization for the target server beside the trainer."""
     kv_headroom_gb: Annotated[float, Field(ge=1, le=1000)] = Field(
         default=8,
         description="Per server GPU beyond its share of the weights: KV cache, the "
         "hidden-state buffer and activations of one prefill.",
     )
     server_resources: PodResources = Field(default_factory=_server_resources)
+    """CPU and memory of the target server container."""
     startup_budget_s: Annotated[int, Field(ge=600, le=21600)] = Field(
         default=2700, description="Time the server may take to load the weights."
     )
     port: Port = 8000
+    """Port of the target server inside the training pod."""
     request_timeout_s: Annotated[int, Field(ge=10, le=7200)] = 600
+    """Seconds one hidden-state request may take."""
     max_retries: Annotated[int, Field(ge=0, le=20)] = 5
+    """Retries of one hidden-state request before training fails."""
     concurrency: Annotated[int, Field(ge=1, le=256)] = Field(
         default=8, description="Samples requested ahead per trainer rank."
     )
@@ -163,11 +189,16 @@ class TrainSettings(WorkloadSettings):
         default="offline", description="offline: stored hidden states; online: computed live."
     )
     nodes: Annotated[int, Field(ge=1, le=128)] = 1
+    """Nodes the training Job spans (one torchrun rank group per node)."""
     epochs: Annotated[int, Field(ge=1, le=100)] = 5
+    """Passes over the training samples."""
     lr: Annotated[float, Field(gt=0, le=1)] = 1e-4
+    """Peak learning rate (after warmup)."""
     batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(default=8, description="Per GPU.")
     max_seq_len: Annotated[int, Field(ge=128, le=262_144)] = 8192
+    """Tokens per training sequence; longer conversations are cut."""
     checkpoint_every_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    """Steps between checkpoints (each is judged on held-out data and can be resumed from)."""
     draft_layers: Annotated[int, Field(ge=1, le=8)] = Field(
         default=1, description="Decoder layers of a drafter trained from scratch (EAGLE-3: 1)."
     )
@@ -212,13 +243,16 @@ class TrainSettings(WorkloadSettings):
         default=256, description="At most this many held-out samples are judged per checkpoint."
     )
     seed: Annotated[int, Field(ge=0)] = 0
+    """Seed of the initialisation and the data order."""
     resume_run: Annotated[str, Field(pattern=r"^[a-z0-9]{1,16}$")] | None = Field(
         default=None,
         description="Start from the last complete checkpoint of this earlier run id (a restarted "
         "pod of the same run always resumes its own).",
     )
     rendezvous_port: Port = 29500
+    """torchrun's rendezvous port across nodes."""
     shm_size: Quantity = "64Gi"
+    """Size of /dev/shm in the training pods (NCCL and data loaders use it)."""
     online: OnlineTrainSettings = Field(default_factory=OnlineTrainSettings)
 
 
@@ -260,7 +294,9 @@ class BenchSettings(WorkloadSettings):
         return self
 
     num_prompts: Annotated[int, Field(ge=1, le=100_000)] = 200
+    """Prompts per prompt set and concurrency level."""
     max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 1024
+    """Output tokens per bench request."""
     baseline_run: str | None = Field(
         default=None, description="Run id of a non-speculative bench to report speedups against."
     )
@@ -274,13 +310,19 @@ class PublishSettings(WorkloadSettings):
     """The publish Job pushes files it reads from a volume: one CPU, a little memory."""
 
     resources: PodResources = Field(default_factory=_small)
+    """CPU and memory of the publish (and pull) pod."""
 
 
 class Workloads(StrictModel):
     serve: ServeSettings
+    """The serve release."""
     datagen: DatagenSettings
+    """Synthetic conversations from the serve release."""
     extract: ExtractSettings
+    """Hidden states of the conversations from the target."""
     vocab: VocabSettings
     train: TrainSettings
+    """EAGLE-3 drafter training."""
     bench: BenchSettings
+    """The bench Job (the gate's measurements)."""
     publish: PublishSettings = Field(default_factory=PublishSettings)

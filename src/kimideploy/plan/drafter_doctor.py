@@ -26,7 +26,7 @@ RELATIVE_DROP = 0.05
 """A drop in mean acceptance length is a cause when it exceeds both 0.15 tokens per step and 5% of
 the higher figure. Two judgements of the same conversations by the same drafter on two engines
 differ by about 0.02 (CPU test target: 3.26 recorded vs 3.25 replayed for the correct drafter);
-the smallest drop of a real cause measured there was the domain's (README, "drafter doctor")."""
+the smallest drop of a real cause measured there was the domain's (docs/usage/drafter-doctor.md)."""
 MISMATCHES = ("convention", "target", "template")
 """Causes that make the drafter serve other inputs than it was trained on: while one stands,
 neither k nor the drafter's strength can be judged."""

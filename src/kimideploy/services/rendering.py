@@ -85,6 +85,99 @@ def config_json_schema() -> str:
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
+CONFIG_REFERENCE_FILE = Path("docs") / "reference" / "configuration-keys.md"
+
+
+def config_reference() -> str:
+    """Every key of kimideploy.yaml with its type, default and description, from the schema
+    (the descriptions in config/ are the one source): docs/reference/configuration-keys.md."""
+    schema = json.loads(config_json_schema())
+    rows: list[tuple[str, str, str, str]] = []
+    _reference_rows(schema, schema, "", rows, set())
+    lines = [
+        "# Every key of kimideploy.yaml",
+        "",
+        "Generated from the schema (`scripts/update-golden`; a test keeps it current). `<name>`",
+        "is a name you choose; `|` separates the kinds an entry may be. Guide and examples:",
+        "[configuration.md](configuration.md).",
+        "",
+        "| key | type | default | description |",
+        "|---|---|---|---|",
+    ]
+    for path, kind, default, description in rows:
+        text = " ".join(description.split()).replace("|", "\\|")
+        lines.append(f"| `{path}` | {kind} | {default} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+def _reference_rows(root: dict[str, Any], node: dict[str, Any], path: str,
+                    rows: list[tuple[str, str, str, str]], seen: set[str]) -> None:  # fmt: skip
+    for name, prop in sorted(node.get("properties", {}).items()):
+        key = f"{path}.{name}" if path else name
+        default = f"`{json.dumps(prop['default'])}`" if "default" in prop else ""
+        if name in node.get("required", []):
+            default = "required"
+        children = _children(root, prop)
+        described = prop.get("description") or next(
+            (c.get("description", "") for c, _ in children if c.get("description")), ""
+        )
+        if all(row[0] != key for row in rows):
+            rows.append((key, _kind(prop), default, described))
+        for child, suffix in children:
+            if child.get("title", "") + key not in seen:
+                _reference_rows(
+                    root, child, key + suffix, rows, seen | {child.get("title", "") + key}
+                )
+
+
+def _resolve(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    return root["$defs"][ref.rsplit("/", 1)[1]] if ref else node
+
+
+def _alternatives(root: dict[str, Any], node: dict[str, Any]) -> list[dict[str, Any]]:
+    members = node.get("anyOf") or node.get("oneOf")
+    if members:
+        return [_resolve(root, m) for m in members if m.get("type") != "null"]
+    return [_resolve(root, node)]
+
+
+def _children(root: dict[str, Any], prop: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The objects below a key: itself, its map values (`.<name>`) or list items (`[]`)."""
+    found: list[tuple[dict[str, Any], str]] = []
+    for alternative in _alternatives(root, prop):
+        values = alternative.get("additionalProperties") or next(
+            iter(alternative.get("patternProperties", {}).values()), None
+        )
+        if isinstance(values, dict):
+            found += [(m, ".<name>") for m in _alternatives(root, values) if "properties" in m]
+        elif "items" in alternative and isinstance(alternative["items"], dict):
+            found += [
+                (m, "[]") for m in _alternatives(root, alternative["items"]) if "properties" in m
+            ]
+        elif "properties" in alternative:
+            found.append((alternative, ""))
+    return found
+
+
+def _kind(prop: dict[str, Any]) -> str:
+    kinds = []
+    for member in prop.get("anyOf") or prop.get("oneOf") or [prop]:
+        if "$ref" in member:
+            kinds.append(member["$ref"].rsplit("/", 1)[1])
+        elif "const" in member:
+            kinds.append(f"`{json.dumps(member['const'])}`")
+        elif "enum" in member:
+            kinds.append(" \\| ".join(f"`{json.dumps(v)}`" for v in member["enum"]))
+        elif member.get("type") == "object":
+            kinds.append("map")
+        elif member.get("type") == "array":
+            kinds.append("list")
+        elif "type" in member:
+            kinds.append(str(member["type"]))
+    return " \\| ".join(kinds)
+
+
 def describe_plan(rendered: Rendered) -> str:
     """The human summary `up --dry-run` prints: decisions, warnings, and the objects to apply."""
     plan = rendered.plan

@@ -40,7 +40,7 @@ from kimideploy.services.gate.verdict import (
     pick_baseline,
     serve_fingerprint,
 )
-from kimideploy.services.release import deploy
+from kimideploy.services.release import deploy, lifecycle
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import batch_runs, progress
@@ -222,7 +222,8 @@ def stored_baseline(session: ClusterSession, gate: GateTerms) -> tuple[StoredBen
 
 
 def serving_record(session: ClusterSession, release: str) -> ReleaseRecord | None:
-    return next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
+    found: ReleaseRecord | None = lifecycle.serving(session.history(release))
+    return found
 
 
 def record_serve_print(record: ReleaseRecord) -> str | None:

@@ -1,4 +1,6 @@
-"""The serve release lifecycle: up, rollback and down, each a recorded revision."""
+"""up, rollback and down, each a recorded revision: this module orchestrates (lock, render,
+validate, apply, follow, record); every decision about statuses and which revision to use is
+lifecycle.py's."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.services.preflight import require_prerequisites
+from kimideploy.services.release import lifecycle
+from kimideploy.services.release.lifecycle import RevisionStatus
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 
@@ -68,6 +72,7 @@ class Revision:
     """What a new revision applies, and what it records about where it came from."""
 
     release: str
+    workload: str
     manifests: list[dict[str, Any]]
     drafter: str
     image: str
@@ -87,6 +92,7 @@ def revision_from_render(loaded: LoadedProject, rendered: Rendered, note: str = 
     plan = rendered.plan
     return Revision(
         release=plan.release,
+        workload=plan.workload,
         manifests=rendered.objects,
         drafter=plan.drafter,
         image=plan.image,
@@ -168,7 +174,7 @@ class _Transaction:
     def apply(self, revision: Revision) -> Outcome:
         session, change, reporter, lock = self.session, self.change, self.reporter, self.lock
         history = session.history(revision.release)
-        number = (history[-1].revision + 1) if history else 1
+        number = lifecycle.next_revision(history)
         manifests, notes = session.keep_claim_sizes(revision.manifests)
         revision = replace(revision, manifests=manifests)
         for note in notes:
@@ -185,21 +191,19 @@ class _Transaction:
         lock.renew()  # the confirmation may have outlasted the Lease
         record = _new_record(session, revision, number)
         session.record(record, new=True)
-        serving = next((r for r in reversed(history) if r.status == "deployed"), None)
+        serving = lifecycle.serving(history)
         self._apply_or_restore(revision, record, serving, existing)
         state = self._wait(revision)
         lock.renew()
         if state is None or state.phase == "ready":
-            replaced_as = "rolled-back" if self.action == "rollback" else "superseded"
-            _mark_serving(session, history, record, replaced_as)
+            _mark_serving(session, history, record, lifecycle.replaced_by(self.action))
             session.trim_history(revision.release, change.keep_history)
             how = "applied (not waited for)" if state is None else "ready"
             message = f"revision {number} of {revision.release} is {how}"
-            return Outcome(number, "deployed", message, revision.release, state is not None)
-        record.status, record.details = (
-            "failed",
-            {"failure": state.failure, "reason": state.message},
-        )
+            return Outcome(number, RevisionStatus.DEPLOYED, message, revision.release,
+                           state is not None)  # fmt: skip
+        lifecycle.change_status(record, RevisionStatus.FAILED,
+                                {"failure": state.failure, "reason": state.message})  # fmt: skip
         session.record(record, new=False)
         failed_init = re.search(r"init container (\S+)", state.message)
         container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
@@ -214,13 +218,12 @@ class _Transaction:
                 hint="`kimideploy rollback serve` returns to the last good revision",
                 outcome=failed,
             )
-        good = [r for r in history if r.good]
-        if not good:
+        target = lifecycle.fallback_after_failure(history)
+        if target is None:
             raise RolloutError(
                 failure + "\nno earlier good revision to roll back to; nothing is serving",
                 outcome=failed,
             )
-        target = good[-1]
         reporter.info(
             f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
         )
@@ -278,10 +281,8 @@ class _Transaction:
                 written.append(ref(obj))
         except KimiDeployError as exc:
             restored = self._restore(written, serving, existing)
-            record.status, record.details = (
-                "failed",
-                {"failure": "ApplyRejected", "reason": exc.message},
-            )
+            rejected = {"failure": "ApplyRejected", "reason": exc.message}
+            lifecycle.change_status(record, RevisionStatus.FAILED, rejected)
             session.record(record, new=False)
             raise type(exc)(
                 f"revision {record.revision} was rejected while being applied: {exc.message}\n"
@@ -357,8 +358,9 @@ def _existing(
 def _new_record(session: ClusterSession, revision: Revision, number: int) -> ReleaseRecord:
     return ReleaseRecord(
         release=revision.release,
+        workload=revision.workload,
         revision=number,
-        status="pending",
+        status=RevisionStatus.PENDING.value,
         created_at=_now(),
         user=getpass.getuser(),
         cluster=revision.cluster,
@@ -408,19 +410,20 @@ def startup_budget_s(deployment: dict[str, Any]) -> float:
 
 
 def _mark_serving(
-    session: ClusterSession, history: list[ReleaseRecord], record: ReleaseRecord, replaced_as: str
-) -> None:
-    for previous in history:
-        if previous.status == "deployed":
-            previous.status = replaced_as
-            session.record(previous, new=False)
-    record.status = "deployed"
+    session: ClusterSession, history: list[ReleaseRecord], record: ReleaseRecord,
+    replaced_as: RevisionStatus,
+) -> None:  # fmt: skip
+    for previous in lifecycle.deployed(history):  # one, unless a record was changed by hand
+        lifecycle.change_status(previous, replaced_as)
+        session.record(previous, new=False)
+    lifecycle.change_status(record, RevisionStatus.DEPLOYED)
     session.record(record, new=False)
 
 
 def _revision_from_record(record: ReleaseRecord, note: str) -> Revision:
     return Revision(
         release=record.release,
+        workload=record.workload,
         manifests=record.manifests,
         drafter=record.drafter,
         image=record.image,
@@ -464,11 +467,10 @@ def rollback(
                 f"{release} has no history in namespace {session.namespace}",
                 hint="`kimideploy up serve` creates the first revision",
             )
-        current = next((r for r in reversed(history) if r.status == "deployed"), history[-1])
-        if expect_serving is not None and (
-            current.status != "deployed" or current.revision != expect_serving
-        ):
-            now = f"revision {current.revision}" if current.status == "deployed" else "nothing"
+        current = lifecycle.current(history)
+        serving = lifecycle.serving(history)
+        if expect_serving is not None and (serving is None or serving.revision != expect_serving):
+            now = f"revision {serving.revision}" if serving is not None else "nothing"
             raise StaleRollbackError(
                 f"revision {expect_serving} is no longer serving ({now} is), so nothing was "
                 "rolled back",
@@ -478,7 +480,7 @@ def rollback(
             revision = non_speculative_revision(current)
         else:
             _refuse_untrusted(session, release, to)
-            chosen = _rollback_target(history, current, to)
+            chosen = lifecycle.rollback_target(history, to)
             revision = _revision_from_record(chosen, f"rollback to revision {chosen.revision}")
         if note:
             revision = replace(revision, note=note)
@@ -499,40 +501,13 @@ class StaleRollbackError(KimiDeployError):
     """The revision a rollback was meant to replace is no longer the serving one."""
 
 
-def _rollback_target(
-    history: list[ReleaseRecord], current: ReleaseRecord, to: int | None
-) -> ReleaseRecord:
-    if to is not None:
-        found = next((r for r in history if r.revision == to), None)
-        if found is None:
-            known = ", ".join(str(r.revision) for r in history)
-            raise UsageError(f"--to {to}: no such revision (kept: {known})")
-        if found.status == "failed":
-            raise UsageError(f"--to {to}: revision {to} failed; pick a revision that served")
-        return found
-    serving = current.status == "deployed"
-    candidates = [
-        r
-        for r in history
-        if (r.good or r.status in ("rolled-back", "removed"))
-        and not (serving and r.revision == current.revision)
-    ]
-    candidates = [r for r in candidates if r.revision < current.revision or not serving]
-    if not candidates:
-        raise UsageError(
-            "no earlier good revision to roll back to", hint="`kimideploy history serve`"
-        )
-    return candidates[-1]
-
-
 def non_speculative_revision(current: ReleaseRecord) -> Revision:
     """Re-render the current revision's stored config and overrides with drafter `none`."""
     if not current.config_text:
         raise UsageError(f"revision {current.revision} has no stored config to re-render")
     loaded = load_project_text(current.config_text, Path(f"revision-{current.revision}.yaml"))
-    workload = current.release.rsplit("-", 1)[-1]
     request = PlanRequest(
-        workload,
+        current.workload,
         current.cluster,
         NO_DRAFTER,
         tuple(current.overrides),
@@ -574,14 +549,11 @@ def down(
         left = session.wait_gone(targets)
         if left:
             reporter.info(f"still terminating after 5 minutes: {', '.join(left)}")
-        history = session.history(release)
-        for record in history:
-            if record.status == "deployed":
-                record.status, record.note = (
-                    "removed",
-                    (record.note + "; removed by down").lstrip("; "),
-                )
-                session.record(record, new=False)
+        serving = lifecycle.serving(session.history(release))
+        if serving is not None:
+            note = (serving.note + "; removed by down").lstrip("; ")
+            lifecycle.change_status(serving, RevisionStatus.REMOVED, note=note)
+            session.record(serving, new=False)
         claims = session.list_claims()
         if claims:
             reporter.info(f"kept PersistentVolumeClaims: {', '.join(claims)}")

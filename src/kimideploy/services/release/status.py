@@ -9,6 +9,7 @@ from kimideploy.cluster.jobs import job_phase
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.project import Project
+from kimideploy.services.release import lifecycle
 from kimideploy.services.release.watch import live_acceptance
 from kimideploy.services.runs import rental
 
@@ -46,7 +47,7 @@ def status_report(
     what its volumes hold that is not published yet."""
     project_name = project.name
     history = session.history(release)
-    current = next((r for r in reversed(history) if r.status == "deployed"), None)
+    current = lifecycle.serving(history)
     deployment = session.get("Deployment", release)
     serving: dict[str, Any] = {"release": release, "namespace": session.namespace}
     if current is not None:

@@ -21,7 +21,7 @@ from kimideploy.plan.calibration import Calibration
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.plan.speedup import break_even_rate
-from kimideploy.services.release import deploy
+from kimideploy.services.release import deploy, lifecycle
 from kimideploy.services.reporting import Reporter
 
 
@@ -154,7 +154,7 @@ def watch_release(
 ) -> str:
     """Scrape every interval until stopped; flag, or roll back, a drafter below break-even."""
     release = loaded.project.release_name("serve")
-    serving = next((r for r in reversed(session.history(release)) if r.status == "deployed"), None)
+    serving = lifecycle.serving(session.history(release))
     if serving is None:
         raise UsageError(f"{release} is not serving in namespace {session.namespace}")
     facts = serving_facts(serving, session.calibrations_of(serving.cluster))
