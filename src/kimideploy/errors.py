@@ -35,6 +35,20 @@ class KimiDeployError(Exception):
         # now, a gate verdict, a run's state (keys of kimideploy.outcome.v1).
         self.outcome = outcome or {}
 
+    def restated(
+        self, message: str, hint: str | None = None, outcome: dict[str, Any] | None = None
+    ) -> KimiDeployError:
+        """The same error (its class, exit code and own fields, such as a ConfigError's issues)
+        with the message a caller knows more about; hint and outcome kept unless given."""
+        import copy  # not at the top: `kimideploy --help` imports this module
+
+        again = copy.copy(self)
+        again.args = (message,)
+        again.message = message
+        again.hint = self.hint if hint is None else hint
+        again.outcome = {**self.outcome, **(outcome or {})}
+        return again
+
 
 class ConfigError(KimiDeployError):
     """The project file is unreadable, invalid, or references something that does not exist."""

@@ -56,6 +56,21 @@ def test_up_dry_run_prints_the_plan_and_touches_nothing(capsys: pytest.CaptureFi
     assert "Dry run (client): nothing was sent to a cluster." in out
 
 
+def test_the_printed_break_even_and_gate_follow_at_concurrency(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One rule for the gate's levels: the plan `up --gate --at-concurrency 4` prints shows the
+    break-even and the gate at c=4, not at the config's levels (1 and 8)."""
+    _, plain, _ = run(capsys, "up", "serve", "--drafter", "v3", "--dry-run")
+    assert "break-even acceptance length c=1 " in plain and "at c=1,8," in plain
+    code, out, _ = run(capsys, "up", "serve", "--drafter", "v3", "--dry-run", "--gate",
+                       "--at-concurrency", "4")  # fmt: skip
+    assert code == 0
+    predicted = next(line for line in out.splitlines() if line.strip().startswith("predicted"))
+    assert "break-even acceptance length c=4 " in predicted and "c=1 " not in predicted
+    assert "over no drafter at c=4, else roll back" in out
+
+
 def test_up_dry_run_shows_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run(capsys, "up", "serve", "--drafter", "v2", "--dry-run=client")
     assert "! drafter v2 drafts 5 tokens" in out

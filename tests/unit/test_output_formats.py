@@ -87,3 +87,46 @@ def test_a_refusal_is_an_outcome_document_with_its_exit_code(
     assert document["status"] == "refused" and "built-in example" in document["reason"]
     assert document["hint"].startswith("create ./kimideploy.yaml")
     assert document["revision"] is None and document["command"] == "up serve"
+
+
+def every_error_class() -> list[type[Exception]]:
+    import kimideploy.errors as errors_module
+
+    found: list[type[Exception]] = []
+    todo: list[type[Exception]] = [errors_module.KimiDeployError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
+def test_every_error_class_is_restated_with_its_own_fields_and_exit_code() -> None:
+    """What a caller adds to an error (the revision that was rejected, the overlay it came from)
+    keeps the error's class, exit code and own fields; no class is rebuilt through a
+    constructor it does not have (a ConfigError takes `issues`)."""
+    import importlib
+    import pkgutil
+
+    import kimideploy
+    from kimideploy import errors
+
+    # Every module that may define an error class (the pods' workloads/ has its own BadInputError).
+    for module in pkgutil.walk_packages(kimideploy.__path__, "kimideploy."):
+        if not module.name.startswith(("kimideploy.workloads", "kimideploy.__main__")):
+            importlib.import_module(module.name)
+
+    classes = every_error_class()
+    assert errors.ConfigError in classes and len(classes) >= 8
+    for cls in classes:
+        original = cls.__new__(cls)
+        errors.KimiDeployError.__init__(original, "inner", "the hint", {"release": "r"})
+        if isinstance(original, errors.ConfigError):
+            original.issues = ["kimideploy.yaml:3: name: required"]
+        again = original.restated("outer: inner", outcome={"revision": 4})
+        assert type(again) is cls and again.exit_code == original.exit_code
+        assert again.message == str(again) == "outer: inner" and again.hint == "the hint"
+        assert again.outcome == {"release": "r", "revision": 4}
+        assert original.message == "inner" and original.outcome == {"release": "r"}
+        if isinstance(original, errors.ConfigError):
+            assert again.issues == ["kimideploy.yaml:3: name: required"]

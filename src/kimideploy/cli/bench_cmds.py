@@ -6,11 +6,9 @@ from pathlib import Path
 
 import click
 
+from kimideploy.cli.options import cluster_option, cluster_options, output_option
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import format_table, machine, output_option
-from kimideploy.cli.terminal import cluster_options
-
-cluster_option = click.option("--cluster", help="Cluster profile (default: default_cluster).")
+from kimideploy.cli.table import format_table, machine
 
 
 @click.group()
@@ -65,7 +63,7 @@ def report(
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    profile = loaded.project.clusters[cluster or loaded.project.default_cluster]
+    profile = loaded.project.clusters[loaded.project.cluster_name(cluster)]
     target = output or Path(f"bench-{run_id}.png")
     lines = write_report(
         session, loaded.project.release_name("serve"), run_id, target, profile.gate.min_speedup

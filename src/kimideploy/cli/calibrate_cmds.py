@@ -7,9 +7,10 @@ from typing import Any
 
 import click
 
+from kimideploy.cli.options import cluster_option, cluster_options, output_option
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
-from kimideploy.cli.terminal import TerminalReporter, cluster_options
+from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
+from kimideploy.cli.terminal import TerminalReporter
 
 
 def numbers(kind: type, option: str) -> Any:
@@ -63,7 +64,7 @@ def calibrate() -> None:
 
 
 @calibrate.command()
-@click.option("--cluster", help="Cluster profile (default: default_cluster).")
+@cluster_option
 @cluster_options
 @output_option("table", "png")
 @click.option("--file", "png_file", type=click.Path(path_type=Path, dir_okay=False),
@@ -89,7 +90,7 @@ def show(
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    name = cluster or loaded.project.default_cluster
+    name = loaded.project.cluster_name(cluster)
     stored = session.calibrations(name)
     calibrations.stored(session, loaded, name)
     measured = [(cid, c) for cid, c in stored if c.points]

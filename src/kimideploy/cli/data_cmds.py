@@ -6,9 +6,10 @@ from pathlib import Path
 
 import click
 
+from kimideploy.cli.options import output_option, publish_options
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import MACHINE_FORMATS, machine, output_option
-from kimideploy.cli.terminal import TerminalReporter, publish_options
+from kimideploy.cli.table import MACHINE_FORMATS, machine
+from kimideploy.cli.terminal import TerminalReporter
 
 
 @click.group()

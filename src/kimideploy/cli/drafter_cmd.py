@@ -7,9 +7,10 @@ from typing import Any
 
 import click
 
+from kimideploy.cli.options import cluster_options, output_option, poll_option, publish_options
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
-from kimideploy.cli.terminal import TerminalReporter, cluster_options, publish_options
+from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
+from kimideploy.cli.terminal import TerminalReporter
 
 
 @click.group()
@@ -53,7 +54,7 @@ def list_drafters(state: CliState, output: str) -> None:
 )
 @output_option()
 @cluster_options
-@click.option("--poll", default=2.0, hidden=True)
+@poll_option
 @click.pass_obj
 def check(
     state: CliState, name: str, folder: Path | None, cluster: str | None,
@@ -81,7 +82,7 @@ def check(
     # Offline: the local copy of the cluster's calibrations (left by the last command that read
     # them); the findings say whether the step cost is measured or the default constant.
     costs, _, level = serve_cost_model(
-        loaded, cluster, cached(loaded, cluster or project.default_cluster)
+        loaded, cluster, cached(loaded, project.cluster_name(cluster))
     )
     findings = run(project, name, folder, cluster, costs, level)
     rows = [
@@ -134,7 +135,7 @@ def _replay(state: CliState, names: tuple[str, ...], cluster: str | None,
         raise UsageError(f"unknown drafter(s) {', '.join(unknown)} "
                          f"(valid: {', '.join(sorted(project.drafters))})")  # fmt: skip
     session = open_session(loaded, cluster, context, namespace)
-    where = cluster or project.default_cluster
+    where = project.cluster_name(cluster)
     outcome = run_replay(session, loaded, names, where, prompts, TerminalReporter(), poll)
     calibrations = session.calibrations_of(where)
     level = serve_cost_model(loaded, where, calibrations)[2]
@@ -170,7 +171,7 @@ def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
 )
 @output_option()
 @cluster_options
-@click.option("--poll", default=2.0, hidden=True)
+@poll_option
 @click.pass_context
 def doctor(ctx: click.Context, names: tuple[str, ...], cluster: str | None,
            prompts: Path | None, output: str, context: str | None, namespace: str | None,
@@ -240,7 +241,7 @@ def publish(state: CliState, name: str, cluster: str, to: str | None,
 @click.option("--cluster", default=None, help="Where it will serve (default cluster).")
 @output_option()
 @cluster_options
-@click.option("--poll", default=2.0, hidden=True)
+@poll_option
 @click.pass_obj
 def pull(state: CliState, names: tuple[str, ...], cluster: str | None, output: str,
          context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from kimideploy.cli.outcome import RELEASE_KEYS, expect, outcome_option
-from kimideploy.cli.state import CliState, plan_options
-from kimideploy.cli.terminal import TerminalReporter, cluster_options
-from kimideploy.cli.up_cmd import levels_option
+from kimideploy.cli.options import cluster_options, levels_option, outcome_option, plan_options
+from kimideploy.cli.outcome import RELEASE_KEYS, expect
+from kimideploy.cli.state import CliState
+from kimideploy.cli.terminal import TerminalReporter
 from kimideploy.errors import ExitCode
 
 
@@ -50,7 +50,8 @@ def gate(
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
     options = GateOptions(min_speedup, at_concurrency, None, bench_poll_s=poll)
-    request = PlanRequest(workload, cluster, drafter or NO_DRAFTER, overrides)
+    request = PlanRequest(workload, cluster, drafter or NO_DRAFTER, overrides,
+                          gate_levels=at_concurrency)  # fmt: skip
     if request.drafter == NO_DRAFTER:
         stored = measure_serving_baseline(session, loaded, request, options, TerminalReporter())
         message = f"baseline stored: bench run {stored.run_id}"

@@ -6,9 +6,10 @@ import json
 
 import click
 
+from kimideploy.cli.options import cluster_options, output_option, poll_option
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import format_table, machine, output_option
-from kimideploy.cli.terminal import TerminalReporter, cluster_options
+from kimideploy.cli.table import format_table, machine
+from kimideploy.cli.terminal import TerminalReporter
 
 
 @click.group()
@@ -79,7 +80,7 @@ def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
 @click.option("--host", "only", help="Only this host of the cluster.")
 @click.option("--no-drafters", is_flag=True, help="Only the target model, not the drafters.")
 @cluster_options
-@click.option("--poll", default=2.0, hidden=True)
+@poll_option
 @click.pass_obj
 def sync_model(state: CliState, cluster: str, only: str | None, no_drafters: bool,
                context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
+from kimideploy.cli.options import output_option
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import format_table, machine, output_option
+from kimideploy.cli.table import format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
 
 

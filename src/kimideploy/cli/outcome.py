@@ -90,19 +90,6 @@ def failure_status(exit_code: int, facts: dict[str, Any]) -> str:
     return STATUS_FOR_EXIT.get(ExitCode(exit_code), "error")
 
 
-def outcome_option(func: Any) -> Any:
-    """`-o prose|json|yaml` for a command that changes something."""
-    return click.option(
-        "-o",
-        "--output",
-        type=click.Choice(["prose", *MACHINE_FORMATS]),
-        default="prose",
-        show_default=True,
-        help="json and yaml print one outcome document on stdout (kimideploy.outcome.v1), "
-        "success or failure; progress stays on stderr.",
-    )(func)
-
-
 def print_release(pending: PendingOutcome, outcome: Any, verdict: Any = None) -> None:
     """A revision that is ready (or applied, under --no-wait) and, with --gate, its verdict."""
     pending.print(

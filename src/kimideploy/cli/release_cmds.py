@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import click
 
-from kimideploy.cli.outcome import DOWN_KEYS, RELEASE_KEYS, expect, outcome_option, print_release
+from kimideploy.cli.options import (
+    cluster_option,
+    cluster_options,
+    outcome_option,
+    output_option,
+    poll_option,
+)
+from kimideploy.cli.outcome import DOWN_KEYS, RELEASE_KEYS, expect, print_release
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine, output_option
-from kimideploy.cli.terminal import TerminalReporter, cluster_options
+from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
+from kimideploy.cli.terminal import TerminalReporter
 from kimideploy.errors import ExitCode
 
 RELEASE = click.Choice(["serve"])
-cluster_option = click.option("--cluster", help="Cluster profile (default: default_cluster).")
 
 
 def _session(  # type: ignore[no-untyped-def]
@@ -40,7 +46,7 @@ def _release(state: CliState, workload: str) -> str:
 @click.option("--no-wait", is_flag=True, help="Apply and return without following the rollout.")
 @click.option("--timeout", default=3600, show_default=True, type=click.IntRange(min=1))
 @click.option("--scheduling-grace", default=120, hidden=True)
-@click.option("--poll", default=2.0, hidden=True)
+@poll_option
 @outcome_option
 @click.pass_obj
 def rollback(
@@ -117,7 +123,7 @@ def status(
 
     session, release = _session(state, cluster, context, namespace), _release(state, "serve")
     project = state.project().project
-    report = status_report(session, release, project, cluster or project.default_cluster)
+    report = status_report(session, release, project, project.cluster_name(cluster))
     _warn_ignored(ignored_records(session, release))
     lines = report.pop("rental_lines")
     if output in MACHINE_FORMATS:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from kimideploy.cli.state import WORKLOAD_CHOICE, CliState, plan_options
+from kimideploy.cli.options import plan_options
+from kimideploy.cli.state import WORKLOAD_CHOICE, CliState
 
 
 @click.command()
@@ -62,7 +63,7 @@ def render(
         if output_dir is not None:
             raise UsageError("--kustomize and --output-dir exclude each other")
         loaded = state.project()
-        base = cluster or loaded.project.default_cluster
+        base = loaded.project.cluster_name(cluster)
         others = [c for c in (overlays or sorted(loaded.project.clusters)) if c != base]
         files = kustomize_files(loaded, workload, drafter, overrides, [base, *others])
         for path in write_tree(files, kustomize_dir):

@@ -5,10 +5,17 @@ from __future__ import annotations
 import click
 
 from kimideploy.cli.calibrate_cmds import numbers, run_calibrate
-from kimideploy.cli.outcome import RUN_KEYS, expect, outcome_option
-from kimideploy.cli.state import CliState, plan_options
+from kimideploy.cli.options import (
+    cluster_option,
+    cluster_options,
+    outcome_option,
+    plan_options,
+    poll_option,
+)
+from kimideploy.cli.outcome import RUN_KEYS, expect
+from kimideploy.cli.state import CliState
 from kimideploy.cli.table import format_table
-from kimideploy.cli.terminal import TerminalReporter, cluster_options
+from kimideploy.cli.terminal import TerminalReporter
 from kimideploy.config.workload_names import JOB_WORKLOADS
 from kimideploy.errors import ExitCode
 
@@ -52,7 +59,7 @@ SHARED_WITH_BAKEOFF = ("--concurrency", "--image", "--yes")
 @click.option("--yes", is_flag=True, help="calibrate only: do not ask before deploying.")
 @click.option("--timeout", default=3600, type=click.IntRange(min=1), hidden=True)
 @click.option("--scheduling-grace", default=120, hidden=True)
-@click.option("--poll", default=2.0, hidden=True)
+@poll_option
 @outcome_option
 @click.pass_obj
 def run(
@@ -140,7 +147,7 @@ def run(
     reporter = TerminalReporter()
     from kimideploy.services.calibrate.calibrations import stored
 
-    cluster_name = cluster or loaded.project.default_cluster
+    cluster_name = loaded.project.cluster_name(cluster)
     request = PlanRequest(workload, cluster, drafter, overrides,
                           calibrations=stored(session, loaded, cluster_name))  # fmt: skip
     chosen = None
@@ -236,7 +243,7 @@ def run_bakeoff_command(
 
 @click.command()
 @click.argument("target")
-@click.option("--cluster", help="Cluster profile (default: default_cluster).")
+@cluster_option
 @cluster_options
 @click.option(
     "--follow", "-f", is_flag=True, help="Stream; for a run, follow its progress to the end."

@@ -55,18 +55,3 @@ class CliState:
                 self._noted = True
             self._loaded = load_project(path)
         return self._loaded
-
-
-def plan_options(func: click.decorators.FC) -> click.decorators.FC:
-    """--cluster, --drafter and --set, shared by every command that resolves a plan."""
-    func = click.option(
-        "--set",
-        "overrides",
-        multiple=True,
-        metavar="WORKLOAD.KEY=VALUE",
-        help="Override a workload setting of the cluster, e.g. train.epochs=3 (repeatable).",
-    )(func)
-    func = click.option(
-        "--drafter", help="Drafter name from the registry, or 'none' for no speculation."
-    )(func)
-    return click.option("--cluster", help="Cluster profile (default: default_cluster).")(func)

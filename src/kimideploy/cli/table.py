@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import click
-from click.decorators import FC
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -31,18 +28,6 @@ def _cell(value: Any) -> str:
 
 MACHINE_FORMATS = ("json", "yaml")
 """`-o json` and `-o yaml` carry the same document: what a script reads, stable across releases."""
-
-
-def output_option(human: str = "table", *more: str) -> Callable[[FC], FC]:
-    """`-o/--output`: the human form first (the default), then json and yaml, then `more`."""
-    return click.option(
-        "-o",
-        "--output",
-        type=click.Choice([human, *MACHINE_FORMATS, *more]),
-        default=human,
-        show_default=True,
-        help="json and yaml print the same document, for scripts.",
-    )
 
 
 def machine(document: Any, output: str) -> str | None:

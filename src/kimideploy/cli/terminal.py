@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 import click
 
@@ -50,31 +48,3 @@ class TerminalReporter:
 
 def _stamp() -> str:
     return time.strftime("%H:%M:%S")
-
-
-def publish_options(source: str, default_to: str) -> Callable[..., Any]:
-    """--from, --to, --set, the cluster options and the hidden --poll of `drafter publish` and
-    `data publish`."""
-
-    def add(func: Callable[..., Any]) -> Callable[..., Any]:
-        func = click.option("--poll", default=2.0, hidden=True)(func)
-        func = cluster_options(func)
-        func = click.option("--set", "overrides", multiple=True, metavar="W.K=V",
-                            help="Override a workload setting of that cluster, e.g. "
-                            "publish.resources.cpu=2.")(func)  # fmt: skip
-        func = click.option(
-            "--to", "to", default=None, help=f"Repository (default: {default_to})."
-        )(func)
-        return click.option("--from", "cluster", required=True, help=source)(func)
-
-    return add
-
-
-def cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--context and --namespace, accepted by every command that talks to a cluster."""
-    func = click.option("--namespace", "-n", help="Namespace (default: the cluster profile's).")(
-        func
-    )
-    return click.option(
-        "--context", help="kubeconfig context (default: the cluster profile's kube_context)."
-    )(func)

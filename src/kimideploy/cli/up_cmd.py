@@ -6,21 +6,17 @@ from dataclasses import replace
 from typing import Any
 
 import click
-from click.decorators import FC
 
-from kimideploy.cli.outcome import RELEASE_KEYS, expect, outcome_option, print_release
-from kimideploy.cli.state import CliState, plan_options
-from kimideploy.cli.terminal import TerminalReporter, cluster_options
-
-
-def levels_option(func: FC) -> FC:
-    """--at-concurrency: the gate's concurrency levels (up --gate and gate serve)."""
-    return click.option(
-        "--at-concurrency",
-        "at_concurrency",
-        callback=lambda _ctx, _param, value: _levels(value),
-        help="Comma-separated concurrency levels the gate decides on, e.g. 1,8.",
-    )(func)
+from kimideploy.cli.options import (
+    cluster_options,
+    levels_option,
+    outcome_option,
+    plan_options,
+    poll_option,
+)
+from kimideploy.cli.outcome import RELEASE_KEYS, expect, print_release
+from kimideploy.cli.state import CliState
+from kimideploy.cli.terminal import TerminalReporter
 
 
 @click.command()
@@ -70,7 +66,7 @@ def levels_option(func: FC) -> FC:
     help="After a kept drafter, keep watching live acceptance (see `kimideploy watch`).",
 )
 @click.option("--scheduling-grace", default=120, show_default=True, hidden=True)
-@click.option("--poll", default=2.0, show_default=True, hidden=True)
+@poll_option
 @click.option("--watch-windows", type=int, default=None, hidden=True)
 @outcome_option
 @click.pass_obj
@@ -114,7 +110,8 @@ def up(
             hint="`kimideploy render serve` prints the objects; `kimideploy watch serve` watches",
         )
     loaded = state.project(None if dry_run == "client" else "up changes a cluster")
-    request = PlanRequest(workload, cluster, drafter, overrides, namespace=namespace)
+    request = PlanRequest(workload, cluster, drafter, overrides, namespace=namespace,
+                          gate_levels=at_concurrency)  # fmt: skip
     gate_only = [
         name
         for name, given in (
@@ -128,7 +125,7 @@ def up(
         raise UsageError(f"{', '.join(gate_only)} only apply with --gate")
     from kimideploy.services.calibrate import calibrations
 
-    cluster_name = cluster or loaded.project.default_cluster
+    cluster_name = loaded.project.cluster_name(cluster)
     if dry_run == "client":
         request = replace(request, calibrations=calibrations.cached(loaded, cluster_name))
         click.echo(describe_plan(render_workload(loaded, request)))
@@ -180,16 +177,3 @@ def _watch(session: Any, loaded: Any, reporter: TerminalReporter, windows: int |
     from kimideploy.services.release.watch import watch_release
 
     click.echo(watch_release(session, loaded, reporter, max_windows=windows))
-
-
-def _levels(value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        levels = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        message = f"{value!r}: expected comma-separated integers, e.g. 1,8"
-        raise click.BadParameter(message) from None
-    if not levels or min(levels) < 1:
-        raise click.BadParameter(f"{value!r}: expected positive integers, e.g. 1,8")
-    return levels

@@ -58,6 +58,17 @@ class Project(StrictModel):
         objects add the run id): the one place that spelling lives."""
         return release_name(self.name, workload)
 
+    def cluster_name(self, cluster: str | None) -> str:
+        """The cluster a command works on: the one named (`--cluster`, a CLUSTER argument), else
+        `default_cluster`; the one place that default is taken and an unknown name refused."""
+        name = cluster or self.default_cluster
+        if name not in self.clusters:
+            raise UsageError(
+                f"--cluster: unknown cluster '{name}' (valid: {', '.join(sorted(self.clusters))})",
+                hint="clusters are defined under 'clusters:' in kimideploy.yaml",
+            )
+        return name
+
     def model_for(self, cluster: str | None) -> TargetModel:
         """The checkpoint a cluster serves: its model_variant applied to `model`, else `model`."""
         found = self.model_variants.get(self.variant_of(cluster) or "")

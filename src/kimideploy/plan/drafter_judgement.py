@@ -25,17 +25,17 @@ from kimideploy.plan.inputs import drafter_path
 
 def serving_image(project: Project, cluster: str | None = None) -> Image:
     """The image that would load the drafter on this cluster (its serve image)."""
-    return project.images[project.clusters[cluster or project.default_cluster].images.serve]
+    return project.images[project.clusters[project.cluster_name(cluster)].images.serve]
 
 
 def serving_vllm(project: Project, cluster: str | None) -> str:
     """The vLLM version of the image that would load the drafter on this cluster."""
-    profile = project.clusters[cluster or project.default_cluster]
+    profile = project.clusters[project.cluster_name(cluster)]
     return project.images[profile.images.serve].vllm or "0.32.0"
 
 
 def expected_files(project: Project, drafter: Drafter, cluster: str | None = None) -> Expected:
-    model = project.model_for(cluster or project.default_cluster)
+    model = project.model_for(project.cluster_name(cluster))
     return Expected(
         target_repo=model.repo,
         target_revision=model.revision,
@@ -80,7 +80,7 @@ def method_findings(
 ) -> list[CheckResult]:
     """A model-free method on `cluster`: what its serve image must carry, and the speedup its
     measured acceptance predicts (none is known before it has served: it has no training)."""
-    cluster_name = cluster or project.default_cluster
+    cluster_name = project.cluster_name(cluster)
     profile = project.clusters[cluster_name]
     image_name = profile.images.serve
     image = project.images[image_name]
@@ -125,7 +125,7 @@ def method_findings(
 def lineage_findings(project: Project, drafter: Drafter, cluster: str | None) -> list[CheckResult]:
     """Whether the drafter was trained for the checkpoint this cluster serves (serving it, or
     fine-tuning from it, on another target wastes the run)."""
-    cluster_name = cluster or project.default_cluster
+    cluster_name = project.cluster_name(cluster)
     model = project.model_for(cluster_name)
     findings = []
     trained_for = drafter.lineage.trained_for
@@ -212,7 +212,7 @@ def _token_findings(
     held-out, then a published prior), each figure shown with its label. Measured and held-out
     acceptance below break-even block `up` (a prior does not: it was measured elsewhere)."""
     k = drafter.num_speculative_tokens
-    cluster = project.clusters[cluster_name or project.default_cluster]
+    cluster = project.clusters[project.cluster_name(cluster_name)]
     found = all_evidence(drafter, k, held_out)
     if not found:
         return [
@@ -224,9 +224,7 @@ def _token_findings(
                 blocking=False,
             )
         ]
-    costs = costs or DefaultCost(
-        cluster.step_cost_per_token, cluster_name or project.default_cluster
-    )
+    costs = costs or DefaultCost(cluster.step_cost_per_token, project.cluster_name(cluster_name))
     shown = CheckResult(
         "acceptance",
         True,

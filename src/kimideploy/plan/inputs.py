@@ -43,6 +43,7 @@ class PlanInputs:
     namespace_override: str | None = None
     monitoring_crd: bool | None = None
     bench_concurrency: tuple[int, ...] | None = None
+    gate_levels: tuple[int, ...] | None = None
     synthetic_k: int | None = None
     synthetic_lengths: tuple[float, ...] = ()
     publish_to: str | None = None
@@ -108,8 +109,15 @@ class PlanInputs:
 
 
 def gated_levels(ctx: PlanInputs) -> list[int]:
-    """The concurrencies the gate decides at (gate.concurrency, else the bench's)."""
-    return list(ctx.cluster.gate.concurrency or ctx.cluster.workloads.bench.concurrency)
+    """The concurrencies the gate decides at for this plan."""
+    return gate_levels(ctx.cluster, ctx.gate_levels)
+
+
+def gate_levels(cluster: Cluster, given: tuple[int, ...] | list[int] | None) -> list[int]:
+    """The concurrencies a gate decides at: the ones given (`--at-concurrency`), else
+    gate.concurrency, else the bench's. The one rule the plan's break-even, the gate's terms and
+    the bench it runs read."""
+    return sorted(set(given or cluster.gate.concurrency or cluster.workloads.bench.concurrency))
 
 
 def target_model_path(model: TargetModel) -> str:

@@ -38,6 +38,9 @@ class PlanRequest:
     synthetic: SyntheticAcceptance | None = None
     bench_concurrency: tuple[int, ...] | None = None
     """bench: the concurrency levels to measure instead of the cluster's (the gate's levels)."""
+    gate_levels: tuple[int, ...] | None = None
+    """The gate's levels instead of the cluster's (`--at-concurrency`): the break-even the plan
+    shows and the gate decides at."""
     calibrations: tuple[Calibration, ...] = ()
     """The cluster's stored calibrations, oldest first, when the caller read them: predictions
     use the newest measured on this plan's serve image and configuration."""

@@ -92,13 +92,7 @@ def _break_even(ctx: PlanInputs) -> dict[str, Any]:
 
 def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
     project = loaded.project
-    cluster_name = request.cluster or project.default_cluster
-    if cluster_name not in project.clusters:
-        raise UsageError(
-            f"--cluster: unknown cluster '{cluster_name}' "
-            f"(valid: {', '.join(sorted(project.clusters))})",
-            hint=f"clusters are defined under 'clusters:' in {loaded.path.name}",
-        )
+    cluster_name = project.cluster_name(request.cluster)
     project = apply_overrides(project, cluster_name, request.overrides)
     cluster = project.clusters[cluster_name]
     drafter_name = _drafter_name(project, cluster_name, request)
@@ -124,6 +118,7 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         namespace_override=request.namespace,
         monitoring_crd=request.monitoring_crd,
         bench_concurrency=request.bench_concurrency,
+        gate_levels=request.gate_levels,
         publish_to=request.publish_to,
         publish_dataset=request.publish_dataset,
         replay_drafters=request.replay_drafters,

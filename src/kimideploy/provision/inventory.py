@@ -25,11 +25,7 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 def require_hosts(project: Project, cluster_name: str) -> Cluster:
-    cluster = project.clusters.get(cluster_name)
-    if cluster is None:
-        raise UsageError(
-            f"unknown cluster '{cluster_name}' (valid: {', '.join(sorted(project.clusters))})"
-        )
+    cluster = project.clusters[project.cluster_name(cluster_name)]
     if not cluster.hosts or cluster.host_setup is None:
         raise UsageError(
             f"cluster {cluster_name} has no `hosts` and `host_setup` in kimideploy.yaml",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from kimideploy.cluster.session import ClusterSession, connect
 from kimideploy.config.loading import LoadedProject
-from kimideploy.errors import UsageError
 
 
 def open_session(
@@ -12,9 +11,5 @@ def open_session(
 ) -> ClusterSession:
     """KUBECONFIG's context (the profile's kube_context unless --context) and namespace."""
     project = loaded.project
-    name = cluster or project.default_cluster
-    if name not in project.clusters:
-        valid = ", ".join(sorted(project.clusters))
-        raise UsageError(f"--cluster: unknown cluster '{name}' (valid: {valid})")
-    profile = project.clusters[name]
+    profile = project.clusters[project.cluster_name(cluster)]
     return connect(context or profile.kube_context, namespace or profile.namespace)

@@ -214,7 +214,7 @@ def kustomize_files(
         try:
             rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter, overrides))
         except KimiDeployError as exc:
-            raise type(exc)(f"overlay {cluster}: {exc.message}", exc.hint) from exc
+            raise exc.restated(f"overlay {cluster}: {exc.message}") from exc
         renders.append(ClusterRender(cluster, rendered.plan.namespace, rendered.objects))
     what = f"{workload}" + (f" --drafter {drafter}" if drafter else "")
     note = (

@@ -130,7 +130,7 @@ def plan_calibration(
 ) -> CalibrationPlan:
     """Render every revision and bench before anything is created (the resolver's refusals)."""
     project = loaded.project
-    cluster_name = cluster or project.default_cluster
+    cluster_name = project.cluster_name(cluster)
     if cluster_name in project.clusters and drafter is None:
         drafter = project.clusters[cluster_name].workloads.train.drafter
     if drafter in (None, NO_DRAFTER):

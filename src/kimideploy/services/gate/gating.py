@@ -26,7 +26,7 @@ from kimideploy.config.gate import GateSettings
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import BenchSpec
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
-from kimideploy.plan.inputs import DATASETS_MOUNT
+from kimideploy.plan.inputs import DATASETS_MOUNT, gate_levels
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
 from kimideploy.services.gate.verdict import (
@@ -101,19 +101,20 @@ def gate_terms(
         loaded, replace(request, drafter=NO_DRAFTER, namespace=session.namespace)
     )
     cluster = loaded.project.clusters[baseline.plan.cluster]
+    given = request.gate_levels or options.concurrency
     settings = cluster.gate.model_copy(
         update={
             k: v
             for k, v in {
                 "min_speedup": options.min_speedup,
-                "concurrency": list(options.concurrency) if options.concurrency else None,
+                "concurrency": list(given) if given else None,
                 "fail_open": options.fail_open,
             }.items()
             if v is not None
         }
     )
     bench = cluster.workloads.bench
-    levels = settings.concurrency or bench.concurrency
+    levels = gate_levels(cluster, given)
     return GateTerms(
         release=baseline.plan.release,
         cluster=baseline.plan.cluster,
@@ -152,13 +153,14 @@ def up_gated(
         f"gate: keep {drafter} only with >= {gate.settings.min_speedup:.2f}x output tokens/s "
         f"over no drafter at {levels} ({', '.join(sorted({p for p, _ in gate.needed}))})"
     )
-    even = render_workload(loaded, replace(request, namespace=session.namespace)).plan.break_even
+    rendered = deploy.plan_up(session, loaded, request, apply.change.force)
+    even = rendered.plan.break_even
     if even:
         at = ", ".join(f"c={c} {r:.1%}" for c, r in even["rate"].items())
         reporter.info(f"gate: break-even acceptance rate {at} (step cost: {even['source']})")
     run = GateRun(session, loaded, gate, reporter, apply, options.bench_poll_s)
     baseline, note = _baseline(run, request)
-    outcome = deploy.up(session, loaded, request, apply, reporter)
+    outcome = deploy.apply_up(session, loaded, rendered, apply, reporter)
     verdict = _measure_and_judge(run, request, outcome.revision, baseline, note)
     _record_verdict(session, gate.release, outcome.revision, verdict)
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")

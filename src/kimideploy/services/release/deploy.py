@@ -112,16 +112,35 @@ def up(
     reporter: Reporter,
 ) -> Outcome:
     """Render, show the change, apply a new revision, follow the rollout, roll back on failure."""
+    rendered = plan_up(session, loaded, request, options.change.force)
+    return apply_up(session, loaded, rendered, options, reporter)
+
+
+def plan_up(
+    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, force: bool
+) -> Rendered:
+    """The serve plan `up` applies, for this namespace and what the cluster serves (PodMonitors),
+    resolved once: a gated `up` reads its break-even from it and then applies it."""
     monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")
     rendered = render_workload(
         loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
     )
-    _refuse_failing_drafter(rendered.plan, options.change.force)
+    _refuse_failing_drafter(rendered.plan, force)
+    return rendered
+
+
+def apply_up(
+    session: ClusterSession, loaded: LoadedProject, rendered: Rendered, options: ApplyOptions,
+    reporter: Reporter,
+) -> Outcome:  # fmt: skip
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
-    require_prerequisites(session, rendered.objects, rendered.plan.cluster)  # before any write
-    if session.ensure_namespace():
-        reporter.info(f"created namespace {session.namespace}")
+    if not session.namespace_exists():
+        # Nothing is created for a release that cannot apply; with the namespace there, the
+        # transaction checks the prerequisites once, under the lock.
+        require_prerequisites(session, rendered.objects, rendered.plan.cluster)
+        if session.ensure_namespace():
+            reporter.info(f"created namespace {session.namespace}")
     return deploy(session, revision_from_render(loaded, rendered), options, reporter, "up")
 
 
@@ -284,10 +303,9 @@ class _Transaction:
             rejected = {"failure": "ApplyRejected", "reason": exc.message}
             lifecycle.change_status(record, RevisionStatus.FAILED, rejected)
             session.record(record, new=False)
-            raise type(exc)(
+            raise exc.restated(
                 f"revision {record.revision} was rejected while being applied: {exc.message}\n"
                 f"{restored}",
-                hint=exc.hint,
                 outcome={
                     "status": "failed",
                     "release": revision.release,
