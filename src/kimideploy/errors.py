@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypedDict
 
 
 class ExitCode(IntEnum):
@@ -20,23 +20,36 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+class OutcomeFacts(TypedDict, total=False):
+    """What a failure leaves behind, as the `-o json` outcome (kimideploy.outcome.v1,
+    docs/reference/outcomes.md) carries it; the CLI renders these keys and no others."""
+
+    status: str
+    release: str
+    revision: int
+    serving_revision: int | None
+    verdict: dict[str, Any]
+    run: dict[str, Any]
+    results: dict[str, Any]
+
+
 class KimiDeployError(Exception):
     """Base of every error the CLI reports without a traceback."""
 
     exit_code: ExitCode = ExitCode.RUNTIME
 
     def __init__(
-        self, message: str, hint: str | None = None, outcome: dict[str, Any] | None = None
+        self, message: str, hint: str | None = None, outcome: OutcomeFacts | None = None
     ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         # What a failure leaves behind, for `-o json` outcomes: the failed revision, what serves
         # now, a gate verdict, a run's state (keys of kimideploy.outcome.v1).
-        self.outcome = outcome or {}
+        self.outcome: OutcomeFacts = outcome or {}
 
     def restated(
-        self, message: str, hint: str | None = None, outcome: dict[str, Any] | None = None
+        self, message: str, hint: str | None = None, outcome: OutcomeFacts | None = None
     ) -> KimiDeployError:
         """The same error (its class, exit code and own fields, such as a ConfigError's issues)
         with the message a caller knows more about; hint and outcome kept unless given."""

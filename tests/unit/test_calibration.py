@@ -341,3 +341,47 @@ def test_a_calibration_with_a_zero_baseline_is_not_read_and_does_not_poison_the_
     copy.write_text(json.dumps([stored]))
     assert calibrations.cached(loaded, "rtx6000") == ()  # read as no calibration, not a crash
     assert cal.Calibration.from_dict({**stored, "points": [good]}).costs[0].cost > 0
+
+
+def test_the_bakeoff_gives_each_drafter_its_k_by_batch_size_from_what_it_measured() -> None:
+    """The bake-off table's per-position acceptance (mean over prompt sets and levels) and the
+    cluster's calibration give the schedule `k_schedule: auto` would serve; a drafter whose
+    acceptance falls off after the first position drafts fewer tokens where a step costs more."""
+    from kimideploy.services.gate.bakeoff import Bakeoff, BakeoffRow, with_k_schedules
+
+    costs = cal.MeasuredCost(calibration_of(measured(noise=0.0)))
+
+    def row(candidate: str, c: int, per_position: list[float] | None) -> BakeoffRow:
+        return BakeoffRow("chat", c, candidate, 100.0, 0.5, 2.0, per_position, 1.2, True)
+
+    strong = [0.9, 0.85, 0.8]
+    weak_tail = [0.75, 0.3, 0.1]
+    table = Bakeoff(
+        [
+            row("none", 1, None),
+            row("v4", 1, strong),
+            row("v4", 32, strong),
+            row("v2", 1, [0.8, 0.35, 0.1]),
+            row("v2", 32, [0.7, 0.25, 0.1]),
+            row("ngram", 1, None),
+        ],
+        {1: "v4", 32: "v4"},
+        {},
+    )
+    judged = with_k_schedules(table, {"v4": 3, "v2": 3, "v1": 3}, costs, 64, "0.32.0")
+    assert (
+        judged.k_schedules["v4"]
+        == choose_schedule("auto", costs, strong, 3, 64, "0.32.0").describe()
+    )
+    assert (
+        judged.k_schedules["v2"]
+        == choose_schedule("auto", costs, weak_tail, 3, 64, "0.32.0").describe()
+    )
+    v2 = choose_schedule("auto", costs, weak_tail, 3, 64, "0.32.0")
+    assert [k for _, _, k in v2.ranges] != [3]  # it varies: fewer drafts where steps cost more
+    assert "k by batch size" in judged.k_schedules["v4"]
+    assert judged.k_schedules["v1"] == "no per-position acceptance counted; k stays as served"
+    assert "ngram" not in judged.k_schedules  # model-free: not an EAGLE-3 candidate
+    assert judged.as_dict()["k_schedules"] == judged.k_schedules
+    uncalibrated = with_k_schedules(table, {"v4": 3}, cal.DefaultCost(0.14, "b200"), 64, "0.32.0")
+    assert "needs a calibration" in uncalibrated.k_schedules["v4"]

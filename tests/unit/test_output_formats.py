@@ -130,3 +130,14 @@ def test_every_error_class_is_restated_with_its_own_fields_and_exit_code() -> No
         assert original.message == "inner" and original.outcome == {"release": "r"}
         if isinstance(original, errors.ConfigError):
             assert again.issues == ["kimideploy.yaml:3: name: required"]
+
+
+def test_a_failures_facts_are_keys_the_outcome_document_has() -> None:
+    """OutcomeFacts (what services attach to an error) is typed; each of its keys is one the
+    documented outcome of some command carries, so none is dropped or invents a key."""
+    from kimideploy.cli import outcome
+    from kimideploy.errors import OutcomeFacts
+
+    documented = {key for name in dir(outcome) if name.endswith("_KEYS")
+                  for key in getattr(outcome, name)}  # fmt: skip
+    assert set(OutcomeFacts.__annotations__) <= documented | {"status"}

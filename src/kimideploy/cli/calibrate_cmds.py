@@ -67,12 +67,18 @@ def calibrate() -> None:
 @cluster_option
 @cluster_options
 @output_option("table", "png")
-@click.option("--file", "png_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="Where -o png writes (default: calibration-CLUSTER.png).")  # fmt: skip
 @click.option(
-    "--acceptance-rate", "per_token", callback=numbers(float, "--acceptance-rate"),
+    "--file",
+    "png_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Where -o png writes (default: calibration-CLUSTER.png).",
+)
+@click.option(
+    "--acceptance-rate",
+    "per_token",
+    callback=numbers(float, "--acceptance-rate"),
     help="Per-token acceptance rates to name the best k for (default 0.6,0.7,0.8).",
-)  # fmt: skip
+)
 @click.pass_obj
 def show(
     state: CliState,

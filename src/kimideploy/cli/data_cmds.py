@@ -74,9 +74,16 @@ def inspect(path: Path, output: str, number: int | None, model: Path | None) -> 
     "registry.repository/datasets/NAME",
 )
 @click.pass_obj
-def publish(state: CliState, name: str, cluster: str, to: str | None,
-            overrides: tuple[str, ...], context: str | None, namespace: str | None,
-            poll: float) -> None:  # fmt: skip
+def publish(
+    state: CliState,
+    name: str,
+    cluster: str,
+    to: str | None,
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+) -> None:
     """Push CLUSTER's generated conversations (with their fingerprint) to the registry as one OCI
     artifact, pinned by digest, and record them as datasets.NAME in kimideploy.yaml; another
     cluster's pipeline then takes them with `workloads.train.conversations: NAME`. Hidden states
@@ -86,9 +93,11 @@ def publish(state: CliState, name: str, cluster: str, to: str | None,
 
     loaded = state.project(f"data publish {name} runs a Job and edits kimideploy.yaml")
     session = open_session(loaded, cluster, context, namespace)
-    done = publish_dataset(session, loaded, name, cluster, to, TerminalReporter(), poll,
-                           overrides)  # fmt: skip
+    done = publish_dataset(session, loaded, name, cluster, to, TerminalReporter(), poll, overrides)
     click.echo(done.reference)
     what = "added to" if done.created else "updated in"
-    click.echo(f"datasets.{name} {what} {loaded.path}: {done.samples:,} conversations, "
-               f"fingerprint {done.fingerprint}, {done.files} files", err=True)  # fmt: skip
+    click.echo(
+        f"datasets.{name} {what} {loaded.path}: {done.samples:,} conversations, "
+        f"fingerprint {done.fingerprint}, {done.files} files",
+        err=True,
+    )

@@ -57,10 +57,16 @@ def list_drafters(state: CliState, output: str) -> None:
 @poll_option
 @click.pass_obj
 def check(
-    state: CliState, name: str, folder: Path | None, cluster: str | None,
-    replay_file: Path | None, output: str, context: str | None, namespace: str | None,
+    state: CliState,
+    name: str,
+    folder: Path | None,
+    cluster: str | None,
+    replay_file: Path | None,
+    output: str,
+    context: str | None,
+    namespace: str | None,
     poll: float,
-) -> None:  # fmt: skip
+) -> None:
     """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens.
     With --replay, the predicted acceptance on your prompts, measured on the cluster."""
     from kimideploy.errors import KimiDeployError, UsageError
@@ -102,17 +108,38 @@ def check(
         )
 
 
-def _predict(state: CliState, name: str, cluster: str | None, prompts: Path, output: str,
-             context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip
+def _predict(
+    state: CliState,
+    name: str,
+    cluster: str | None,
+    prompts: Path,
+    output: str,
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+) -> None:
     """`drafter check NAME --replay FILE`: one replay Job, no serve load."""
     from kimideploy.services.drafters.doctor import USER_PROMPTS, read_prompts
 
-    result = _replay(state, (name,), cluster, read_prompts(prompts), context, namespace, poll,
-                     "drafter check --replay runs a replay Job on the cluster")  # fmt: skip
+    result = _replay(
+        state,
+        (name,),
+        cluster,
+        read_prompts(prompts),
+        context,
+        namespace,
+        poll,
+        "drafter check --replay runs a replay Job on the cluster",
+    )
     diagnosis = result[0]
-    prediction = {"drafter": name, "cluster": diagnosis.cluster, "k": diagnosis.k,
-                  "prompts": str(prompts), "prompt_set": USER_PROMPTS,
-                  **diagnosis.prediction}  # fmt: skip
+    prediction = {
+        "drafter": name,
+        "cluster": diagnosis.cluster,
+        "k": diagnosis.k,
+        "prompts": str(prompts),
+        "prompt_set": USER_PROMPTS,
+        **diagnosis.prediction,
+    }
     text = machine(prediction, output)
     if text is not None:
         click.echo(text)
@@ -120,9 +147,16 @@ def _predict(state: CliState, name: str, cluster: str | None, prompts: Path, out
     click.echo(_prediction_lines(diagnosis.prediction, diagnosis.k))
 
 
-def _replay(state: CliState, names: tuple[str, ...], cluster: str | None,
-            prompts: tuple[dict[str, Any], ...], context: str | None, namespace: str | None,
-            poll: float, why: str) -> list[Any]:  # fmt: skip
+def _replay(
+    state: CliState,
+    names: tuple[str, ...],
+    cluster: str | None,
+    prompts: tuple[dict[str, Any], ...],
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+    why: str,
+) -> list[Any]:
     from kimideploy.errors import UsageError
     from kimideploy.plan.resolve import serve_cost_model
     from kimideploy.services.connection import open_session
@@ -132,32 +166,39 @@ def _replay(state: CliState, names: tuple[str, ...], cluster: str | None,
     project = loaded.project
     unknown = [n for n in names if n not in project.drafters]
     if unknown:
-        raise UsageError(f"unknown drafter(s) {', '.join(unknown)} "
-                         f"(valid: {', '.join(sorted(project.drafters))})")  # fmt: skip
+        raise UsageError(
+            f"unknown drafter(s) {', '.join(unknown)} "
+            f"(valid: {', '.join(sorted(project.drafters))})"
+        )
     session = open_session(loaded, cluster, context, namespace)
     where = project.cluster_name(cluster)
     outcome = run_replay(session, loaded, names, where, prompts, TerminalReporter(), poll)
     calibrations = session.calibrations_of(where)
     level = serve_cost_model(loaded, where, calibrations)[2]
     found = {n: measured(session, loaded, n, where, level) for n in names}
-    return diagnoses(loaded, where, outcome, found, calibrations,
-                     USER_PROMPTS if prompts else None)  # fmt: skip
+    return diagnoses(loaded, where, outcome, found, calibrations, USER_PROMPTS if prompts else None)
 
 
 def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
     if not prediction:
         return "no prediction: the replay judged no position"
-    rows = [{"k": f"{d}{' (served)' if int(d) == k else ''}",
-             "mean acceptance length": f"{v['mean_acceptance_length']:.2f}",
-             "speedup": f"{v['speedup']:.2f}x"}
-            for d, v in prediction["by_k"].items()]  # fmt: skip
+    rows = [
+        {
+            "k": f"{d}{' (served)' if int(d) == k else ''}",
+            "mean acceptance length": f"{v['mean_acceptance_length']:.2f}",
+            "speedup": f"{v['speedup']:.2f}x",
+        }
+        for d, v in prediction["by_k"].items()
+    ]
     rates = " ".join(f"{r:.2f}" for r in prediction["per_position"])
-    return "\n".join([
-        f"per-position acceptance ({prediction['source']}): {rates}",
-        format_table(rows),
-        f"best k {prediction['best_k']} at c={prediction['concurrency']}; step cost "
-        f"{prediction['cost_source']}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"per-position acceptance ({prediction['source']}): {rates}",
+            format_table(rows),
+            f"best k {prediction['best_k']} at c={prediction['concurrency']}; step cost "
+            f"{prediction['cost_source']}",
+        ]
+    )
 
 
 @drafter.command("doctor")
@@ -173,9 +214,16 @@ def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
 @cluster_options
 @poll_option
 @click.pass_context
-def doctor(ctx: click.Context, names: tuple[str, ...], cluster: str | None,
-           prompts: Path | None, output: str, context: str | None, namespace: str | None,
-           poll: float) -> None:  # fmt: skip
+def doctor(
+    ctx: click.Context,
+    names: tuple[str, ...],
+    cluster: str | None,
+    prompts: Path | None,
+    output: str,
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+) -> None:
     """Why is acceptance low? Replays the drafter on CLUSTER's serving engine under controlled
     alternatives (features, template, layer ids, prompts, k) and names the cause with the
     figures side by side and the fix. Exit 0: every drafter healthy; 5: a cause was found (or
@@ -184,8 +232,16 @@ def doctor(ctx: click.Context, names: tuple[str, ...], cluster: str | None,
     from kimideploy.services.drafters.doctor import read_prompts
 
     rows = read_prompts(prompts) if prompts else ()
-    found = _replay(ctx.obj, names, cluster, rows, context, namespace, poll,
-                    "drafter doctor runs a replay Job on the cluster")  # fmt: skip
+    found = _replay(
+        ctx.obj,
+        names,
+        cluster,
+        rows,
+        context,
+        namespace,
+        poll,
+        "drafter doctor runs a replay Job on the cluster",
+    )
     text = machine([d.as_dict() for d in found], output)
     click.echo(text if text is not None else "\n\n".join(_report(d) for d in found))
     if any(not d.healthy for d in found):
@@ -193,16 +249,25 @@ def doctor(ctx: click.Context, names: tuple[str, ...], cluster: str | None,
 
 
 def _report(diagnosis: Any) -> str:
-    lines = [f"drafter {diagnosis.drafter} on {diagnosis.cluster} (k={diagnosis.k}): "
-             f"{diagnosis.verdict}"]  # fmt: skip
-    table = [{"scenario": r["scenario"], "what": r["what"],
-              "length": "-" if r["length"] is None else f"{r['length']:.2f}",
-              "per position": " ".join(f"{p:.2f}" for p in r["per_position"])}
-             for r in diagnosis.rows]  # fmt: skip
+    lines = [
+        f"drafter {diagnosis.drafter} on {diagnosis.cluster} (k={diagnosis.k}): {diagnosis.verdict}"
+    ]
+    table = [
+        {
+            "scenario": r["scenario"],
+            "what": r["what"],
+            "length": "-" if r["length"] is None else f"{r['length']:.2f}",
+            "per position": " ".join(f"{p:.2f}" for p in r["per_position"]),
+        }
+        for r in diagnosis.rows
+    ]
     lines.append(format_table(table))
     for finding in diagnosis.findings:
-        lines += [f"cause {finding.cause}: {finding.summary}", f"  evidence: {finding.evidence}",
-                  f"  fix: {finding.fix}"]  # fmt: skip
+        lines += [
+            f"cause {finding.cause}: {finding.summary}",
+            f"  evidence: {finding.evidence}",
+            f"  fix: {finding.fix}",
+        ]
     if diagnosis.prediction:
         lines.append(_prediction_lines(diagnosis.prediction, diagnosis.k))
     lines += [f"note: {note}" for note in diagnosis.notes]
@@ -216,9 +281,16 @@ def _report(diagnosis: Any) -> str:
     "registry.repository/drafters/NAME",
 )
 @click.pass_obj
-def publish(state: CliState, name: str, cluster: str, to: str | None,
-            overrides: tuple[str, ...], context: str | None, namespace: str | None,
-            poll: float) -> None:  # fmt: skip
+def publish(
+    state: CliState,
+    name: str,
+    cluster: str,
+    to: str | None,
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+) -> None:
     """Push a trained drafter from CLUSTER's volume to the registry as one OCI artifact, pinned
     by digest, and write its source, checksums and held-out figures into kimideploy.yaml."""
     from kimideploy.services.connection import open_session
@@ -226,14 +298,15 @@ def publish(state: CliState, name: str, cluster: str, to: str | None,
 
     loaded = state.project(f"drafter publish {name} runs a Job and edits kimideploy.yaml")
     session = open_session(loaded, cluster, context, namespace)
-    done = publish_drafter(session, loaded, name, cluster, to, TerminalReporter(), poll,
-                           overrides)  # fmt: skip
+    done = publish_drafter(session, loaded, name, cluster, to, TerminalReporter(), poll, overrides)
     click.echo(f"{done.reference}")
     lengths = ", ".join(f"k={k} {v}" for k, v in sorted((done.held_out or {}).items()))
     what = "added to" if done.created else "updated in"
-    click.echo(f"drafters.{name} {what} {loaded.path}: source.oci pinned, status trained, "
-               f"{len(done.files)} file checksums" + (f", held-out {lengths}" if lengths else ""),
-               err=True)  # fmt: skip
+    click.echo(
+        f"drafters.{name} {what} {loaded.path}: source.oci pinned, status trained, "
+        f"{len(done.files)} file checksums" + (f", held-out {lengths}" if lengths else ""),
+        err=True,
+    )
 
 
 @drafter.command("pull")
@@ -243,8 +316,15 @@ def publish(state: CliState, name: str, cluster: str, to: str | None,
 @cluster_options
 @poll_option
 @click.pass_obj
-def pull(state: CliState, names: tuple[str, ...], cluster: str | None, output: str,
-         context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip
+def pull(
+    state: CliState,
+    names: tuple[str, ...],
+    cluster: str | None,
+    output: str,
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+) -> None:
     """Fetch published drafters onto CLUSTER's models volume ahead of serving: a Job runs the
     serve pod's own artifact-pull (verified blob by blob and file by file against the digest
     and checksums kimideploy.yaml pins), so `up serve` later finds them there."""
@@ -254,6 +334,8 @@ def pull(state: CliState, names: tuple[str, ...], cluster: str | None, output: s
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
     done = pull_drafters(session, loaded, names, cluster, TerminalReporter(), poll)
-    rows = [{"drafter": d.name, "state": d.state, "reference": d.reference, "path": d.dest}
-            for d in done]  # fmt: skip
+    rows = [
+        {"drafter": d.name, "state": d.state, "reference": d.reference, "path": d.dest}
+        for d in done
+    ]
     click.echo(machine(rows, output) or format_table(rows))

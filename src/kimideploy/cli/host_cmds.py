@@ -82,8 +82,15 @@ def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
 @cluster_options
 @poll_option
 @click.pass_obj
-def sync_model(state: CliState, cluster: str, only: str | None, no_drafters: bool,
-               context: str | None, namespace: str | None, poll: float) -> None:  # fmt: skip
+def sync_model(
+    state: CliState,
+    cluster: str,
+    only: str | None,
+    no_drafters: bool,
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+) -> None:
     """Download the pinned revision (and the hub drafters) onto the host's NVMe: resumable,
     verified, marked complete; then fetch the published drafters (pinned by digest) onto the
     cluster's models volume with the serve pod's own pull, run as a Job on the host's k3s.

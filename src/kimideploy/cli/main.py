@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _failed(
-    state: CliState, code: ExitCode, reason: str, hint: str | None, facts: dict[str, Any]
+    state: CliState, code: ExitCode, reason: str, hint: str | None, facts: Mapping[str, Any]
 ) -> int:
     pending = state.outcome
     if pending is not None:

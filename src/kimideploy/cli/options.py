@@ -49,9 +49,13 @@ def publish_options(source: str, default_to: str) -> Callable[..., Any]:
     def add(func: Callable[..., Any]) -> Callable[..., Any]:
         func = poll_option(func)
         func = cluster_options(func)
-        func = click.option("--set", "overrides", multiple=True, metavar="W.K=V",
-                            help="Override a workload setting of that cluster, e.g. "
-                            "publish.resources.cpu=2.")(func)  # fmt: skip
+        func = click.option(
+            "--set",
+            "overrides",
+            multiple=True,
+            metavar="W.K=V",
+            help="Override a workload setting of that cluster, e.g. publish.resources.cpu=2.",
+        )(func)
         func = click.option(
             "--to", "to", default=None, help=f"Repository (default: {default_to})."
         )(func)

@@ -9,6 +9,7 @@ default.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +84,7 @@ def expect(command: str, output: str, keys: tuple[str, ...], **known: Any) -> Pe
     return PendingOutcome(command, output, keys, dict(known))
 
 
-def failure_status(exit_code: int, facts: dict[str, Any]) -> str:
+def failure_status(exit_code: int, facts: Mapping[str, Any]) -> str:
     named = facts.get("status")
     if isinstance(named, str):
         return named

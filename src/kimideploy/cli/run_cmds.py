@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from kimideploy.cli.calibrate_cmds import numbers, run_calibrate
@@ -46,14 +48,25 @@ SHARED_WITH_BAKEOFF = ("--concurrency", "--image", "--yes")
     "always included), bench them alike, print them side by side with the method to serve per "
     "concurrency, then restore what served.",
 )
-@click.option("--k", "ks", callback=numbers(int, "--k"),
-              help="calibrate only: draft token counts to measure, one model load each "
-              "(default 1,2,3,4).")  # fmt: skip
-@click.option("--acceptance-length", "lengths", callback=numbers(float, "--acceptance-length"),
-              help="calibrate only: synthetic mean acceptance lengths, each within [1, k+1] "
-              "(default 1.5,2,2.5,3).")  # fmt: skip
-@click.option("--concurrency", "levels", callback=numbers(int, "--concurrency"),
-              help="calibrate only: concurrency levels (default: bench.concurrency).")  # fmt: skip
+@click.option(
+    "--k",
+    "ks",
+    callback=numbers(int, "--k"),
+    help="calibrate only: draft token counts to measure, one model load each (default 1,2,3,4).",
+)
+@click.option(
+    "--acceptance-length",
+    "lengths",
+    callback=numbers(float, "--acceptance-length"),
+    help="calibrate only: synthetic mean acceptance lengths, each within [1, k+1] "
+    "(default 1.5,2,2.5,3).",
+)
+@click.option(
+    "--concurrency",
+    "levels",
+    callback=numbers(int, "--concurrency"),
+    help="calibrate only: concurrency levels (default: bench.concurrency).",
+)
 @click.option("--image", help="calibrate only: calibrate this serve image's stack instead.")
 @click.option("--again", is_flag=True, help="calibrate only: measure a calibrated plan anew.")
 @click.option("--yes", is_flag=True, help="calibrate only: do not ask before deploying.")
@@ -92,33 +105,28 @@ def run(
     served before is restored. `run bench --drafters none,ngram,suffix,k25` is the bake-off:
     every candidate served and benched in turn, side by side, the serving revision restored."""
     from kimideploy.errors import UsageError
-    from kimideploy.plan.model import PlanRequest
-    from kimideploy.services.connection import open_session
-    from kimideploy.services.runs import batch_runs
 
-    state.outcome = pending = expect(f"run {workload}", output, RUN_KEYS)
-    given = [name for name, value in zip(CALIBRATE_ONLY, (ks, lengths, levels, image, again or None,
-                                                           yes or None), strict=True)
-             if value is not None]  # fmt: skip
+    state.outcome = expect(f"run {workload}", output, RUN_KEYS)
+    values = (ks, lengths, levels, image, again or None, yes or None)
+    given = [n for n, v in zip(CALIBRATE_ONLY, values, strict=True) if v is not None]
     if workload == "calibrate":
         if detach or baseline is not None:
             raise UsageError("run calibrate follows its runs to the end; drop --detach/--baseline")
-        from kimideploy.plan.calibration import DEFAULT_KS, DEFAULT_LENGTHS
-        from kimideploy.services.calibrate.sweep import CalibrateOptions
-        from kimideploy.services.release import deploy
-
-        options = CalibrateOptions(ks=ks or DEFAULT_KS, lengths=lengths or DEFAULT_LENGTHS,
-                                   concurrency=levels, image=image, again=again,
-                                   bench_poll_s=poll)  # fmt: skip
-        apply = deploy.ApplyOptions(
-            deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, scheduling_grace)
+        _calibrate(
+            state,
+            cluster,
+            drafter,
+            overrides,
+            context,
+            namespace,
+            ks,
+            lengths,
+            levels,
+            image,
+            again,
+            yes,
+            (timeout, poll, scheduling_grace),
         )
-        result = run_calibrate(state, cluster, drafter, overrides, context, namespace, options,
-                               apply, quiet=pending is not None)  # fmt: skip
-        if pending:
-            done = "complete" if result.complete else "incomplete"
-            pending.print(ExitCode.OK, done, f"calibration of {result.cluster} is {done}",
-                          facts={"calibration": result.to_dict()})  # fmt: skip
         return
     if candidates is not None:
         if workload != "bench" or detach or baseline is not None or drafter is not None:
@@ -131,25 +139,108 @@ def run(
         if other:
             raise UsageError(f"{', '.join(other)} only apply to `run calibrate`")
         names = tuple(n.strip() for n in candidates.split(",") if n.strip())
-        run_bakeoff_command(state, cluster, names, overrides, context, namespace, image, levels,
-                            yes, (timeout, poll, scheduling_grace))  # fmt: skip
+        run_bakeoff_command(
+            state,
+            cluster,
+            names,
+            overrides,
+            context,
+            namespace,
+            image,
+            levels,
+            yes,
+            (timeout, poll, scheduling_grace),
+        )
         return
     if given:
         raise UsageError(f"{', '.join(given)} only apply to `run calibrate`")
-
     if baseline is not None and (workload != "bench" or detach):
         raise UsageError(
             "--baseline compares a bench run that this command follows to its end",
             hint="use it as `kimideploy run bench --baseline [RUN_ID]`, without --detach",
         )
+    _job(state, workload, cluster, drafter, overrides, context, namespace, detach, baseline, poll)
+
+
+def _calibrate(
+    state: CliState,
+    cluster: str | None,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    ks: tuple[int, ...] | None,
+    lengths: tuple[float, ...] | None,
+    levels: tuple[int, ...] | None,
+    image: str | None,
+    again: bool,
+    yes: bool,
+    waits: tuple[int, float, int],
+) -> None:
+    from kimideploy.plan.calibration import DEFAULT_KS, DEFAULT_LENGTHS
+    from kimideploy.services.calibrate.sweep import CalibrateOptions
+    from kimideploy.services.release import deploy
+
+    pending = state.outcome
+    timeout, poll, grace = waits
+    options = CalibrateOptions(
+        ks=ks or DEFAULT_KS,
+        lengths=lengths or DEFAULT_LENGTHS,
+        concurrency=levels,
+        image=image,
+        again=again,
+        bench_poll_s=poll,
+    )
+    apply = deploy.ApplyOptions(
+        deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, grace)
+    )
+    result = run_calibrate(
+        state,
+        cluster,
+        drafter,
+        overrides,
+        context,
+        namespace,
+        options,
+        apply,
+        quiet=pending is not None,
+    )
+    if pending:
+        done = "complete" if result.complete else "incomplete"
+        pending.print(
+            ExitCode.OK,
+            done,
+            f"calibration of {result.cluster} is {done}",
+            facts={"calibration": result.to_dict()},
+        )
+
+
+def _job(
+    state: CliState,
+    workload: str,
+    cluster: str | None,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    detach: bool,
+    baseline: str | None,
+    poll: float,
+) -> None:
+    """One workload as a new Job: started, then followed (or left running with --detach)."""
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.services.calibrate.calibrations import stored
+    from kimideploy.services.connection import open_session
+    from kimideploy.services.runs import batch_runs
+
+    pending = state.outcome
     loaded = state.project(f"run {workload} creates a Job on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    from kimideploy.services.calibrate.calibrations import stored
-
     cluster_name = loaded.project.cluster_name(cluster)
-    request = PlanRequest(workload, cluster, drafter, overrides,
-                          calibrations=stored(session, loaded, cluster_name))  # fmt: skip
+    request = PlanRequest(
+        workload, cluster, drafter, overrides, calibrations=stored(session, loaded, cluster_name)
+    )
     chosen = None
     if baseline is not None:
         from kimideploy.services.gate.gating import choose_bench_baseline
@@ -161,45 +252,72 @@ def run(
     if detach:
         if pending:
             snapshot = session.job(started.job)
-            pending.print(ExitCode.OK, "started", f"run {started.run_id} started",
-                          f"follow with: {follow_hint}",
-                          {"run": batch_runs.run_facts(snapshot, started.run_id)})  # fmt: skip
+            pending.print(
+                ExitCode.OK,
+                "started",
+                f"run {started.run_id} started",
+                f"follow with: {follow_hint}",
+                {"run": batch_runs.run_facts(snapshot, started.run_id)},
+            )
             return
         click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
         return
     try:
-        resume = (f"kimideploy run train --set train.resume_run={started.run_id}"
-                  if workload == "train" else None)  # fmt: skip
+        resume = None
+        if workload == "train":
+            resume = f"kimideploy run train --set train.resume_run={started.run_id}"
         snapshot = batch_runs.follow_run(
             session, started.job, started.run_id, reporter, poll_s=poll, resume=resume
         )
-        rows = None
-        if workload == "train":
-            from kimideploy.services.calibrate.calibrations import cached
-            from kimideploy.services.drafters.held_out import held_out_lines
-
-            final = batch_runs.run_results(snapshot).get("0") or {}
-            known = {c: cached(loaded, c) for c in loaded.project.clusters}
-            known[cluster_name] = request.calibrations or ()
-            for line in held_out_lines(loaded, started.rendered.plan.drafter or "", final, known):
-                reporter.info(line)
-        if workload == "bench":
-            from kimideploy.services.gate.gating import bench_comparison, record_bench_run
-
-            record_bench_run(session, started, snapshot, reporter)
-            rows = bench_comparison(snapshot, chosen)
-            if chosen is None:
-                rows = [{k: v for k, v in r.items() if "baseline" not in k and k != "speedup"}
-                        for r in rows]  # fmt: skip
+        rows = _after_the_run(session, loaded, started, snapshot, request, chosen, reporter)
         if pending:
-            facts = {"run": batch_runs.run_facts(snapshot, started.run_id),
-                     "results": batch_runs.run_results(snapshot), "comparison": rows}  # fmt: skip
+            facts = {
+                "run": batch_runs.run_facts(snapshot, started.run_id),
+                "results": batch_runs.run_results(snapshot),
+                "comparison": rows,
+            }
             pending.print(ExitCode.OK, "complete", f"run {started.run_id} complete", None, facts)
         elif rows is not None:
             click.echo(format_table(rows))
     except KeyboardInterrupt:
         reporter.info(f"detached; Job {started.job} keeps running. Re-attach: {follow_hint}")
         raise
+
+
+def _after_the_run(
+    session: Any,
+    loaded: Any,
+    started: Any,
+    snapshot: Any,
+    request: Any,
+    chosen: Any,
+    reporter: TerminalReporter,
+) -> list[dict[str, Any]] | None:
+    """A finished training run's held-out figures against each cluster's break-even; a bench
+    run stored for the gate, and its table (with the baseline's columns when one was chosen)."""
+    from kimideploy.services.runs import batch_runs
+
+    workload = started.rendered.plan.workload
+    if workload == "train":
+        from kimideploy.services.calibrate.calibrations import cached
+        from kimideploy.services.drafters.held_out import held_out_lines
+
+        final = batch_runs.run_results(snapshot).get("0") or {}
+        known = {c: cached(loaded, c) for c in loaded.project.clusters}
+        known[started.rendered.plan.cluster] = request.calibrations or ()
+        for line in held_out_lines(loaded, started.rendered.plan.drafter or "", final, known):
+            reporter.info(line)
+    if workload != "bench":
+        return None
+    from kimideploy.services.gate.gating import bench_comparison, record_bench_run
+
+    record_bench_run(session, started, snapshot, reporter)
+    rows: list[dict[str, Any]] = bench_comparison(snapshot, chosen)
+    if chosen is None:
+        rows = [
+            {k: v for k, v in r.items() if "baseline" not in k and k != "speedup"} for r in rows
+        ]
+    return rows
 
 
 def run_bakeoff_command(
@@ -231,14 +349,22 @@ def run_bakeoff_command(
     result = run_bakeoff(session, loaded, plan, apply, reporter, bench_poll_s=poll)
     picks = ", ".join(f"c={c}: {m}" for c, m in sorted(result.recommended.items()))
     if pending:
-        pending.print(ExitCode.OK, "complete", f"bake-off on {plan.cluster}: serve {picks}",
-                      facts={"bakeoff": result.as_dict()})  # fmt: skip
+        pending.print(
+            ExitCode.OK,
+            "complete",
+            f"bake-off on {plan.cluster}: serve {picks}",
+            facts={"bakeoff": result.as_dict()},
+        )
         return
     click.echo(format_table(table_rows(result)))
     for name, why in result.unmeasured.items():
         click.echo(f"{name}: not judged: {why}")
-    click.echo(f"recommended per concurrency (the gate's rule, min speedup "
-               f"{plan.gate.settings.min_speedup:.2f}x on every prompt set): {picks}")  # fmt: skip
+    click.echo(
+        f"recommended per concurrency (the gate's rule, min speedup "
+        f"{plan.gate.settings.min_speedup:.2f}x on every prompt set): {picks}"
+    )
+    for name, schedule in result.k_schedules.items():
+        click.echo(f"{name}: {schedule}")
 
 
 @click.command()

@@ -95,80 +95,129 @@ def up(
     output: str,
 ) -> None:
     """Deploy the serve release as a new revision, follow it to Ready, roll back if it fails."""
-    from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
+    from kimideploy.services.calibrate import calibrations
     from kimideploy.services.connection import open_session
-    from kimideploy.services.preflight import require_prerequisites
     from kimideploy.services.release import deploy
-    from kimideploy.services.rendering import describe_plan, render_workload
 
     state.outcome = pending = expect(f"up {workload}", output, RELEASE_KEYS)
-    if pending and (dry_run or watch_after):
-        raise UsageError(
-            f"-o {output} reports what up changed, once; "
-            + ("--dry-run changes nothing" if dry_run else "--watch streams prose"),
-            hint="`kimideploy render serve` prints the objects; `kimideploy watch serve` watches",
-        )
+    _refuse_mixed(
+        output if pending else None,
+        dry_run,
+        watch_after,
+        gate,
+        min_speedup=min_speedup,
+        at_concurrency=at_concurrency,
+        gate_fail_open=gate_fail_open,
+    )
     loaded = state.project(None if dry_run == "client" else "up changes a cluster")
-    request = PlanRequest(workload, cluster, drafter, overrides, namespace=namespace,
-                          gate_levels=at_concurrency)  # fmt: skip
-    gate_only = [
-        name
-        for name, given in (
-            ("--min-speedup", min_speedup is not None),
-            ("--at-concurrency", at_concurrency is not None),
-            ("--gate-fail-open/--gate-fail-closed", gate_fail_open is not None),
-        )
-        if given
-    ]
-    if gate_only and not gate:
-        raise UsageError(f"{', '.join(gate_only)} only apply with --gate")
-    from kimideploy.services.calibrate import calibrations
-
+    request = PlanRequest(
+        workload, cluster, drafter, overrides, namespace=namespace, gate_levels=at_concurrency
+    )
     cluster_name = loaded.project.cluster_name(cluster)
     if dry_run == "client":
-        request = replace(request, calibrations=calibrations.cached(loaded, cluster_name))
-        click.echo(describe_plan(render_workload(loaded, request)))
-        click.echo("Dry run (client): nothing was sent to a cluster.")
+        _dry_run_client(
+            loaded, replace(request, calibrations=calibrations.cached(loaded, cluster_name))
+        )
         return
     session = open_session(loaded, cluster, context, namespace)
     request = replace(request, calibrations=calibrations.stored(session, loaded, cluster_name))
     if dry_run == "server":
-        session.require_namespace()
-        monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")
-        rendered = render_workload(
-            loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
-        )
-        # What the API server's dry run cannot see (a PriorityClass, the API-key Secret).
-        require_prerequisites(session, rendered.objects, rendered.plan.cluster)
-        click.echo(session.dry_run_diff(rendered.objects, force=force) or "no changes", nl=False)
-        click.echo(
-            "\nDry run (server): the API server validated the change; nothing was persisted.",
-            err=True,
-        )
+        _dry_run_server(session, loaded, request, force)
         return
     apply = deploy.ApplyOptions(
         deploy.ChangeOptions(yes=yes, force=force, auto_rollback=not no_auto_rollback),
         deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace),
     )
-    reporter = TerminalReporter()
-    if not gate:
-        outcome = deploy.up(session, loaded, request, apply, reporter)
-        if pending:
-            print_release(pending, outcome)
-            return
-        click.echo(outcome.message)
-        if watch_after:
-            _watch(session, loaded, reporter, watch_windows)
-        return
-    from kimideploy.services.gate.gating import GateOptions, up_gated
+    gate_options = (min_speedup, at_concurrency, gate_fail_open, poll) if gate else None
+    _deploy(
+        session,
+        loaded,
+        request,
+        apply,
+        gate_options,
+        pending,
+        watch_windows if watch_after else None,
+        watch_after,
+    )
 
-    options = GateOptions(min_speedup, at_concurrency, gate_fail_open, bench_poll_s=poll)
-    outcome, verdict = up_gated(session, loaded, request, apply, options, reporter)
+
+def _refuse_mixed(
+    machine_output: str | None, dry_run: str | None, watch_after: bool, gate: bool, **gate_only: Any
+) -> None:
+    """Flags that do not go together, refused before anything is read or sent."""
+    from kimideploy.errors import UsageError
+
+    if machine_output and (dry_run or watch_after):
+        raise UsageError(
+            f"-o {machine_output} reports what up changed, once; "
+            + ("--dry-run changes nothing" if dry_run else "--watch streams prose"),
+            hint="`kimideploy render serve` prints the objects; `kimideploy watch serve` watches",
+        )
+    names = {
+        "min_speedup": "--min-speedup",
+        "at_concurrency": "--at-concurrency",
+        "gate_fail_open": "--gate-fail-open/--gate-fail-closed",
+    }
+    given = [names[key] for key, value in gate_only.items() if value is not None]
+    if given and not gate:
+        raise UsageError(f"{', '.join(given)} only apply with --gate")
+
+
+def _dry_run_client(loaded: Any, request: Any) -> None:
+    from kimideploy.services.rendering import describe_plan, render_workload
+
+    click.echo(describe_plan(render_workload(loaded, request)))
+    click.echo("Dry run (client): nothing was sent to a cluster.")
+
+
+def _dry_run_server(session: Any, loaded: Any, request: Any, force: bool) -> None:
+    from kimideploy.services.preflight import require_prerequisites
+    from kimideploy.services.rendering import render_workload
+
+    session.require_namespace()
+    monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")
+    rendered = render_workload(
+        loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
+    )
+    # What the API server's dry run cannot see (a PriorityClass, the API-key Secret).
+    require_prerequisites(session, rendered.objects, rendered.plan.cluster)
+    click.echo(session.dry_run_diff(rendered.objects, force=force) or "no changes", nl=False)
+    click.echo(
+        "\nDry run (server): the API server validated the change; nothing was persisted.",
+        err=True,
+    )
+
+
+def _deploy(
+    session: Any,
+    loaded: Any,
+    request: Any,
+    apply: Any,
+    gate: tuple[Any, ...] | None,
+    pending: Any,
+    watch_windows: int | None,
+    watch_after: bool,
+) -> None:
+    """The use case: a plain `up`, or a gated one; then the outcome, and the watch if asked."""
+    from kimideploy.services.release import deploy
+
+    reporter = TerminalReporter()
+    verdict = None
+    if gate is None:
+        outcome = deploy.up(session, loaded, request, apply, reporter)
+    else:
+        from kimideploy.services.gate.gating import GateOptions, up_gated
+
+        min_speedup, levels, fail_open, poll = gate
+        options = GateOptions(min_speedup, levels, fail_open, bench_poll_s=poll)
+        outcome, verdict = up_gated(session, loaded, request, apply, options, reporter)
     if pending:
         print_release(pending, outcome, verdict)
         return
-    click.echo(f"{outcome.message}; gate: {verdict.summary()}")
+    click.echo(
+        outcome.message if verdict is None else f"{outcome.message}; gate: {verdict.summary()}"
+    )
     if watch_after:
         _watch(session, loaded, reporter, watch_windows)
 

@@ -123,10 +123,17 @@ def _read(item: dict[str, Any], release: str) -> StoredBench:
 
 
 STORED_TYPES: dict[str, type] = {
-    "release": str, "run_id": str, "drafter": str, "cluster": str, "image": str,
-    "revision": int, "serve_fingerprint": str, "bench_fingerprint": str, "measured_at": str,
+    "release": str,
+    "run_id": str,
+    "drafter": str,
+    "cluster": str,
+    "image": str,
+    "revision": int,
+    "serve_fingerprint": str,
+    "bench_fingerprint": str,
+    "measured_at": str,
     "result": dict,
-}  # fmt: skip
+}
 
 
 def _as_dict(bench: StoredBench) -> dict[str, Any]:

@@ -80,10 +80,13 @@ def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True
     if phase == "failed" and not failed_indexes:
         # A gang's FailJob records no failedIndexes: the failed ranks are the pods that failed
         # on their own, not the ones the Job controller deleted after them.
-        failed_indexes = tuple(sorted(
-            i for i, p in latest.items() if i in failures
-            and not p["metadata"].get("deletionTimestamp")
-        ))  # fmt: skip
+        failed_indexes = tuple(
+            sorted(
+                i
+                for i, p in latest.items()
+                if i in failures and not p["metadata"].get("deletionTimestamp")
+            )
+        )
     logs = {}
     if with_logs:
         for index, pod in latest.items():
@@ -113,9 +116,10 @@ def pod_waiting(pod: dict[str, Any]) -> str:
     if status.get("phase") not in ("Pending", "Running"):
         return ""
     sidecars = {
-        c["name"] for c in pod.get("spec", {}).get("initContainers") or []
+        c["name"]
+        for c in pod.get("spec", {}).get("initContainers") or []
         if c.get("restartPolicy") == "Always"
-    }  # fmt: skip
+    }
     statuses = [
         *(status.get("initContainerStatuses") or []),
         *(status.get("containerStatuses") or []),

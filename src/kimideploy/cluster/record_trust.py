@@ -41,11 +41,25 @@ RELEASE_KINDS = {
 }
 """The kinds of a serve release, the only kinds a record may hold."""
 FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "release": str, "revision": int, "status": str, "created_at": str, "user": str,
-    "cluster": str, "namespace": str, "drafter": str, "image": str, "config_sha256": str,
-    "config_text": str, "overrides": list, "manifests": list, "note": str,
-    "source_revision": (int, type(None)), "details": dict, "schema": str, "workload": str,
-}  # fmt: skip
+    "release": str,
+    "revision": int,
+    "status": str,
+    "created_at": str,
+    "user": str,
+    "cluster": str,
+    "namespace": str,
+    "drafter": str,
+    "image": str,
+    "config_sha256": str,
+    "config_text": str,
+    "overrides": list,
+    "manifests": list,
+    "note": str,
+    "source_revision": (int, type(None)),
+    "details": dict,
+    "schema": str,
+    "workload": str,
+}
 OPTIONAL = {"note", "source_revision", "details", "schema", "workload"}
 
 

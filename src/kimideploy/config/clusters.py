@@ -214,12 +214,13 @@ class HostSetup(StrictModel):
     container_toolkit_version: str = Field(description="NVIDIA container toolkit package version.")
     # Both land in files on the host (a systemd unit, an image reference): versions only.
     k3s_version: str | None = Field(
-        default=None, pattern=r"^v\d+\.\d+\.\d+\+k3s\d+$",
+        default=None,
+        pattern=r"^v\d+\.\d+\.\d+\+k3s\d+$",
         description="Single-node k3s, e.g. v1.33.5+k3s1 (gpu_host only).",
-    )  # fmt: skip
+    )
     device_plugin_version: str | None = Field(
         default=None, pattern=r"^v\d+\.\d+\.\d+$", description="NVIDIA device plugin, e.g. v0.17.4."
-    )  # fmt: skip
+    )
     storage_path: str | None = Field(
         default=None, pattern=r"^/", description="local-path provisioner directory (gpu_host only)."
     )

@@ -12,9 +12,12 @@ CudaArch = Literal["sm_90", "sm_100", "sm_103", "sm_120"]
 
 # Minimum driver for each CUDA runtime minor (NVIDIA's CUDA toolkit release notes, Linux x86_64).
 MIN_DRIVER_FOR_CUDA = {
-    "12.4": "550.54.14", "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03",
+    "12.4": "550.54.14",
+    "12.6": "560.28.03",
+    "12.8": "570.26",
+    "12.9": "575.51.03",
     "13.0": "580.65.06",
-}  # fmt: skip
+}
 
 
 SUFFIX_SELFCHECK = "suffix-decoding"

@@ -197,8 +197,13 @@ def _drafter_path_issues(project: Project) -> list[Issue]:
             issues.append((where, f"'{raw}' must be a plain relative folder (no '.', '..' or //)"))
             continue
         if parts[0] == MODEL_TREE:
-            issues.append((where, f"'{raw}' is inside the model tree ({MODEL_TREE}/), which "
-                           "training would move aside"))  # fmt: skip
+            issues.append(
+                (
+                    where,
+                    f"'{raw}' is inside the model tree ({MODEL_TREE}/), which "
+                    "training would move aside",
+                )
+            )
             continue
         for other, owner in taken.items():
             if raw == other or raw.startswith(other + "/") or other.startswith(raw + "/"):

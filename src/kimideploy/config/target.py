@@ -70,6 +70,10 @@ class ModelVariant(StrictModel):
     weights_gb: Annotated[float, Field(gt=0, description="On-disk size of the weights in GB.")]
 
     def applied_to(self, model: TargetModel) -> TargetModel:
-        changes = {"repo": self.repo, "revision": self.revision,
-                   "quantization": self.quantization, "weights_gb": self.weights_gb}  # fmt: skip
+        changes = {
+            "repo": self.repo,
+            "revision": self.revision,
+            "quantization": self.quantization,
+            "weights_gb": self.weights_gb,
+        }
         return model.model_copy(update=changes)

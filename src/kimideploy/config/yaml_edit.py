@@ -128,9 +128,11 @@ def add_entry(text: str, path: Sequence[str], name: str, values: dict[str, Any])
     if _child(mapping, name) is not None:
         raise EditError(f"{'.'.join([*path, name])} exists already")
     indent = _block_indent(text, mapping)
-    inner = _block_indent(text, mapping.value[0][1]) if isinstance(
-        mapping.value[0][1], yaml.MappingNode
-    ) and not mapping.value[0][1].flow_style else indent + "  "  # fmt: skip
+    inner = (
+        _block_indent(text, mapping.value[0][1])
+        if isinstance(mapping.value[0][1], yaml.MappingNode) and not mapping.value[0][1].flow_style
+        else indent + "  "
+    )
     last = mapping.value[-1][1]
     anchor = last.end_mark.index
     while anchor > 0 and text[anchor - 1] in " \n":

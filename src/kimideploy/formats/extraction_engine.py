@@ -94,6 +94,8 @@ def serve_flags(vllm_ids: list[int], num_hidden_layers: int, storage: str) -> li
     """The extraction flags of `vllm serve` (model, port and sizes come from the caller)."""
     return [
         "--no-enable-prefix-caching",
-        "--speculative-config", json.dumps(speculative_config(vllm_ids, num_hidden_layers)),
-        "--kv-transfer-config", json.dumps(kv_transfer_config(storage)),
-    ]  # fmt: skip
+        "--speculative-config",
+        json.dumps(speculative_config(vllm_ids, num_hidden_layers)),
+        "--kv-transfer-config",
+        json.dumps(kv_transfer_config(storage)),
+    ]

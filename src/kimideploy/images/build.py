@@ -145,9 +145,15 @@ def build(
 
 
 def _build_in(
-    runner: Runner, context: BuildContext, repository: str, vcs_ref: str, push: bool,
-    watch: Watch, staging: Path, remote_dir: str,
-) -> str | None:  # fmt: skip
+    runner: Runner,
+    context: BuildContext,
+    repository: str,
+    vcs_ref: str,
+    push: bool,
+    watch: Watch,
+    staging: Path,
+    remote_dir: str,
+) -> str | None:
     remote = f"{remote_dir}/{context.name}-{context.sha256[:12]}.tar"
     plan = BuildPlan(context.tag(repository), remote, vcs_ref, push)
     upload = staging / Path(remote).name

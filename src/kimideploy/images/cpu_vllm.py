@@ -79,10 +79,18 @@ def _add_arctic_inference(venv: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="arctic-build-") as tmp:
         tools = Path(tmp) / "tools"
         _pip(python, "--target", str(tools), *ARCTIC_BUILD_TOOLS)
-        env = {**os.environ, "PYTHONPATH": str(tools),
-               "PATH": f"{tools / 'bin'}:{os.environ.get('PATH', '')}"}  # fmt: skip
-        _pip(python, "--no-build-isolation", "--no-deps",
-             f"arctic-inference=={ARCTIC_INFERENCE}", env=env)  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(tools),
+            "PATH": f"{tools / 'bin'}:{os.environ.get('PATH', '')}",
+        }
+        _pip(
+            python,
+            "--no-build-isolation",
+            "--no-deps",
+            f"arctic-inference=={ARCTIC_INFERENCE}",
+            env=env,
+        )
     marker.write_text(ARCTIC_INFERENCE)
 
 
@@ -129,8 +137,11 @@ def _pip(python: Path, *args: str, env: dict[str, str] | None = None) -> None:
     """`pip install ARGS` in the venv; a failure names the step and pip's last words."""
     done = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
-        capture_output=True, text=True, timeout=3600, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+    )
     if done.returncode != 0:
         raise RuntimeError(
             f"pip install {' '.join(args)[:200]} failed: {done.stderr.strip()[-800:]}"

@@ -19,8 +19,14 @@ SOURCE_URL = "https://github.com/kimideploy/kimideploy"
 TORCH_ARCH = {"sm_90": "9.0", "sm_100": "10.0", "sm_103": "10.3", "sm_120": "12.0"}
 
 
-ARCTIC_BUILD_TOOLS = ("setuptools==84.2.1", "wheel==0.48.0", "ninja==1.13.2", "cmake==4.4.5",
-                      "nanobind==2.9.2", "grpcio-tools==1.85.1")  # fmt: skip
+ARCTIC_BUILD_TOOLS = (
+    "setuptools==84.2.1",
+    "wheel==0.48.0",
+    "ninja==1.13.2",
+    "cmake==4.4.5",
+    "nanobind==2.9.2",
+    "grpcio-tools==1.85.1",
+)
 """Arctic Inference's build-system requirements, less torch (the venv's own is used); nanobind at
 the version it pins. Used by the image build and the CPU venv alike."""
 

@@ -77,8 +77,12 @@ def _mla_drafter_kimi_k2() -> str:
         ModelArchConfigConvertorBase,
     )
 
-    drafter = DeepseekV3Config(kv_lora_rank=16, q_lora_rank=32, num_hidden_layers=1,
-                               architectures=["Eagle3DeepseekV2ForCausalLM"])  # fmt: skip
+    drafter = DeepseekV3Config(
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        num_hidden_layers=1,
+        architectures=["Eagle3DeepseekV2ForCausalLM"],
+    )
     drafter.model_type = "kimi_k2"  # what the Kimi MLA drafters' config.json says
     wrapped = EAGLEConfig(drafter, method="eagle3", model_type="eagle")
     assert ModelArchConfigConvertorBase(wrapped, wrapped).is_deepseek_mla(), (

@@ -198,8 +198,13 @@ def vllm_venv(version: str) -> Path:
 # --- engine configuration ----------------------------------------------------------------------
 
 
-TINY_MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
-            "v_head_dim": 16}  # fmt: skip
+TINY_MLA = {
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+}
 """Latent-attention shapes of the tiny target and the tiny MLA drafter alike."""
 
 
@@ -242,20 +247,35 @@ def tiny_target_config(project_model: Any) -> dict[str, Any]:
 
 
 KIMI_TOKENS = (
-    "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>",
-    "<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|media_pad|>",
-)  # fmt: skip
+    "<|im_system|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_middle|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|media_pad|>",
+)
 """What vLLM 0.32's kimi_k2 parsers and Kimi-K2.5's processor look up in the vocabulary."""
 # Kimi-K2.5's vision preprocessing settings (the shape vLLM 0.32's fused processor reads); vLLM
 # builds the processor while it decides what the model accepts, even for text-only serving.
 TINY_PREPROCESSOR = {
     "media_proc_cfg": {
-        "patch_size": 14, "merge_kernel_size": [2, 2], "temporal_merge_kernel_size": 4,
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "in_patch_limit": 16384,
-        "patch_limit_on_one_side": 512, "fixed_output_tokens": None,
+        "patch_size": 14,
+        "merge_kernel_size": [2, 2],
+        "temporal_merge_kernel_size": 4,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "in_patch_limit": 16384,
+        "patch_limit_on_one_side": 512,
+        "fixed_output_tokens": None,
     }
-}  # fmt: skip
+}
 
 
 def tiny_tokenizer_files(vocab_size: int) -> dict[str, str]:
@@ -268,8 +288,15 @@ def tiny_tokenizer_files(vocab_size: int) -> dict[str, str]:
     tokenizer = {
         "version": "1.0",
         "added_tokens": [
-            {"id": vocab[t], "content": t, "single_word": False, "lstrip": False,
-             "rstrip": False, "normalized": False, "special": True}
+            {
+                "id": vocab[t],
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
             for t in KIMI_TOKENS
         ],
         "normalizer": None,
@@ -277,11 +304,18 @@ def tiny_tokenizer_files(vocab_size: int) -> dict[str, str]:
         "post_processor": None,
         "decoder": None,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
-    }  # fmt: skip
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
-              "eos_token": "<|im_end|>", "model_max_length": 262144}  # fmt: skip
-    return {"tokenizer.json": json.dumps(tokenizer), "tokenizer_config.json": json.dumps(config),
-            "preprocessor_config.json": json.dumps(TINY_PREPROCESSOR)}  # fmt: skip
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "<unk>",
+        "eos_token": "<|im_end|>",
+        "model_max_length": 262144,
+    }
+    return {
+        "tokenizer.json": json.dumps(tokenizer),
+        "tokenizer_config.json": json.dumps(config),
+        "preprocessor_config.json": json.dumps(TINY_PREPROCESSOR),
+    }
 
 
 def tiny_drafter_config(vllm_layer_ids: list[int], draft_vocab_size: int) -> dict[str, Any]:

@@ -75,8 +75,9 @@ def fit_step_cost(points: list[Point]) -> StepCost:
     cost = 1 / inverse
     errors = [(p.length / cost - p.speedup) / p.speedup for p in points]
     residual = math.sqrt(sum(e * e for e in errors) / len(errors))
-    return StepCost(points[0].k, points[0].concurrency, round(cost, 4), round(residual, 4),
-                    len(points))  # fmt: skip
+    return StepCost(
+        points[0].k, points[0].concurrency, round(cost, 4), round(residual, 4), len(points)
+    )
 
 
 def fit(points: list[Point]) -> list[StepCost]:

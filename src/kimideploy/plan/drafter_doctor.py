@@ -47,8 +47,13 @@ class Finding:
     drop: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cause": self.cause, "summary": self.summary, "evidence": self.evidence,
-                "fix": self.fix, "drop": round(self.drop, 4)}  # fmt: skip
+        return {
+            "cause": self.cause,
+            "summary": self.summary,
+            "evidence": self.evidence,
+            "fix": self.fix,
+            "drop": round(self.drop, 4),
+        }
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,16 @@ class Diagnosis:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "drafter": self.drafter, "cluster": self.cluster, "k": self.k,
-            "verdict": self.verdict.split(":")[0], "causes": self.causes,
-            "findings": [f.as_dict() for f in self.findings], "scenarios": self.rows,
-            "prediction": self.prediction, "notes": self.notes,
-        }  # fmt: skip
+            "drafter": self.drafter,
+            "cluster": self.cluster,
+            "k": self.k,
+            "verdict": self.verdict.split(":")[0],
+            "causes": self.causes,
+            "findings": [f.as_dict() for f in self.findings],
+            "scenarios": self.rows,
+            "prediction": self.prediction,
+            "notes": self.notes,
+        }
 
 
 def significant(high: float, low: float) -> bool:
@@ -176,22 +186,43 @@ def _rows(inputs: DoctorInputs, scenarios: dict[str, Any]) -> list[dict[str, Any
     k = inputs.k
     rows = []
     if inputs.held_out:
-        rows.append({"scenario": "as_trained", "what": "held-out figures training recorded",
-                     "length": inputs.held_out.get(k),
-                     "per_position": inputs.held_out_per_position[:k]})  # fmt: skip
+        rows.append(
+            {
+                "scenario": "as_trained",
+                "what": "held-out figures training recorded",
+                "length": inputs.held_out.get(k),
+                "per_position": inputs.held_out_per_position[:k],
+            }
+        )
     for name, figures in scenarios.items():
         what = SCENARIO_TEXT.get(name) or f"your prompts ({name.removeprefix('prompts:')})"
-        rows.append({"scenario": name, "what": what, "length": length_at(figures, k),
-                     "per_position": per_position(figures)})  # fmt: skip
+        rows.append(
+            {
+                "scenario": name,
+                "what": what,
+                "length": length_at(figures, k),
+                "per_position": per_position(figures),
+            }
+        )
     for delta, figures in ((inputs.replay.get("shifted") or {}).get("by") or {}).items():
         probe = (inputs.replay.get("shifted") or {}).get("probe")
-        rows.append({"scenario": f"layers {delta}", "what": f"{probe}, every layer id {delta}",
-                     "length": length_at(figures, k),
-                     "per_position": per_position(figures)})  # fmt: skip
+        rows.append(
+            {
+                "scenario": f"layers {delta}",
+                "what": f"{probe}, every layer id {delta}",
+                "length": length_at(figures, k),
+                "per_position": per_position(figures),
+            }
+        )
     if inputs.measured is not None:
-        rows.append({"scenario": "measured", "what": inputs.measured.source,
-                     "length": inputs.measured.mean_acceptance_length,
-                     "per_position": inputs.measured.per_position})  # fmt: skip
+        rows.append(
+            {
+                "scenario": "measured",
+                "what": inputs.measured.source,
+                "length": inputs.measured.mean_acceptance_length,
+                "per_position": inputs.measured.per_position,
+            }
+        )
     return rows
 
 
@@ -203,15 +234,22 @@ def _convention(
     name = inputs.drafter
     if served and trained and served != trained:
         own, fed = figures.get("served_rendering"), figures.get("served_layers")
-        cost = (f"; on the replay: {own:.2f} with its own layers, {fed:.2f} with the served ones"
-                if own is not None and fed is not None else "")  # fmt: skip
-        return [Finding(
-            "convention", "serving feeds the drafter other layers than it was trained on",
-            f"trained on vLLM layer ids {trained} ({layers.get('trained_known_from')}); serving "
-            f"feeds {served}{cost}",
-            f"set drafters.{name}.aux_layer_ids: {trained} with layer_id_convention: vllm (the "
-            "ids it was trained with, in vLLM's convention)",
-            (own or 0) - (fed or 0))]  # fmt: skip
+        cost = (
+            f"; on the replay: {own:.2f} with its own layers, {fed:.2f} with the served ones"
+            if own is not None and fed is not None
+            else ""
+        )
+        return [
+            Finding(
+                "convention",
+                "serving feeds the drafter other layers than it was trained on",
+                f"trained on vLLM layer ids {trained} ({layers.get('trained_known_from')}); "
+                f"serving feeds {served}{cost}",
+                f"set drafters.{name}.aux_layer_ids: {trained} with layer_id_convention: vllm (the "
+                "ids it was trained with, in vLLM's convention)",
+                (own or 0) - (fed or 0),
+            )
+        ]
     shifted = (replay.get("shifted") or {}).get("by") or {}
     probe = (replay.get("shifted") or {}).get("probe")
     here = figures.get(probe) if probe else None
@@ -219,13 +257,17 @@ def _convention(
         value = length_at(moved, inputs.k)
         if here is not None and value is not None and significant(value, here):
             ids = [i + int(delta) for i in served]
-            return [Finding(
-                "convention", "the drafter accepts more with every layer id moved by "
-                f"{delta}: it was probably trained in the other convention",
-                f"{probe}: {here:.2f} with layers {served}, {value:.2f} with {ids} (no lineage "
-                "says which layers it was trained on)",
-                f"set drafters.{name}.aux_layer_ids: {ids} with layer_id_convention: vllm",
-                value - here)]  # fmt: skip
+            return [
+                Finding(
+                    "convention",
+                    "the drafter accepts more with every layer id moved by "
+                    f"{delta}: it was probably trained in the other convention",
+                    f"{probe}: {here:.2f} with layers {served}, {value:.2f} with {ids} (no lineage "
+                    "says which layers it was trained on)",
+                    f"set drafters.{name}.aux_layer_ids: {ids} with layer_id_convention: vllm",
+                    value - here,
+                )
+            ]
     return []
 
 
@@ -234,16 +276,22 @@ def _target(inputs: DoctorInputs, held: float | None, served: float | None) -> l
         return []
     drift = ""
     if inputs.trained_for and inputs.served_model and inputs.trained_for != inputs.served_model:
-        drift = f"; its record says it was trained for {inputs.trained_for}, {inputs.cluster} " \
-                f"serves {inputs.served_model}"  # fmt: skip
-    return [Finding(
-        "target", "the served model's hidden states are not the ones it was trained on",
-        f"held-out as trained {held:.2f}; the same token ids with the served engine's features "
-        f"{served:.2f}{drift}",
-        f"regenerate the data on the checkpoint {inputs.cluster} serves (`kimideploy run datagen`"
-        ", `run extract` against it) and train again; or serve the checkpoint, variant and "
-        "quantization it was trained for",
-        held - served)]  # fmt: skip
+        drift = (
+            f"; its record says it was trained for {inputs.trained_for}, {inputs.cluster} "
+            f"serves {inputs.served_model}"
+        )
+    return [
+        Finding(
+            "target",
+            "the served model's hidden states are not the ones it was trained on",
+            f"held-out as trained {held:.2f}; the same token ids with the served engine's features "
+            f"{served:.2f}{drift}",
+            f"regenerate the data on the checkpoint {inputs.cluster} serves (`kimideploy run "
+            "datagen`, `run extract` against it) and train again; or serve the checkpoint, "
+            "variant and quantization it was trained for",
+            held - served,
+        )
+    ]
 
 
 def _template(
@@ -254,15 +302,19 @@ def _template(
     if before is None or after is None or not significant(before, after):
         return []
     where = rendering.get("first_difference") or ""
-    return [Finding(
-        "template", "the served template renders its conversations differently from training",
-        f"{rendering.get('differ', '?')} of {rendering.get('conversations', '?')} conversations "
-        f"render to other token ids ({where}); acceptance {before:.2f} as training rendered "
-        f"them, {after:.2f} as the served template does",
-        "train again on features rendered by the served tokenizer and template (`run extract` "
-        "and `run train` with the served checkpoint's tokenizer), or serve with the template "
-        "training used",
-        before - after)]  # fmt: skip
+    return [
+        Finding(
+            "template",
+            "the served template renders its conversations differently from training",
+            f"{rendering.get('differ', '?')} of {rendering.get('conversations', '?')} "
+            f"conversations render to other token ids ({where}); acceptance {before:.2f} as "
+            f"training rendered them, {after:.2f} as the served template does",
+            "train again on features rendered by the served tokenizer and template (`run extract` "
+            "and `run train` with the served checkpoint's tokenizer), or serve with the template "
+            "training used",
+            before - after,
+        )
+    ]
 
 
 def _domain(inputs: DoctorInputs, figures: dict[str, float | None]) -> list[Finding]:
@@ -271,30 +323,40 @@ def _domain(inputs: DoctorInputs, figures: dict[str, float | None]) -> list[Find
     own, yours = figures.get("served_answers"), figures.get(f"prompts:{inputs.prompt_set}")
     if own is None or yours is None or not significant(own, yours):
         return []
-    return [Finding(
-        "domain", "your prompts are not like the ones it was trained on",
-        f"{own:.2f} on prompts like its training data, {yours:.2f} on yours "
-        f"({inputs.prompt_set}), both answered by the served target",
-        "collect prompts of your kind, put them into clusters."
-        f"{inputs.cluster}.workloads.datagen.prompts and run the pipeline again (datagen, "
-        "extract, vocab, train)",
-        own - yours)]  # fmt: skip
+    return [
+        Finding(
+            "domain",
+            "your prompts are not like the ones it was trained on",
+            f"{own:.2f} on prompts like its training data, {yours:.2f} on yours "
+            f"({inputs.prompt_set}), both answered by the served target",
+            "collect prompts of your kind, put them into clusters."
+            f"{inputs.cluster}.workloads.datagen.prompts and run the pipeline again (datagen, "
+            "extract, vocab, train)",
+            own - yours,
+        )
+    ]
 
 
 def _depth(inputs: DoctorInputs, scenarios: dict[str, Any]) -> tuple[list[Finding], dict[str, Any]]:
     """Predicted speedup at each k from the per-position acceptance where the drafter serves:
     measured by vLLM for the positions it counted, the replay on the user's prompts (else the
     drafter's own) beyond them."""
-    replayed_name = (f"prompts:{inputs.prompt_set}" if inputs.prompt_set
-                     else "served_answers" if "served_answers" in scenarios else None)  # fmt: skip
+    replayed_name = (
+        f"prompts:{inputs.prompt_set}"
+        if inputs.prompt_set
+        else "served_answers"
+        if "served_answers" in scenarios
+        else None
+    )
     replayed = per_position(scenarios.get(replayed_name)) if replayed_name else []
     rates = list(replayed)
     source = f"replay ({replayed_name})" if replayed_name else ""
     if inputs.measured is not None and inputs.measured.per_position:
         measured = inputs.measured.per_position
         rates = list(measured) + rates[len(measured) :]
-        source = inputs.measured.source + (f", deeper positions: replay ({replayed_name})"
-                                           if len(rates) > len(measured) else "")  # fmt: skip
+        source = inputs.measured.source + (
+            f", deeper positions: replay ({replayed_name})" if len(rates) > len(measured) else ""
+        )
     if not rates:
         return [], {}
     k, c = inputs.k, inputs.concurrency
@@ -305,12 +367,16 @@ def _depth(inputs: DoctorInputs, scenarios: dict[str, Any]) -> tuple[list[Findin
     served = predicted.get(k)
     best = max(predicted, key=lambda d: predicted[d][1])
     prediction = {
-        "per_position": [round(r, 4) for r in rates], "source": source, "concurrency": c,
+        "per_position": [round(r, 4) for r in rates],
+        "source": source,
+        "concurrency": c,
         "cost_source": inputs.costs.source,
-        "by_k": {str(d): {"mean_acceptance_length": round(v[0], 4), "speedup": round(v[1], 4)}
-                 for d, v in predicted.items()},
+        "by_k": {
+            str(d): {"mean_acceptance_length": round(v[0], 4), "speedup": round(v[1], 4)}
+            for d, v in predicted.items()
+        },
         "best_k": best,
-    }  # fmt: skip
+    }
     if served is None or best == k or predicted[best][1] < served[1] * (1 + K_GAIN):
         return [], prediction
     if predicted[best][1] < 1:
@@ -323,19 +389,25 @@ def _depth(inputs: DoctorInputs, scenarios: dict[str, Any]) -> tuple[list[Findin
         )
         return [], prediction
     marginal = [f"position {i + 1}: {rates[i]:.2f}" for i in range(min(k, len(rates)))]
-    return [Finding(
-        "k", f"k={k} is deeper than pays on {inputs.cluster}",
-        f"predicted {served[1]:.2f}x at k={k} vs {predicted[best][1]:.2f}x at k={best} "
-        f"(c={c}; per-position acceptance {', '.join(marginal)}; each draft token costs "
-        f"{inputs.costs.source})",
-        f"serve with k = {best}: drafters.{inputs.drafter}.num_speculative_tokens: {best}",
-        predicted[best][1] - served[1])], prediction  # fmt: skip
+    return [
+        Finding(
+            "k",
+            f"k={k} is deeper than pays on {inputs.cluster}",
+            f"predicted {served[1]:.2f}x at k={k} vs {predicted[best][1]:.2f}x at k={best} "
+            f"(c={c}; per-position acceptance {', '.join(marginal)}; each draft token costs "
+            f"{inputs.costs.source})",
+            f"serve with k = {best}: drafters.{inputs.drafter}.num_speculative_tokens: {best}",
+            predicted[best][1] - served[1],
+        )
+    ], prediction
 
 
 def _weak(
-    inputs: DoctorInputs, scenarios: dict[str, Any], prediction: dict[str, Any],
+    inputs: DoctorInputs,
+    scenarios: dict[str, Any],
+    prediction: dict[str, Any],
     found: list[Finding],
-) -> list[Finding]:  # fmt: skip
+) -> list[Finding]:
     """Nothing pays at any k on conversations like its training data (answered by the served
     target, else its held-out figures), and no mismatch explains it: the drafter itself is weak.
     Without either, the per-position acceptance the k prediction used stands in."""
@@ -349,20 +421,25 @@ def _weak(
     if not rates:
         return []
     c = inputs.concurrency
-    speedups = {d: tokens_per_step(rates[:d]) / inputs.costs.cost(d, c)
-                for d in range(1, len(rates) + 1)}  # fmt: skip
+    speedups = {
+        d: tokens_per_step(rates[:d]) / inputs.costs.cost(d, c) for d in range(1, len(rates) + 1)
+    }
     best = max(speedups, key=lambda d: speedups[d])
     if speedups[best] >= 1:
         return []
     length = tokens_per_step(rates[: inputs.k])
     even = inputs.costs.cost(inputs.k, c)
-    return [Finding(
-        "weak", "the drafter does not pay at any k, even on conversations like its training data",
-        f"mean acceptance length {length:.2f} at k={inputs.k} ({basis}); break-even there is "
-        f"{even:.2f}; best predicted {speedups[best]:.2f}x at k={best}",
-        "train longer or on more data (the held-out figures per checkpoint show whether it was "
-        "still improving), or serve without speculation",
-        even - length)]  # fmt: skip
+    return [
+        Finding(
+            "weak",
+            "the drafter does not pay at any k, even on conversations like its training data",
+            f"mean acceptance length {length:.2f} at k={inputs.k} ({basis}); break-even there is "
+            f"{even:.2f}; best predicted {speedups[best]:.2f}x at k={best}",
+            "train longer or on more data (the held-out figures per checkpoint show whether it was "
+            "still improving), or serve without speculation",
+            even - length,
+        )
+    ]
 
 
 def _notes(

@@ -99,24 +99,32 @@ def method_findings(
         )
     else:
         image_finding = CheckResult(
-            "serve image", image.vllm is not None, f"{image_name}: vLLM {image.vllm}",
+            "serve image",
+            image.vllm is not None,
+            f"{image_name}: vLLM {image.vllm}",
             "serve with an image that has vLLM",
-        )  # fmt: skip
+        )
     k = method.num_speculative_tokens
     found = all_evidence(method, k)
     if not found:
         costs = costs or DefaultCost(profile.step_cost_per_token, cluster_name)
         even = costs.cost(k, concurrency)
-        return [image_finding, CheckResult(
-            "acceptance",
-            True,
-            f"model-free: known only once served; at k={k} it pays above mean acceptance "
-            f"length {even:.2f} at c={concurrency} ({costs.source})"
-            + (" (suffix drafts vary up to k, so this bar is an upper bound)"
-               if isinstance(method, SuffixMethod) else ""),
-            f"measure it: kimideploy run bench --drafters none,{name}",
-            blocking=False,
-        )]  # fmt: skip
+        return [
+            image_finding,
+            CheckResult(
+                "acceptance",
+                True,
+                f"model-free: known only once served; at k={k} it pays above mean acceptance "
+                f"length {even:.2f} at c={concurrency} ({costs.source})"
+                + (
+                    " (suffix drafts vary up to k, so this bar is an upper bound)"
+                    if isinstance(method, SuffixMethod)
+                    else ""
+                ),
+                f"measure it: kimideploy run bench --drafters none,{name}",
+                blocking=False,
+            ),
+        ]
     costs = costs or DefaultCost(profile.step_cost_per_token, cluster_name)
     shown = CheckResult("acceptance", True, f"{found[0].label()} at k={k}", "", blocking=False)
     return [image_finding, shown, *_speedup_findings(found[0], k, costs, concurrency)]

@@ -71,34 +71,48 @@ def datagen_spec(ctx: PlanInputs, run_id: str) -> DatagenSpec:
         )
     endpoint = serve_endpoint(ctx) if settings.endpoint == "serve" else settings.endpoint
     return spec_from(
-        DatagenSpec, settings,
-        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
-        prompts=f"{DATASETS_MOUNT}/{settings.prompts}", output_dir=data_dirs(ctx)["conversations"],
-        endpoint=endpoint, fingerprint=dataset_fingerprints(ctx)["conversations"],
-    )  # fmt: skip
+        DatagenSpec,
+        settings,
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        prompts=f"{DATASETS_MOUNT}/{settings.prompts}",
+        output_dir=data_dirs(ctx)["conversations"],
+        endpoint=endpoint,
+        fingerprint=dataset_fingerprints(ctx)["conversations"],
+    )
 
 
 def extract_spec(ctx: PlanInputs, run_id: str, estimate: HiddenStateEstimate) -> ExtractSpec:
     settings = ctx.cluster.workloads.extract
     dirs = data_dirs(ctx)
     return spec_from(
-        ExtractSpec, settings,
-        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
-        conversations_dir=dirs["conversations"], output_dir=dirs["hidden_states"],
-        layers=ctx.layers(), tensor_parallel_size=settings.gpus_per_shard,
-        expected_bytes=estimate.total_bytes, fingerprint=dataset_fingerprints(ctx)["hidden_states"],
-    )  # fmt: skip
+        ExtractSpec,
+        settings,
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        conversations_dir=dirs["conversations"],
+        output_dir=dirs["hidden_states"],
+        layers=ctx.layers(),
+        tensor_parallel_size=settings.gpus_per_shard,
+        expected_bytes=estimate.total_bytes,
+        fingerprint=dataset_fingerprints(ctx)["hidden_states"],
+    )
 
 
 def vocab_spec(ctx: PlanInputs, run_id: str) -> VocabSpec:
     assert ctx.drafter is not None
     dirs = data_dirs(ctx)
     return VocabSpec(
-        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
-        conversations_dir=dirs["conversations"], output_dir=dirs["vocab"],
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        conversations_dir=dirs["conversations"],
+        output_dir=dirs["vocab"],
         draft_vocab_size=ctx.drafter.draft_vocab_size,
         fingerprint=dataset_fingerprints(ctx)["vocab"],
-    )  # fmt: skip
+    )
 
 
 def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
@@ -118,21 +132,30 @@ def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
         gpus = online.check(ctx).trainer_gpus
         online_spec = online.online_spec(ctx, dirs["conversations"])
     return spec_from(
-        TrainSpec, settings,
-        run_id=run_id, cluster=ctx.cluster_name, shards=settings.nodes, target=ctx.target_ref(),
+        TrainSpec,
+        settings,
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        shards=settings.nodes,
+        target=ctx.target_ref(),
         drafter=ctx.drafter_name,
         base_drafter_path=drafter_path(base, ctx.project.eagle_drafter(base)) if base else None,
-        hidden_states_dir=dirs["hidden_states"], vocab_dir=dirs["vocab"],
+        hidden_states_dir=dirs["hidden_states"],
+        vocab_dir=dirs["vocab"],
         checkpoint_dir=f"{dirs['checkpoints']}/{run_id}",
-        output_dir=trained_path(ctx.drafter_name, drafter), layers=ctx.layers(),
+        output_dir=trained_path(ctx.drafter_name, drafter),
+        layers=ctx.layers(),
         draft_vocab_size=drafter.draft_vocab_size,
-        num_speculative_tokens=drafter.num_speculative_tokens, gpus_per_node=gpus,
+        num_speculative_tokens=drafter.num_speculative_tokens,
+        gpus_per_node=gpus,
         resume_dir=f"{dirs['checkpoints']}/{settings.resume_run}" if settings.resume_run else None,
-        online=online_spec, ttt_steps=train_depth(settings.ttt_steps, drafter),
+        online=online_spec,
+        ttt_steps=train_depth(settings.ttt_steps, drafter),
         data_fingerprint=dataset_fingerprints(ctx)[
-            "conversations" if online_spec else "hidden_states"],
+            "conversations" if online_spec else "hidden_states"
+        ],
         conversations_dir=dirs["conversations"],
-    )  # fmt: skip
+    )
 
 
 def train_depth(ttt_steps: int | None, drafter: Drafter) -> int:
@@ -145,12 +168,20 @@ def bench_spec(ctx: PlanInputs, run_id: str) -> BenchSpec:
     endpoint = serve_endpoint(ctx)
     concurrency = ctx.bench_concurrency or settings.concurrency
     return spec_from(
-        BenchSpec, settings,
-        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(), endpoint=endpoint,
-        metrics_url=f"{endpoint}/metrics", drafter=ctx.drafter_name,
+        BenchSpec,
+        settings,
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        endpoint=endpoint,
+        metrics_url=f"{endpoint}/metrics",
+        drafter=ctx.drafter_name,
         concurrency=sorted(concurrency),
-        prompt_files={n: f"{DATASETS_MOUNT}/{path}" for n, path in settings.prompt_files.items()
-                      if n in settings.prompt_sets},
+        prompt_files={
+            n: f"{DATASETS_MOUNT}/{path}"
+            for n, path in settings.prompt_files.items()
+            if n in settings.prompt_sets
+        },
         results_dir=f"{data_dirs(ctx)['bench']}/{run_id}",
         baseline_path=(
             f"{data_dirs(ctx)['bench']}/{settings.baseline_run}/result.json"
@@ -158,7 +189,7 @@ def bench_spec(ctx: PlanInputs, run_id: str) -> BenchSpec:
             else None
         ),
         synthetic=synthetic_sweep(ctx, endpoint),
-    )  # fmt: skip
+    )
 
 
 def synthetic_sweep(ctx: PlanInputs, endpoint: str) -> SyntheticSweep | None:
@@ -247,8 +278,9 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         init_containers.append(online.server_container(ctx, online.check(ctx)))
     if ctx.workload == "replay":
         # The serving engine captures first (GPUs, the extraction shape); the judgement follows.
-        capture_env = pods.env(ctx, ctx.cluster.workloads.extract.gpus_per_shard,
-                               {"KIMIDEPLOY_SPEC": SPEC_PATH})  # fmt: skip
+        capture_env = pods.env(
+            ctx, ctx.cluster.workloads.extract.gpus_per_shard, {"KIMIDEPLOY_SPEC": SPEC_PATH}
+        )
         init_containers.append(replay.capture_container(ctx, mounts, capture_env))
     if ctx.workload == "publish":
         registry = publish.require_registry(ctx, "publishing")
@@ -344,8 +376,15 @@ def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
         return JobShape(res.cpu, res.memory, command, args, 1, 1, 1, gpus=1, shm="16Gi")
     if ctx.workload == "pull":
         # Retried like a push: ORAS resumes from the blobs already there; bad input fails at once.
-        return JobShape(w.publish.resources.cpu, w.publish.resources.memory, command,
-                        ["artifact-pull", "--spec", SPEC_PATH], 1, 1, 3)  # fmt: skip
+        return JobShape(
+            w.publish.resources.cpu,
+            w.publish.resources.memory,
+            command,
+            ["artifact-pull", "--spec", SPEC_PATH],
+            1,
+            1,
+            3,
+        )
     # datagen, vocab, bench and publish are CPU-only; datagen retries most (its requests are
     # idempotent), publish too (a push skips the blobs already there).
     res = getattr(w, ctx.workload).resources
@@ -373,7 +412,15 @@ def _train_shape(ctx: PlanInputs) -> JobShape:
             f"--master-port={train.rendezvous_port}",
         ]
     return JobShape(
-        train.resources.cpu, train.resources.memory, ["torchrun"], args + tail,
-        completions=train.nodes, parallelism=train.nodes, retries=2, gpus=gpus,
-        shm=train.shm_size, subdomain=subdomain, port=train.rendezvous_port,
-    )  # fmt: skip
+        train.resources.cpu,
+        train.resources.memory,
+        ["torchrun"],
+        args + tail,
+        completions=train.nodes,
+        parallelism=train.nodes,
+        retries=2,
+        gpus=gpus,
+        shm=train.shm_size,
+        subdomain=subdomain,
+        port=train.rendezvous_port,
+    )

@@ -155,15 +155,20 @@ def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
     online = train.online
     image = server_image(ctx)
     server = ServerBase(
-        served_name=model.served_name, port=online.port, tensor_parallel_size=split.server_gpus,
+        served_name=model.served_name,
+        port=online.port,
+        tensor_parallel_size=split.server_gpus,
         max_model_len=train.max_seq_len + 2,
         gpu_memory_utilization=online.gpu_memory_utilization,
         trust_remote_code=model.trust_remote_code,
-    )  # fmt: skip
+    )
     args = server_args(
-        server, dtype=ctx.cluster.workloads.extract.dtype, vllm_ids=ctx.layers().vllm_ids,
-        num_hidden_layers=model.num_hidden_layers, storage=SCRATCH_MOUNT,
-    )  # fmt: skip
+        server,
+        dtype=ctx.cluster.workloads.extract.dtype,
+        vllm_ids=ctx.layers().vllm_ids,
+        num_hidden_layers=model.num_hidden_layers,
+        storage=SCRATCH_MOUNT,
+    )
     period = 10
     _, claim_mounts = pods.claim_volumes(ctx, {"models": True})
     _, scratch_mount = scratch_volume(ctx)

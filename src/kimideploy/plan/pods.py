@@ -138,8 +138,12 @@ def container_hardening(**first: Any) -> dict[str, Any]:
     """Every container's securityContext, after what a container sets first (its user, say):
     no privilege escalation, no capabilities, and a read-only root filesystem (what vLLM, torch
     and the workloads write goes to the volumes and to the emptyDirs of writable_volumes)."""
-    return {**first, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True}  # fmt: skip
+    return {
+        **first,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
 
 
 HOME_DIR = "/home/kimideploy"

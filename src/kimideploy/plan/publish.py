@@ -61,8 +61,9 @@ def secret_volumes(registry: Registry, secret: str) -> tuple[list[Any], list[Any
             },
         }
     ]
-    mounts: list[dict[str, Any]] = [{"name": "registry-auth", "mountPath": REGISTRY_MOUNT,
-                                     "readOnly": True}]  # fmt: skip
+    mounts: list[dict[str, Any]] = [
+        {"name": "registry-auth", "mountPath": REGISTRY_MOUNT, "readOnly": True}
+    ]
     if registry.ca_secret:
         volumes.append(
             {
@@ -110,11 +111,17 @@ def publish_spec(ctx: PlanInputs, run_id: str, to: str | None) -> PublishSpec:
             hint="publish a drafter a `run train` wrote (source.path)",
         )
     return PublishSpec(
-        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(), kind="drafter",
-        name=ctx.drafter_name, source_dir=trained_path(ctx.drafter_name, drafter),
-        repository=to or registry.drafter_repository(ctx.drafter_name), tag=f"run-{run_id}",
-        annotations=artifact_annotations(ctx, drafter), registry=access(registry),
-    )  # fmt: skip
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        kind="drafter",
+        name=ctx.drafter_name,
+        source_dir=trained_path(ctx.drafter_name, drafter),
+        repository=to or registry.drafter_repository(ctx.drafter_name),
+        tag=f"run-{run_id}",
+        annotations=artifact_annotations(ctx, drafter),
+        registry=access(registry),
+    )
 
 
 def _dataset_spec(ctx: PlanInputs, run_id: str, name: str, to: str | None) -> PublishSpec:
@@ -138,11 +145,17 @@ def _dataset_spec(ctx: PlanInputs, run_id: str, name: str, to: str | None) -> Pu
         "io.kimideploy.version": _version(),
     }
     return PublishSpec(
-        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(), kind="conversations",
-        name=name, source_dir=data_dirs(ctx)["conversations"],
-        repository=to or registry.dataset_repository(name), tag=f"run-{run_id}",
-        annotations=annotations, registry=access(registry),
-    )  # fmt: skip
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        kind="conversations",
+        name=name,
+        source_dir=data_dirs(ctx)["conversations"],
+        repository=to or registry.dataset_repository(name),
+        tag=f"run-{run_id}",
+        annotations=annotations,
+        registry=access(registry),
+    )
 
 
 def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
@@ -164,10 +177,16 @@ def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
         drafter = ctx.project.eagle_drafter(name)
         if drafter.source.oci is not None:
             registry = require_registry(ctx, f"drafter {name} is a published artifact")
-            found.append(PulledArtifact(
-                kind="drafter", name=name, reference=drafter.source.oci.reference,
-                dest=drafter_path(name, drafter), files=dict(drafter.source.oci.files),
-                registry=access(registry)))  # fmt: skip
+            found.append(
+                PulledArtifact(
+                    kind="drafter",
+                    name=name,
+                    reference=drafter.source.oci.reference,
+                    dest=drafter_path(name, drafter),
+                    files=dict(drafter.source.oci.files),
+                    registry=access(registry),
+                )
+            )
     dataset = ctx.cluster.workloads.train.conversations
     reads_conversations = ctx.workload in ("extract", "vocab") or (
         ctx.workload == "train" and ctx.cluster.workloads.train.mode == "online"
@@ -175,18 +194,26 @@ def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
     if dataset and reads_conversations:
         published = ctx.project.datasets[dataset]
         registry = require_registry(ctx, f"dataset {dataset} is a published artifact")
-        found.append(PulledArtifact(
-            kind="conversations", name=dataset, reference=published.oci.reference,
-            dest=published_dataset_path(published),
-            files=dict(published.oci.files), registry=access(registry),
-            fingerprint=published.fingerprint))  # fmt: skip
+        found.append(
+            PulledArtifact(
+                kind="conversations",
+                name=dataset,
+                reference=published.oci.reference,
+                dest=published_dataset_path(published),
+                files=dict(published.oci.files),
+                registry=access(registry),
+                fingerprint=published.fingerprint,
+            )
+        )
     return found
 
 
 def pull_container(
-    ctx: PlanInputs, artifacts: list[PulledArtifact], spec_mount: dict[str, Any],
+    ctx: PlanInputs,
+    artifacts: list[PulledArtifact],
+    spec_mount: dict[str, Any],
     writable: list[dict[str, Any]],
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """The first init container when the pod reads a published artifact: it fetches each onto
     its volume (once per digest) and verifies it before anything reads it; the only container
     of the pod that writes to those volumes."""
@@ -195,19 +222,27 @@ def pull_container(
     registry = require_registry(ctx, "a published artifact is pulled")
     _, auth_mounts = secret_volumes(registry, registry.pull_secret)
     volumes = {"drafter": ("models", MODELS_MOUNT), "conversations": ("datasets", DATASETS_MOUNT)}
-    mounts = [{"name": name, "mountPath": path}
-              for name, path in sorted({volumes[a.kind] for a in artifacts})]  # fmt: skip
+    mounts = [
+        {"name": name, "mountPath": path}
+        for name, path in sorted({volumes[a.kind] for a in artifacts})
+    ]
     return [
         {
             "name": PULL_CONTAINER,
             "image": ctx.image.reference,
-            "command": ["python", "-m", "kimideploy.workloads", PULL_CONTAINER, "--spec",
-                        SPEC_PATH],
+            "command": [
+                "python",
+                "-m",
+                "kimideploy.workloads",
+                PULL_CONTAINER,
+                "--spec",
+                SPEC_PATH,
+            ],
             "resources": pods.resources("1", "1Gi", 0),
             "volumeMounts": [*mounts, spec_mount, *auth_mounts, *writable],
             "securityContext": pods.container_hardening(),
         }
-    ]  # fmt: skip
+    ]
 
 
 def pull_volumes(ctx: PlanInputs, artifacts: list[PulledArtifact]) -> list[dict[str, Any]]:

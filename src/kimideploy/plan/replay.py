@@ -85,10 +85,16 @@ def replay_spec(ctx: PlanInputs, run_id: str) -> ReplaySpec:
                 "Eagle3DraftModel, which builds Llama decoder layers only",
                 hint="measure it served (`kimideploy bench --drafter`) instead",
             )
-        drafters.append(ReplayDrafter(
-            name=name, path=drafter_path(name, drafter),
-            served_layer_ids=to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention),
-            num_speculative_tokens=drafter.num_speculative_tokens))  # fmt: skip
+        drafters.append(
+            ReplayDrafter(
+                name=name,
+                path=drafter_path(name, drafter),
+                served_layer_ids=to_vllm_layer_ids(
+                    drafter.aux_layer_ids, drafter.layer_id_convention
+                ),
+                num_speculative_tokens=drafter.num_speculative_tokens,
+            )
+        )
     if sum(len(rows) for _, rows in ctx.replay_prompts) > MAX_PROMPTS:
         raise UsageError(
             f"--prompts: more than {MAX_PROMPTS} prompts; they travel in the Job's spec",
@@ -98,20 +104,32 @@ def replay_spec(ctx: PlanInputs, run_id: str) -> ReplaySpec:
     settings = ctx.cluster.workloads.extract
     ids = layer_ids(ctx, names)
     max_tokens = ctx.cluster.workloads.bench.max_tokens
-    decided = {"model": ctx.target_ref().model_dump(), "image": image.reference, "layers": ids,
-               "dtype": settings.dtype, "tp": settings.gpus_per_shard,
-               "max_tokens": max_tokens}  # fmt: skip
+    decided = {
+        "model": ctx.target_ref().model_dump(),
+        "image": image.reference,
+        "layers": ids,
+        "dtype": settings.dtype,
+        "tp": settings.gpus_per_shard,
+        "max_tokens": max_tokens,
+    }
     key = hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:16]
     return ReplaySpec(
-        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref(),
-        capture_dir=f"{HIDDEN_STATES_MOUNT}/replay/{key}", capture_image=image_name,
-        capture_note=note, layer_ids=ids, drafters=drafters,
-        prompt_sets=[ReplayPromptSet(name=name, rows=list(rows))
-                     for name, rows in ctx.replay_prompts],
-        max_tokens=max_tokens, dtype=settings.dtype,
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        capture_dir=f"{HIDDEN_STATES_MOUNT}/replay/{key}",
+        capture_image=image_name,
+        capture_note=note,
+        layer_ids=ids,
+        drafters=drafters,
+        prompt_sets=[
+            ReplayPromptSet(name=name, rows=list(rows)) for name, rows in ctx.replay_prompts
+        ],
+        max_tokens=max_tokens,
+        dtype=settings.dtype,
         tensor_parallel_size=settings.gpus_per_shard,
         max_seq_len=ctx.cluster.workloads.train.max_seq_len,
-    )  # fmt: skip
+    )
 
 
 def capture_container(
@@ -123,11 +141,11 @@ def capture_container(
     return {
         "name": CAPTURE_CONTAINER,
         "image": image.reference,
-        "command": ["python", "-m", "kimideploy.workloads", CAPTURE_CONTAINER, "--spec",
-                    SPEC_PATH],
+        "command": ["python", "-m", "kimideploy.workloads", CAPTURE_CONTAINER, "--spec", SPEC_PATH],
         "env": env,
-        "resources": pods.resources(settings.resources.cpu, settings.resources.memory,
-                                    settings.gpus_per_shard),
+        "resources": pods.resources(
+            settings.resources.cpu, settings.resources.memory, settings.gpus_per_shard
+        ),
         "volumeMounts": mounts,
         "securityContext": pods.container_hardening(),
-    }  # fmt: skip
+    }

@@ -174,8 +174,10 @@ def _cost_model(ctx: PlanInputs, request: PlanRequest) -> tuple[CostModel | None
     """The newest stored calibration measured on this serve configuration; else the default
     constant, with the reason the newest one of the cluster does not apply."""
     # Complete calibrations before partial ones (a new one being measured, or interrupted).
-    mine = sorted((c for c in request.calibrations if c.cluster == ctx.cluster_name),
-                  key=lambda c: (c.complete, c.measured_at))  # fmt: skip
+    mine = sorted(
+        (c for c in request.calibrations if c.cluster == ctx.cluster_name),
+        key=lambda c: (c.complete, c.measured_at),
+    )
     if not mine:
         return None, ""
     view = _serve_view(ctx)
@@ -213,9 +215,10 @@ def _check_method_on_image(ctx: PlanInputs) -> None:
     too_old = vllm is None or version_tuple(vllm) < MLA_DRAFTER_MIN_VLLM
     if drafter is not None and drafter.decoder == "mla" and too_old:
         having = sorted(
-            n for n, i in images.items()
+            n
+            for n, i in images.items()
             if i.role == "serve" and i.vllm and version_tuple(i.vllm) >= MLA_DRAFTER_MIN_VLLM
-        )  # fmt: skip
+        )
         raise MethodNotServedError(
             f"--drafter {ctx.drafter_name}: an MLA EAGLE-3 drafter needs vLLM >= 0.32 "
             f"(Eagle3DeepseekV2ForCausalLM); {where} has vLLM {vllm}",
@@ -247,17 +250,22 @@ def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
         found = ctx.image.vllm
         if found is None or version_tuple(found) < SYNTHETIC_MIN_VLLM:
             having = sorted(
-                name for name, image in ctx.project.images.items()
-                if image.role == "serve" and image.vllm
+                name
+                for name, image in ctx.project.images.items()
+                if image.role == "serve"
+                and image.vllm
                 and version_tuple(image.vllm) >= SYNTHETIC_MIN_VLLM
-            )  # fmt: skip
+            )
             raise UsageError(
                 f"cluster {ctx.cluster_name} serves image {ctx.image_name} (vLLM {found}), "
                 "which has no synthetic rejection sampling (vLLM >= 0.32)"
                 + (f"; {', '.join(having)} has it" if having else ""),
-                hint=(f"--image {having[0]} calibrates that stack instead" if having
-                      else "add a serve image with vLLM >= 0.32 under 'images:'"),
-            )  # fmt: skip
+                hint=(
+                    f"--image {having[0]} calibrates that stack instead"
+                    if having
+                    else "add a serve image with vLLM >= 0.32 under 'images:'"
+                ),
+            )
     return dataclasses.replace(
         ctx, synthetic_k=k, synthetic_lengths=tuple(synthetic.acceptance_lengths)
     )
@@ -356,9 +364,12 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
         scratch = ctx.cluster.workloads.train.online.scratch_size
         facts += [
             ("online", online.check(ctx).describe()),
-            ("hidden states", f"computed per sample by the target server, never stored "
-                              f"(pod-local scratch {scratch})"),
-        ]  # fmt: skip
+            (
+                "hidden states",
+                f"computed per sample by the target server, never stored "
+                f"(pod-local scratch {scratch})",
+            ),
+        ]
     elif ctx.workload in ("extract", "train", "datagen"):
         facts.append(("hidden states", estimate.describe()))
     if ctx.workload in ("train", "datagen") and ctx.drafter is not None:
@@ -551,9 +562,15 @@ def _inputs(ctx: PlanInputs, request: PlanRequest) -> dict[str, Any]:
         "overrides": list(request.overrides),
         "namespace": ctx.namespace,
         "config_sha256": ctx.config_sha256,
-        **({"serve_fingerprint": serve.config_fingerprint(_serve_view(ctx))}
-           if ctx.workload in ("serve", "bench") else {}),
-        **({"synthetic": {"k": ctx.synthetic_k, "acceptance_lengths": list(ctx.synthetic_lengths)}}
-           if ctx.synthetic_k is not None else {}),
+        **(
+            {"serve_fingerprint": serve.config_fingerprint(_serve_view(ctx))}
+            if ctx.workload in ("serve", "bench")
+            else {}
+        ),
+        **(
+            {"synthetic": {"k": ctx.synthetic_k, "acceptance_lengths": list(ctx.synthetic_lengths)}}
+            if ctx.synthetic_k is not None
+            else {}
+        ),
         **({"bench_concurrency": list(ctx.bench_concurrency)} if ctx.bench_concurrency else {}),
-    }  # fmt: skip
+    }

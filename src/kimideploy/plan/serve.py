@@ -104,8 +104,15 @@ def k_schedule(ctx: PlanInputs) -> KSchedule:
 def config_fingerprint(ctx: PlanInputs) -> str:
     """What a calibration must have been measured on to predict for this serve configuration: the
     image, the non-speculative `vllm serve` arguments, replicas, GPUs and the pods' NCCL env."""
-    plain = dataclasses.replace(ctx, workload="serve", drafter_name=NO_DRAFTER, drafter=None,
-                                run_id=None, synthetic_k=None, synthetic_lengths=())  # fmt: skip
+    plain = dataclasses.replace(
+        ctx,
+        workload="serve",
+        drafter_name=NO_DRAFTER,
+        drafter=None,
+        run_id=None,
+        synthetic_k=None,
+        synthetic_lengths=(),
+    )
     serve = ctx.cluster.workloads.serve
     relevant = {
         "image": ctx.image.reference,
@@ -121,11 +128,13 @@ def vllm_args(ctx: PlanInputs) -> list[str]:
     """`vllm serve` arguments after the model path; no speculative flag at all without a drafter."""
     model, serve = ctx.model, ctx.cluster.workloads.serve
     server = ServerBase(
-        served_name=model.served_name, port=serve.port,
-        tensor_parallel_size=ctx.cluster.gpu.per_node, max_model_len=model.max_model_len,
+        served_name=model.served_name,
+        port=serve.port,
+        tensor_parallel_size=ctx.cluster.gpu.per_node,
+        max_model_len=model.max_model_len,
         gpu_memory_utilization=serve.gpu_memory_utilization,
         trust_remote_code=model.trust_remote_code,
-    )  # fmt: skip
+    )
     args = base_args(server, "--max-num-seqs", str(serve.max_num_seqs))
     if model.reasoning_parser:
         args += ["--reasoning-parser", model.reasoning_parser]
@@ -225,35 +234,57 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
         f'{MODEL_MARKER}; run: kimideploy host sync-model {ctx.cluster_name}" >&2; exit 1; }}'
     )
     gpu_check = [
-        "python", "-m", "kimideploy.workloads.gpucheck", "--archs", ",".join(ctx.image.cuda_archs),
-        "--cuda", ctx.image.cuda or "", "--gpus", str(gpus),
-    ]  # fmt: skip
+        "python",
+        "-m",
+        "kimideploy.workloads.gpucheck",
+        "--archs",
+        ",".join(ctx.image.cuda_archs),
+        "--cuda",
+        ctx.image.cuda or "",
+        "--gpus",
+        str(gpus),
+    ]
     small = pods.resources("100m", "256Mi", 0)
     _, spec_mount = pods.spec_volume(ctx.object_name)
     _, writable = pods.writable_volumes()
-    drafter_check = [
-        {
-            # The drafter on the models volume, checked as `drafter check --dir` would.
-            "name": "drafter-check",
-            "image": ctx.image.reference,
-            "command": ["python", "-m", "kimideploy.workloads", "drafter-check", "--spec",
-                        SPEC_PATH],
-            "resources": small,
-            "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
-                             spec_mount, *writable],
-            "securityContext": hardened,
-        }
-    ] if ctx.drafter else []  # fmt: skip
+    drafter_check = (
+        [
+            {
+                # The drafter on the models volume, checked as `drafter check --dir` would.
+                "name": "drafter-check",
+                "image": ctx.image.reference,
+                "command": [
+                    "python",
+                    "-m",
+                    "kimideploy.workloads",
+                    "drafter-check",
+                    "--spec",
+                    SPEC_PATH,
+                ],
+                "resources": small,
+                "volumeMounts": [
+                    {"name": "models", "mountPath": "/models", "readOnly": True},
+                    spec_mount,
+                    *writable,
+                ],
+                "securityContext": hardened,
+            }
+        ]
+        if ctx.drafter
+        else []
+    )
     if isinstance(ctx.model_free, SuffixMethod):
         # Suffix decoding has no files to check; what it needs is Arctic Inference in the image.
-        drafter_check = [{
-            "name": "drafter-check",
-            "image": ctx.image.reference,
-            "command": ["python", "-m", "kimideploy.images.selfcheck", SUFFIX_SELFCHECK],
-            "resources": small,
-            "volumeMounts": writable,
-            "securityContext": hardened,
-        }]  # fmt: skip
+        drafter_check = [
+            {
+                "name": "drafter-check",
+                "image": ctx.image.reference,
+                "command": ["python", "-m", "kimideploy.images.selfcheck", SUFFIX_SELFCHECK],
+                "resources": small,
+                "volumeMounts": writable,
+                "securityContext": hardened,
+            }
+        ]
     return [
         *publish.pull_container(ctx, publish.pulls(ctx), spec_mount, writable),
         {

@@ -24,13 +24,19 @@ def base_args(server: ServerBase, *own: str) -> list[str]:
     """The arguments after the model path that both servers pass, with each server's own in the
     middle (their order is part of the rendered Deployment: a reorder would roll the pods)."""
     args = [
-        "--served-model-name", server.served_name,
-        "--host", "0.0.0.0",
-        "--port", str(server.port),
-        "--tensor-parallel-size", str(server.tensor_parallel_size),
-        "--max-model-len", str(server.max_model_len),
-        "--gpu-memory-utilization", str(server.gpu_memory_utilization),
-    ]  # fmt: skip
+        "--served-model-name",
+        server.served_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(server.port),
+        "--tensor-parallel-size",
+        str(server.tensor_parallel_size),
+        "--max-model-len",
+        str(server.max_model_len),
+        "--gpu-memory-utilization",
+        str(server.gpu_memory_utilization),
+    ]
     return [*args, *own, *(["--trust-remote-code"] if server.trust_remote_code else [])]
 
 

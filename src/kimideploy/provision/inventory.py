@@ -70,8 +70,14 @@ def ssh_args(host: SshHost) -> str:
     """Host keys must already be known: no silent trust on first use. One quoted item per argv
     word, so nothing in the known_hosts path can add options."""
     known = Path(host.known_hosts or "~/.ssh/known_hosts").expanduser()
-    items = ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}",
-             "-o", "ConnectTimeout=10"]  # fmt: skip
+    items = [
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={known}",
+        "-o",
+        "ConnectTimeout=10",
+    ]
     return shlex.join(items)
 
 

@@ -55,10 +55,20 @@ def inventory_listing(inventory: dict[str, Any]) -> dict[str, Any]:
         inventory_file = Path(tmp) / "inventory.yml"
         inventory_file.write_text(inventory_yaml(inventory))
         inventory_file.chmod(0o600)
-        command = [str(Path(ansible_playbook()).with_name("ansible-inventory")), "-i",
-                   str(inventory_file), "--list", "--export"]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "ANSIBLE_NOCOLOR": "1"})  # fmt: skip
+        command = [
+            str(Path(ansible_playbook()).with_name("ansible-inventory")),
+            "-i",
+            str(inventory_file),
+            "--list",
+            "--export",
+        ]
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
+        )
     if done.returncode != 0:
         raise KimiDeployError(
             "ansible-inventory could not read the generated inventory: "
@@ -127,8 +137,15 @@ HOST_EVENTS = {
     "runner_on_skipped": "skipping",
     "runner_on_unreachable": "unreachable",
 }
-RECAP_KEYS = {"ok": "ok", "changed": "changed", "dark": "unreachable", "failures": "failed",
-              "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}  # fmt: skip
+RECAP_KEYS = {
+    "ok": "ok",
+    "changed": "changed",
+    "dark": "unreachable",
+    "failures": "failed",
+    "skipped": "skipped",
+    "rescued": "rescued",
+    "ignored": "ignored",
+}
 """ansible's stats keys -> the PLAY RECAP's words (what `host provision` prints)."""
 
 

@@ -27,16 +27,23 @@ class LocalRunner:
         return CommandResult(quote(command), done.returncode, done.stdout, done.stderr)
 
     def run_streaming(
-        self, argv: list[str], on_line: Callable[[str], None], stdin: str | None = None,
+        self,
+        argv: list[str],
+        on_line: Callable[[str], None],
+        stdin: str | None = None,
         timeout: float | None = None,
-    ) -> CommandResult:  # fmt: skip
+    ) -> CommandResult:
         """Each stdout line to on_line as the command prints it (a build runs for hours);
         stderr is collected beside it."""
         try:
             process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
         except FileNotFoundError as exc:
             return CommandResult(quote(argv), 127, "", str(exc))
         errors: list[str] = []

@@ -113,8 +113,11 @@ def json_patch(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
                 operations += json_patch(old[key], value, where)
         return operations
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [op for i, (a, b) in enumerate(zip(old, new, strict=True))
-                for op in json_patch(a, b, f"{path}/{i}")]  # fmt: skip
+        return [
+            op
+            for i, (a, b) in enumerate(zip(old, new, strict=True))
+            for op in json_patch(a, b, f"{path}/{i}")
+        ]
     return [{"op": "replace", "path": path, "value": new}]
 
 

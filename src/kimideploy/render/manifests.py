@@ -20,9 +20,19 @@ Manifest = dict[str, Any]
 
 # A NetworkPolicy goes before the pods it selects, so none of them ever runs unprotected.
 APPLY_ORDER = (
-    "Namespace", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "Secret", "ConfigMap",
-    "PersistentVolumeClaim", "Service", "Deployment", "StatefulSet", "Job",
-)  # fmt: skip
+    "Namespace",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "NetworkPolicy",
+    "Secret",
+    "ConfigMap",
+    "PersistentVolumeClaim",
+    "Service",
+    "Deployment",
+    "StatefulSet",
+    "Job",
+)
 
 
 def render(plan: Plan, templates: Path | None = None) -> list[Manifest]:

@@ -57,8 +57,11 @@ def golden_files(config: Path) -> dict[Path, str]:
     pull where no drafter is published (source.oci)."""
     loaded = load_project(config)
     files: dict[Path, str] = {}
-    published = tuple(sorted(name for name, d in loaded.project.eagle_drafters.items()
-                             if d.source.oci is not None))  # fmt: skip
+    published = tuple(
+        sorted(
+            name for name, d in loaded.project.eagle_drafters.items() if d.source.oci is not None
+        )
+    )
     for cluster in sorted(loaded.project.clusters):
         for workload in WORKLOAD_NAMES:
             if workload == PULL and not published:
@@ -110,8 +113,13 @@ def config_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _reference_rows(root: dict[str, Any], node: dict[str, Any], path: str,
-                    rows: list[tuple[str, str, str, str]], seen: set[str]) -> None:  # fmt: skip
+def _reference_rows(
+    root: dict[str, Any],
+    node: dict[str, Any],
+    path: str,
+    rows: list[tuple[str, str, str, str]],
+    seen: set[str],
+) -> None:
     for name, prop in sorted(node.get("properties", {}).items()):
         key = f"{path}.{name}" if path else name
         default = f"`{json.dumps(prop['default'])}`" if "default" in prop else ""

@@ -22,8 +22,13 @@ def run(spec: WorkloadSpec) -> int:
     for artifact in spec.pulls:
         what = f"{artifact.kind} {artifact.name}"
         try:
-            fetched = oci_artifacts.pull(artifact.reference, Path(artifact.dest), artifact.files,
-                                         artifact.registry, check=_checker(artifact))  # fmt: skip
+            fetched = oci_artifacts.pull(
+                artifact.reference,
+                Path(artifact.dest),
+                artifact.files,
+                artifact.registry,
+                check=_checker(artifact),
+            )
         except oci_artifacts.RegistryError as exc:
             log(f"error: {what}: {exc}")
             log(f"hint: {exc.hint}")
@@ -31,8 +36,14 @@ def run(spec: WorkloadSpec) -> int:
         done = "pulled and verified" if fetched else "already on the volume (same digest)"
         log(f"{what}: {artifact.reference} {done} at {artifact.dest}")
         state = "pulled" if fetched else "present"
-        pulled.append({"name": artifact.name, "reference": artifact.reference,
-                       "dest": artifact.dest, "state": state})  # fmt: skip
+        pulled.append(
+            {
+                "name": artifact.name,
+                "reference": artifact.reference,
+                "dest": artifact.dest,
+                "state": state,
+            }
+        )
     if spec.workload == "pull":  # its own Job: the CLI reads the result line (an init has none)
         emit({"event": "result", "stage": "pull", "pulled": pulled})
     return EXIT_OK

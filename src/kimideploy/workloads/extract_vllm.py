@@ -48,8 +48,9 @@ def aux_layer_ids(spec: ExtractSpec) -> list[int]:
 
 def engine_kwargs(spec: ExtractSpec, storage: Path) -> dict[str, Any]:
     """vllm.LLM(**these): checked against the pinned vLLM's own config builder by the tests."""
-    return extraction_engine.llm_kwargs(spec.target, spec.tensor_parallel_size, spec.dtype,
-                                        list(spec.layers.vllm_ids), str(storage))  # fmt: skip
+    return extraction_engine.llm_kwargs(
+        spec.target, spec.tensor_parallel_size, spec.dtype, list(spec.layers.vllm_ids), str(storage)
+    )
 
 
 def convert(

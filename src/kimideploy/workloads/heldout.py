@@ -267,9 +267,14 @@ def rollout(model: Any, batch: dict[str, Any], depth: int, targets: Any) -> Any:
         cache_position = torch.arange(step * total, (step + 1) * total, device=hidden.device)
         for index, layer in enumerate(model.layers):
             layer_mask = sliding if index in model.sliding_window_indices else attention
-            hidden = layer(hidden, attention_mask=layer_mask, position_ids=positions,
-                           past_key_values=cache, cache_position=cache_position,
-                           position_embeddings=rotary)  # fmt: skip
+            hidden = layer(
+                hidden,
+                attention_mask=layer_mask,
+                position_ids=positions,
+                past_key_values=cache,
+                cache_position=cache_position,
+                position_embeddings=rotary,
+            )
         if model.config.norm_output:
             hidden = model.norm(hidden)
             logits = model.lm_head(hidden)

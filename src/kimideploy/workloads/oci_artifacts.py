@@ -64,22 +64,40 @@ _URL = re.compile(r"\"?https?://[^\s\"]+\"?")
 # (words in ORAS's error line, what it means, what to do, exit code), first match wins; the
 # order matters: a TLS failure says "failed to verify certificate", not a damaged blob.
 RULES: tuple[tuple[tuple[str, ...], str, str, int], ...] = (
-    (("unauthorized", "status code 401", "status code 403", "denied", "forbidden", "credential"),
-     "the registry refused the credentials for {ref}",
-     "check the registry Secret (registry.push_secret / pull_secret): its dockerconfigjson "
-     "must hold a current token with the right rights", 2),
-    (("not found", "status code 404", "manifest unknown", "name unknown", "blob unknown"),
-     "{ref} is not in the registry: a wrong digest, or never published",
-     "compare the digest in kimideploy.yaml with `kimideploy drafter publish`'s output", 2),
-    (("x509:", "tls:", "certificate"),
-     "the registry's TLS certificate for {ref} is not trusted",
-     "put the CA that signed it in a Secret with key ca.crt and name it in registry.ca_secret "
-     "(or fix the registry's certificate)", 2),
-    (("mismatch", "does not match", "failed to verify", "verification failed",
-      "unexpected digest", "invalid digest"),
-     "a blob of {ref} does not match its digest: the stored artifact is damaged or was altered",
-     "publish it again; nothing unverified was kept", 2),
-)  # fmt: skip
+    (
+        ("unauthorized", "status code 401", "status code 403", "denied", "forbidden", "credential"),
+        "the registry refused the credentials for {ref}",
+        "check the registry Secret (registry.push_secret / pull_secret): its dockerconfigjson "
+        "must hold a current token with the right rights",
+        2,
+    ),
+    (
+        ("not found", "status code 404", "manifest unknown", "name unknown", "blob unknown"),
+        "{ref} is not in the registry: a wrong digest, or never published",
+        "compare the digest in kimideploy.yaml with `kimideploy drafter publish`'s output",
+        2,
+    ),
+    (
+        ("x509:", "tls:", "certificate"),
+        "the registry's TLS certificate for {ref} is not trusted",
+        "put the CA that signed it in a Secret with key ca.crt and name it in registry.ca_secret "
+        "(or fix the registry's certificate)",
+        2,
+    ),
+    (
+        (
+            "mismatch",
+            "does not match",
+            "failed to verify",
+            "verification failed",
+            "unexpected digest",
+            "invalid digest",
+        ),
+        "a blob of {ref} does not match its digest: the stored artifact is damaged or was altered",
+        "publish it again; nothing unverified was kept",
+        2,
+    ),
+)
 
 
 def classify(stderr: str, reference: str) -> RegistryError:
@@ -106,8 +124,9 @@ def _last_error_line(stderr: str) -> str:
 
 def _oras(args: list[str], cwd: Path | None = None, timeout: float = 3600) -> str:
     try:
-        done = subprocess.run([oras_binary(), *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            [oras_binary(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        )
     except FileNotFoundError as exc:
         raise RegistryError(
             f"the ORAS CLI is not installed ({oras_binary()})",
@@ -158,9 +177,13 @@ class Pushed:
 
 
 def push(
-    folder: Path, kind: str, repository: str, tag: str, annotations: dict[str, str],
+    folder: Path,
+    kind: str,
+    repository: str,
+    tag: str,
+    annotations: dict[str, str],
     access: RegistryAccess,
-) -> Pushed:  # fmt: skip
+) -> Pushed:
     """Every file of `folder` as one artifact, tagged `tag`; returns its digest and the files'
     sha256. A push that fails on the network is tried again (blobs already there are skipped)."""
     files = artifact_files(folder)
@@ -170,9 +193,18 @@ def push(
     with os.fdopen(handle, "w") as out:
         json.dump({"$manifest": annotations}, out)
     notes = Path(name)
-    args = ["push", *_access_args(access), "--artifact-type", ARTIFACT_TYPES[kind],
-            "--annotation-file", str(notes), "--format", "json", f"{repository}:{tag}",
-            *(f"{name}:{FILE_MEDIA_TYPE}" for name in files)]  # fmt: skip
+    args = [
+        "push",
+        *_access_args(access),
+        "--artifact-type",
+        ARTIFACT_TYPES[kind],
+        "--annotation-file",
+        str(notes),
+        "--format",
+        "json",
+        f"{repository}:{tag}",
+        *(f"{name}:{FILE_MEDIA_TYPE}" for name in files),
+    ]
     try:
         for attempt in range(1, PUSH_ATTEMPTS + 1):
             try:
@@ -195,9 +227,12 @@ FolderCheck = Callable[[Path], None]
 
 
 def pull(
-    reference: str, dest: Path, files: dict[str, str], access: RegistryAccess,
+    reference: str,
+    dest: Path,
+    files: dict[str, str],
+    access: RegistryAccess,
     check: FolderCheck | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """The artifact into `dest` (False: it was there already, by digest). ORAS verifies every
     blob against the manifest; each file is then checked against the published sha256 (and by
     `check`, which raises) and only then renamed into place, so `dest` is either complete and
@@ -238,5 +273,9 @@ def _verify(folder: Path, files: dict[str, str], reference: str) -> None:
 
 
 def describe(result: Pushed) -> dict[str, Any]:
-    return {"reference": result.reference, "digest": result.digest, "files": result.files,
-            "bytes": result.size}  # fmt: skip
+    return {
+        "reference": result.reference,
+        "digest": result.digest,
+        "files": result.files,
+        "bytes": result.size,
+    }

@@ -42,21 +42,37 @@ def run(spec: PublishSpec) -> int:
             for shard in sorted(folder.glob("shard-*")):
                 held.enter_context(WriterLock(shard, f"{shard} (being published)"))
             dataset = _dataset(folder)
-            notes.update({"io.kimideploy.dataset-fingerprint": dataset["fingerprint"],
-                          "io.kimideploy.samples": str(dataset["samples"])})  # fmt: skip
+            notes.update(
+                {
+                    "io.kimideploy.dataset-fingerprint": dataset["fingerprint"],
+                    "io.kimideploy.samples": str(dataset["samples"]),
+                }
+            )
         started = time.monotonic()
         try:
-            pushed = oci_artifacts.push(folder, spec.kind, spec.repository, spec.tag,
-                                        notes, spec.registry)  # fmt: skip
+            pushed = oci_artifacts.push(
+                folder, spec.kind, spec.repository, spec.tag, notes, spec.registry
+            )
         except oci_artifacts.RegistryError as exc:
             log(f"error: {exc}")
             log(f"hint: {exc.hint}")
             return exc.exit_code
-    log(f"pushed {folder} as {pushed.reference} ({pushed.size:,} bytes in "
-        f"{time.monotonic() - started:.0f} s)")  # fmt: skip
-    emit({"event": "result", "stage": "publish", "kind": spec.kind, "name": spec.name,
-          **oci_artifacts.describe(pushed), "annotations": notes,
-          "lineage": _lineage_summary(lineage), "dataset": dataset})  # fmt: skip
+    log(
+        f"pushed {folder} as {pushed.reference} ({pushed.size:,} bytes in "
+        f"{time.monotonic() - started:.0f} s)"
+    )
+    emit(
+        {
+            "event": "result",
+            "stage": "publish",
+            "kind": spec.kind,
+            "name": spec.name,
+            **oci_artifacts.describe(pushed),
+            "annotations": notes,
+            "lineage": _lineage_summary(lineage),
+            "dataset": dataset,
+        }
+    )
     return EXIT_OK
 
 
@@ -72,8 +88,11 @@ def _dataset(folder: Path) -> dict[str, Any]:
     samples = sum(1 for _ in iter_samples(folder))  # every line parses, or a named refusal
     if samples == 0:
         raise BadInputError(f"{folder} holds no conversations yet", hint="run datagen first")
-    return {"fingerprint": record["id"], "made_from": record.get("fields") or {},
-            "samples": samples}  # fmt: skip
+    return {
+        "fingerprint": record["id"],
+        "made_from": record.get("fields") or {},
+        "samples": samples,
+    }
 
 
 def _check_drafter(folder: Path) -> None:
@@ -109,9 +128,18 @@ def _lineage_annotations(lineage: dict[str, Any]) -> dict[str, str]:
 
 def _lineage_summary(lineage: dict[str, Any]) -> dict[str, Any]:
     """What `drafter publish` needs to write a registry entry the config lacks."""
-    keys = ("drafter", "run_id", "trained_for", "trained_for_revision",
-            "eagle_aux_hidden_state_layer_ids", "draft_vocab_size", "num_speculative_tokens",
-            "held_out", "selected_checkpoint", "base_drafter")  # fmt: skip
+    keys = (
+        "drafter",
+        "run_id",
+        "trained_for",
+        "trained_for_revision",
+        "eagle_aux_hidden_state_layer_ids",
+        "draft_vocab_size",
+        "num_speculative_tokens",
+        "held_out",
+        "selected_checkpoint",
+        "base_drafter",
+    )
     summary = {key: lineage.get(key) for key in keys if key in lineage}
     dataset = lineage.get("dataset") or {}
     summary["dataset"] = {

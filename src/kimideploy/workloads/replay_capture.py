@@ -100,15 +100,21 @@ def plan(spec: ReplaySpec, tokenizer: Any) -> Plan:
         differ: list[tuple[dict[str, Any], list[int]]] = []
         for row in rows:
             trained_ids, trained_mask = row["input_ids"], row["loss_mask"]
-            found.prefill(request_name(f"trained:{drafter.name}", row["id"]), trained_ids,
-                          trained_mask)  # fmt: skip
+            found.prefill(
+                request_name(f"trained:{drafter.name}", row["id"]), trained_ids, trained_mask
+            )
             served = render_sample(tokenizer, row)
-            found.prefill(request_name(f"rendered:{drafter.name}", row["id"]), served.ids,
-                          served.loss_mask)  # fmt: skip
+            found.prefill(
+                request_name(f"rendered:{drafter.name}", row["id"]), served.ids, served.loss_mask
+            )
             if served.ids != trained_ids:
                 differ.append((row, served.ids))
-            found.answer(request_name(f"answered:{drafter.name}", row["id"]), row["messages"],
-                         row.get("tools"), spec.max_tokens)  # fmt: skip
+            found.answer(
+                request_name(f"answered:{drafter.name}", row["id"]),
+                row["messages"],
+                row.get("tools"),
+                spec.max_tokens,
+            )
         found.rendering[drafter.name] = {
             "conversations": len(rows),
             "differ": len(differ),
@@ -116,8 +122,12 @@ def plan(spec: ReplaySpec, tokenizer: Any) -> Plan:
         }
     for prompt_set in spec.prompt_sets:
         for row in prompt_set.rows:
-            found.answer(request_name(f"prompts:{prompt_set.name}", str(row["id"])),
-                         row["messages"], row.get("tools"), spec.max_tokens)  # fmt: skip
+            found.answer(
+                request_name(f"prompts:{prompt_set.name}", str(row["id"])),
+                row["messages"],
+                row.get("tools"),
+                spec.max_tokens,
+            )
     return found
 
 
@@ -127,10 +137,12 @@ def _require_drafter(name: str, folder: Path) -> None:
     if not (folder / "config.json").is_file():
         raise BadInputError(
             f"drafter {name}: {folder} is not on this cluster's models volume (no config.json)",
-            hint=(f"a drafter trained elsewhere: `kimideploy drafter publish {name} --from "
-                  "CLUSTER`, then the replay pulls it by digest; a hub drafter: `kimideploy host "
-                  "sync-model` puts it there"),
-        )  # fmt: skip
+            hint=(
+                f"a drafter trained elsewhere: `kimideploy drafter publish {name} --from "
+                "CLUSTER`, then the replay pulls it by digest; a hub drafter: `kimideploy host "
+                "sync-model` puts it there"
+            ),
+        )
 
 
 def _first_difference(first: tuple[dict[str, Any], list[int]], tokenizer: Any) -> str:
@@ -138,18 +150,23 @@ def _first_difference(first: tuple[dict[str, Any], list[int]], tokenizer: Any) -
     see which template (or tokenizer) training used."""
     row, served = first
     trained = row["input_ids"]
-    at = next((i for i, (a, b) in enumerate(zip(served, trained, strict=False)) if a != b),
-              min(len(served), len(trained)))  # fmt: skip
+    at = next(
+        (i for i, (a, b) in enumerate(zip(served, trained, strict=False)) if a != b),
+        min(len(served), len(trained)),
+    )
     window = slice(max(at - 4, 0), at + 12)
-    return (f"conversation {row['id']}, token {at}: trained {tokenizer.decode(trained[window])!r}, "
-            f"served {tokenizer.decode(served[window])!r}")  # fmt: skip
+    return (
+        f"conversation {row['id']}, token {at}: trained {tokenizer.decode(trained[window])!r}, "
+        f"served {tokenizer.decode(served[window])!r}"
+    )
 
 
 def engine_kwargs(spec: ReplaySpec, storage: Path) -> dict[str, Any]:
     """The extraction engine (extract_vllm.engine_kwargs) over the replay's layers, long enough
     for a prompt and its answer."""
-    kwargs = extraction_engine.llm_kwargs(spec.target, spec.tensor_parallel_size, spec.dtype,
-                                          list(spec.layer_ids), str(storage))  # fmt: skip
+    kwargs = extraction_engine.llm_kwargs(
+        spec.target, spec.tensor_parallel_size, spec.dtype, list(spec.layer_ids), str(storage)
+    )
     return {**kwargs, "max_model_len": spec.max_seq_len + spec.max_tokens}
 
 
@@ -199,16 +216,31 @@ def run(spec: ReplaySpec) -> int:
             return code
     from importlib.metadata import version
 
-    record = {"requests": work.index, "rendering": work.rendering,
-              "renderer_agreement": agreement, "engine": f"vllm {version('vllm')}",
-              "image": spec.capture_image, "note": spec.capture_note}  # fmt: skip
+    record = {
+        "requests": work.index,
+        "rendering": work.rendering,
+        "renderer_agreement": agreement,
+        "engine": f"vllm {version('vllm')}",
+        "image": spec.capture_image,
+        "note": spec.capture_note,
+    }
     index = json.dumps(record, indent=1, sort_keys=True).encode()
     atomic_write(index_file(root, spec.run_id), index)
-    emit({"event": "result", "stage": "replay-capture", "sequences": len(work.sequences),
-          "captured": len(todo), "answered": len(todo_answers), "rendering": work.rendering,
-          "renderer_agreement": agreement})  # fmt: skip
-    log(f"captured {len(todo)} of {len(work.sequences)} sequences ({len(todo_answers)} answered) "
-        f"into {root}")  # fmt: skip
+    emit(
+        {
+            "event": "result",
+            "stage": "replay-capture",
+            "sequences": len(work.sequences),
+            "captured": len(todo),
+            "answered": len(todo_answers),
+            "rendering": work.rendering,
+            "renderer_agreement": agreement,
+        }
+    )
+    log(
+        f"captured {len(todo)} of {len(work.sequences)} sequences ({len(todo_answers)} answered) "
+        f"into {root}"
+    )
     return EXIT_OK
 
 
@@ -247,8 +279,9 @@ def _answer(
         tools_of[group] = tools
     out = []
     for group, items in groups.items():
-        results = llm.chat([m for _, m in items], greedy, use_tqdm=False,
-                           tools=tools_of[group] or None)  # fmt: skip
+        results = llm.chat(
+            [m for _, m in items], greedy, use_tqdm=False, tools=tools_of[group] or None
+        )
         for (key, _), result in zip(items, results, strict=True):
             written = (result.kv_transfer_params or {}).get("hidden_states_path")
             if written:  # the states of a generation request: not what is judged
@@ -260,24 +293,34 @@ def _answer(
 
 
 def _compare_prompt(
-    tokenizer: Any, prompt: tuple[list[dict[str, Any]], Any], ids: list[int], mask: list[int],
+    tokenizer: Any,
+    prompt: tuple[list[dict[str, Any]], Any],
+    ids: list[int],
+    mask: list[int],
     agreement: dict[str, int],
-) -> None:  # fmt: skip
+) -> None:
     """Does kimideploy's renderer give the prompt ids vLLM rendered? (It renders training's.)"""
     messages, tools = prompt
     mine = tokenizer.apply_chat_template(
-        template_messages(messages), tools=tools or None, tokenize=True,
-        add_generation_prompt=True, return_dict=False,
-    )  # fmt: skip
+        template_messages(messages),
+        tools=tools or None,
+        tokenize=True,
+        add_generation_prompt=True,
+        return_dict=False,
+    )
     served = ids[: len(mask) - sum(mask)]
     agreement["prompts"] += 1
     agreement["same"] += int(list(mine) == served)
 
 
 def _prefill(
-    llm: Any, spec: ReplaySpec, root: Path, storage: Path,
-    todo: list[tuple[str, list[int], list[int]]], stopper: Stopper,
-) -> int:  # fmt: skip
+    llm: Any,
+    spec: ReplaySpec,
+    root: Path,
+    storage: Path,
+    todo: list[tuple[str, list[int], list[int]]],
+    stopper: Stopper,
+) -> int:
     import torch
     from safetensors.torch import save_file
     from vllm import SamplingParams
@@ -301,6 +344,12 @@ def _prefill(
             partial = root / f".{key}.partial.safetensors"
             save_file(tensors, str(partial))
             partial.rename(root / f"{key}.safetensors")
-        emit({"event": "progress", "stage": "replay-capture",
-              "captured": min(first + BATCH, len(todo)), "of": len(todo)})  # fmt: skip
+        emit(
+            {
+                "event": "progress",
+                "stage": "replay-capture",
+                "captured": min(first + BATCH, len(todo)),
+                "of": len(todo),
+            }
+        )
     return EXIT_OK

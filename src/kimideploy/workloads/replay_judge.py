@@ -64,12 +64,23 @@ def run(spec: ReplaySpec) -> int:
             head = heldout.TargetHead(spec.target.path, eps, device)
         judge = Judge(spec, root, record["requests"], model, head, device)
         judged[drafter.name] = judge.drafter(drafter, record.get("rendering", {}))
-        log(f"judged {drafter.name}: " + ", ".join(
-            f"{name} {figures['mean_acceptance_length'][str(drafter.num_speculative_tokens)]}"
-            for name, figures in judged[drafter.name]["scenarios"].items()))  # fmt: skip
-    emit({"event": "result", "stage": "replay", "drafters": judged,
-          "capture": {key: record.get(key) for key in
-                      ("engine", "image", "note", "renderer_agreement")}})  # fmt: skip
+        log(
+            f"judged {drafter.name}: "
+            + ", ".join(
+                f"{name} {figures['mean_acceptance_length'][str(drafter.num_speculative_tokens)]}"
+                for name, figures in judged[drafter.name]["scenarios"].items()
+            )
+        )
+    emit(
+        {
+            "event": "result",
+            "stage": "replay",
+            "drafters": judged,
+            "capture": {
+                key: record.get(key) for key in ("engine", "image", "note", "renderer_agreement")
+            },
+        }
+    )
     return EXIT_OK
 
 
@@ -112,8 +123,15 @@ def trained_layer_ids(lineage: dict[str, Any], model: Any) -> tuple[list[int], s
 
 
 class Judge:
-    def __init__(self, spec: ReplaySpec, root: Path, requests: dict[str, Any], model: Any,
-                 head: heldout.TargetHead, device: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: ReplaySpec,
+        root: Path,
+        requests: dict[str, Any],
+        model: Any,
+        head: heldout.TargetHead,
+        device: Any,
+    ) -> None:
         self.spec, self.root, self.requests = spec, root, requests
         self.model, self.head, self.device = model, head, device
 
@@ -134,8 +152,11 @@ class Judge:
         for prompt_set in self.spec.prompt_sets:
             group = f"prompts:{prompt_set.name}"
             scenarios[group] = self.judge(group, served, depth, agreement)
-        probe = "answered:" + name if "served_answers" in scenarios else next(
-            (f"prompts:{p.name}" for p in self.spec.prompt_sets), None)  # fmt: skip
+        probe = (
+            "answered:" + name
+            if "served_answers" in scenarios
+            else next((f"prompts:{p.name}" for p in self.spec.prompt_sets), None)
+        )
         shifts = {}
         for delta in (-1, 1):
             moved = [i + delta for i in served]
@@ -159,8 +180,9 @@ class Judge:
     def _group(self, group: str) -> list[str]:
         return sorted(name for name in self.requests if name.startswith(group + "/"))
 
-    def judge(self, group: str, layer_ids: list[int], depth: int,
-              agreement: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    def judge(
+        self, group: str, layer_ids: list[int], depth: int, agreement: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         import torch
         from safetensors.torch import load_file
 

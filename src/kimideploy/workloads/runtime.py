@@ -18,9 +18,11 @@ from kimideploy.config.specs import API_KEY_ENV, SpecModel, WorkloadExit
 from kimideploy.errors import ExitCode, KimiDeployError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = (
-    int(WorkloadExit.OK), int(WorkloadExit.FAILED), int(WorkloadExit.BAD_INPUT),
+    int(WorkloadExit.OK),
+    int(WorkloadExit.FAILED),
+    int(WorkloadExit.BAD_INPUT),
     int(WorkloadExit.INTERRUPTED),
-)  # fmt: skip
+)
 Spec = TypeVar("Spec", bound=SpecModel)
 
 

@@ -382,10 +382,13 @@ class Trainer:
                 "dataset": self.features.lineage().get("fingerprint"),
             }
             final = train_checkpoints.write(
-                root, self.position.step,
+                root,
+                self.position.step,
                 {k: v.detach().cpu().contiguous() for k, v in weights},
-                self.optimizer, self.scheduler, record,
-            )  # fmt: skip
+                self.optimizer,
+                self.scheduler,
+                record,
+            )
             best = self.best["step"] if self.best else None
             keep = {train_checkpoints.step_dir(root, best).name} if best is not None else set()
             train_checkpoints.prune(root, keep)
@@ -535,8 +538,11 @@ class Trainer:
             )
         rows = replay_sample.write(folder, Path(where), rendered)
         log(f"replay sample: {rows} held-out conversations written beside the drafter")
-        return {"file": replay_sample.REPLAY_SAMPLE_FILE, "conversations": rows,
-                "rendering": self.features.rendering()}  # fmt: skip
+        return {
+            "file": replay_sample.REPLAY_SAMPLE_FILE,
+            "conversations": rows,
+            "rendering": self.features.rendering(),
+        }
 
     def _lineage(
         self, figures: dict[str, Any], selected: dict[str, Any], held_out: dict[str, Any] | None

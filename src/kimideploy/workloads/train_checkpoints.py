@@ -32,9 +32,13 @@ def latest(root: Path) -> Path | None:
 
 
 def write(
-    root: Path, step: int, weights: dict[str, Any], optimizer: Any, scheduler: Any,
+    root: Path,
+    step: int,
+    weights: dict[str, Any],
+    optimizer: Any,
+    scheduler: Any,
     record: dict[str, Any],
-) -> Path:  # fmt: skip
+) -> Path:
     """step-N/ written beside the others and renamed in; state.json last."""
     import torch
     from safetensors.torch import save_file

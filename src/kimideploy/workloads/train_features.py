@@ -137,10 +137,12 @@ class OnlineFeatures:
         )
         # Only what rendering needs (no usage, finish reasons or prompt indexes per sample).
         self.conversations = sorted(
-            ({key: s.get(key) for key in RENDERED_FIELDS}
-             for s in iter_samples(Path(self.online.conversations_dir))),
+            (
+                {key: s.get(key) for key in RENDERED_FIELDS}
+                for s in iter_samples(Path(self.online.conversations_dir))
+            ),
             key=lambda s: str(s["id"]),
-        )  # fmt: skip
+        )
         if not self.conversations:
             raise BadInputError(
                 f"{self.online.conversations_dir}: no generated conversations to train on; run "
@@ -253,18 +255,24 @@ class OnlineFeatures:
         return path
 
     def _complete(self, ids: list[int], sample_id: str) -> dict[str, Any]:
-        body = json.dumps({
-            "model": self.spec.target.served_name, "prompt": ids, "max_tokens": 1,
-            "temperature": 0.0, "return_token_ids": True,
-        }).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "model": self.spec.target.served_name,
+                "prompt": ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "return_token_ids": True,
+            }
+        ).encode()
         last = ""
         for attempt in range(self.online.max_retries + 1):
             if attempt:
                 time.sleep(min(2.0**attempt, 60.0))
             request = urllib.request.Request(
-                f"{self.online.endpoint}/completions", data=body,
+                f"{self.online.endpoint}/completions",
+                data=body,
                 headers={"Content-Type": "application/json"},
-            )  # fmt: skip
+            )
             try:
                 with urllib.request.urlopen(request, timeout=self.online.request_timeout_s) as r:
                     reply: dict[str, Any] = json.loads(r.read())

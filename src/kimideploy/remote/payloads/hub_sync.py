@@ -117,10 +117,15 @@ def listing_problems(dest: Path, files: list[dict[str, Any]]) -> list[str]:
         name = entry.get("rfilename")
         parts = PurePosixPath(name).parts if isinstance(name, str) else ()
         if (
-            not isinstance(name, str) or not name or "\0" in name or "\\" in name
-            or PurePosixPath(name).is_absolute() or ".." in parts or "." in parts
+            not isinstance(name, str)
+            or not name
+            or "\0" in name
+            or "\\" in name
+            or PurePosixPath(name).is_absolute()
+            or ".." in parts
+            or "." in parts
             or not (root / name).resolve().is_relative_to(root)
-        ):  # fmt: skip
+        ):
             problems.append(f"{name!r}: not a relative path inside {dest}")
             continue
         if name in OWN_FILES or name.endswith(OWN_SUFFIXES):
@@ -171,9 +176,17 @@ class Progress:
                 return
             self.last = now
             rate = self.fetched / max(now - self.start, 1e-6)
-        emit({"event": "progress", "stage": "sync-model", "done": self.done, "total": self.total,
-              "unit": "bytes", "rate": round(rate, 1),
-              "eta_s": round((self.total - self.done) / rate, 1) if rate else None})  # fmt: skip
+        emit(
+            {
+                "event": "progress",
+                "stage": "sync-model",
+                "done": self.done,
+                "total": self.total,
+                "unit": "bytes",
+                "rate": round(rate, 1),
+                "eta_s": round((self.total - self.done) / rate, 1) if rate else None,
+            }
+        )
 
 
 @dataclass
@@ -329,8 +342,10 @@ class Sync:
         if got != target.want:
             target.part.unlink(missing_ok=True)
             target.journal.unlink(missing_ok=True)
-            raise Refused(f"{target.name}: {target.kind} {got} != expected {target.want}; "
-                          "removed the download")  # fmt: skip
+            raise Refused(
+                f"{target.name}: {target.kind} {got} != expected {target.want}; "
+                "removed the download"
+            )
         target.part.replace(target.path)
         target.journal.unlink(missing_ok=True)
         with self.verified_lock:
@@ -343,8 +358,10 @@ class Sync:
         """Every remaining piece of one file, `streams` at a time across all files."""
         fd = target.open()
         try:
-            futures = [self.pool.submit(self.fetch_piece, target, n, fd, progress)
-                       for n in target.remaining()]  # fmt: skip
+            futures = [
+                self.pool.submit(self.fetch_piece, target, n, fd, progress)
+                for n in target.remaining()
+            ]
             errors = []
             for future in futures:
                 try:
@@ -369,8 +386,10 @@ class Sync:
         if problems:
             for problem in problems:
                 print(f"refused: {problem}", file=sys.stderr)
-            print(f"the listing from {self.args.endpoint} was not followed; nothing was written",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"the listing from {self.args.endpoint} was not followed; nothing was written",
+                file=sys.stderr,
+            )
             return 3
         self.dest.mkdir(parents=True, exist_ok=True)
         verified_file = self.dest / VERIFIED
@@ -403,9 +422,13 @@ class Sync:
                 self.stop.set()
                 wait(jobs)
                 raise failed[0]  # type: ignore[misc]
-        marker = {"repo": self.args.repo, "revision": self.args.revision, "files": len(files),
-                  "bytes": progress.total,
-                  "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        marker = {
+            "repo": self.args.repo,
+            "revision": self.args.revision,
+            "files": len(files),
+            "bytes": progress.total,
+            "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         (self.dest / MARKER).write_text(json.dumps(marker, indent=1))
         emit({"event": "result", "stage": "sync-model", **marker})
         return 0

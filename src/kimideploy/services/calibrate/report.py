@@ -30,8 +30,9 @@ def rows(calibration: Calibration, per_token: tuple[float, ...]) -> list[dict[st
             fit = fitted.get((k, c))
             row[f"break-even k={k}"] = round(break_even_length(costs, k, c), 2) if fit else None
         row["cost/draft token"] = round(costs.per_token(c), 4)
-        row["fit residual"] = max((s.residual for (_, cc), s in fitted.items() if cc == c),
-                                  default=None)  # fmt: skip
+        row["fit residual"] = max(
+            (s.residual for (_, cc), s in fitted.items() if cc == c), default=None
+        )
         for rate in per_token:
             k, value = best_k(costs, rate, c, calibration.ks)
             row[f"best k @a={rate}"] = f"k={k} {value:.2f}x" if value > 1 else "none pays"
@@ -88,8 +89,9 @@ def write_png(calibration: Calibration, output: Path) -> None:
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("speedup over no speculation")
     axes[0][-1].legend(fontsize=8)
-    figure.suptitle(f"{calibration.cluster}: measured {calibration.date} on {calibration.image}",
-                    fontsize=9)  # fmt: skip
+    figure.suptitle(
+        f"{calibration.cluster}: measured {calibration.date} on {calibration.image}", fontsize=9
+    )
     figure.tight_layout()
     figure.savefig(output, dpi=110)
     plt.close(figure)

@@ -95,8 +95,10 @@ class CalibrationPlan:
         load_s = loads * self.startup_budget_s
         bench = f"{passes * per_pass} bench levels ({per_pass} per acceptance length)"
         if baseline is not None:
-            rates = {(lv["prompt_set"], int(lv["concurrency"])): lv["output_tokens_per_s"]
-                     for lv in baseline.result.get("levels", [])}  # fmt: skip
+            rates = {
+                (lv["prompt_set"], int(lv["concurrency"])): lv["output_tokens_per_s"]
+                for lv in baseline.result.get("levels", [])
+            }
             tokens = self.num_prompts * self.max_tokens
             level_s = sum(tokens / rates[key] for key in self.gate.needed if rates.get(key))
             bench += f", about {_minutes(level_s * passes)} at the baseline's tokens/s"
@@ -143,12 +145,19 @@ def plan_calibration(
     lengths = {k: lengths_for(k, options.lengths) for k in sorted(set(options.ks))}
     revisions = {}
     for k, ks_lengths in lengths.items():
-        request = PlanRequest("serve", cluster, drafter, overrides, namespace=session.namespace,
-                              image=options.image,
-                              synthetic=SyntheticAcceptance(k, ks_lengths))  # fmt: skip
+        request = PlanRequest(
+            "serve",
+            cluster,
+            drafter,
+            overrides,
+            namespace=session.namespace,
+            image=options.image,
+            synthetic=SyntheticAcceptance(k, ks_lengths),
+        )
         revisions[k] = render_workload(loaded, request)
-    base_request = PlanRequest("serve", cluster, NO_DRAFTER, overrides,
-                               namespace=session.namespace, image=options.image)  # fmt: skip
+    base_request = PlanRequest(
+        "serve", cluster, NO_DRAFTER, overrides, namespace=session.namespace, image=options.image
+    )
     baseline = render_workload(loaded, base_request)
     gate = gate_terms(session, loaded, base_request, GateOptions(concurrency=options.concurrency))
     plan = baseline.plan
@@ -163,10 +172,14 @@ def plan_calibration(
             hint=f"calibrate at concurrencies up to {seqs}",
         )
     key = {
-        "cluster": plan.cluster, "image": plan.image, "serve": plan.inputs["serve_fingerprint"],
-        "bench": gate.bench_print, "drafter": drafter, "lengths": {str(k): list(v) for k, v in
-        lengths.items()}, "levels": sorted(c for _, c in gate.needed),
-    }  # fmt: skip
+        "cluster": plan.cluster,
+        "image": plan.image,
+        "serve": plan.inputs["serve_fingerprint"],
+        "bench": gate.bench_print,
+        "drafter": drafter,
+        "lengths": {str(k): list(v) for k, v in lengths.items()},
+        "levels": sorted(c for _, c in gate.needed),
+    }
     calibration_id = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return CalibrationPlan(
         cluster=plan.cluster,
@@ -195,8 +208,11 @@ def calibrate(
     reporter: Reporter,
 ) -> Calibration:
     """Carry out a plan from plan_calibration (which has refused everything it could)."""
-    earlier = [(cid, c) for cid, c in session.calibrations(plan.cluster)
-               if cid.split("-")[0] == plan.calibration_id]  # fmt: skip
+    earlier = [
+        (cid, c)
+        for cid, c in session.calibrations(plan.cluster)
+        if cid.split("-")[0] == plan.calibration_id
+    ]
     stored = earlier[-1][1] if earlier else None
     if stored is not None and stored.complete and not options.again:
         reporter.info(
@@ -268,9 +284,12 @@ class Sweep:
 
     def gate_run(self) -> GateRun:
         return GateRun(
-            self.session, self.loaded, self.plan.gate, self.reporter,
+            self.session,
+            self.loaded,
+            self.plan.gate,
+            self.reporter,
             bench_poll_s=self.options.bench_poll_s,
-        )  # fmt: skip
+        )
 
 
 def _fresh(plan: CalibrationPlan, measured_at: str) -> Calibration:
@@ -343,9 +362,13 @@ def _measure_k(
     sweep: Sweep, k: int, revision: int, baseline: StoredBench, calibration: Calibration
 ) -> Calibration:
     plan, reporter = sweep.plan, sweep.reporter
-    request = PlanRequest("serve", plan.cluster, plan.drafter,
-                          tuple(plan.revisions[k].plan.inputs["overrides"]),
-                          synthetic=SyntheticAcceptance(k, plan.lengths[k]))  # fmt: skip
+    request = PlanRequest(
+        "serve",
+        plan.cluster,
+        plan.drafter,
+        tuple(plan.revisions[k].plan.inputs["overrides"]),
+        synthetic=SyntheticAcceptance(k, plan.lengths[k]),
+    )
     try:
         stored = bench_revision(sweep.gate_run(), request, revision)
     except GateMeasurementError as exc:
@@ -365,8 +388,11 @@ def _measure_k(
                 f"{point.requested_length}, vLLM counted {point.measured_length:.2f}; the fit "
                 "uses what vLLM counted"
             )
-    return replace(calibration, points=[*calibration.points, *points],
-                   runs={**calibration.runs, str(k): stored.run_id})  # fmt: skip
+    return replace(
+        calibration,
+        points=[*calibration.points, *points],
+        runs={**calibration.runs, str(k): stored.run_id},
+    )
 
 
 def points_from(k: int, result: dict[str, Any], baseline: dict[str, Any]) -> list[Point]:
@@ -398,8 +424,15 @@ def points_from(k: int, result: dict[str, Any], baseline: dict[str, Any]) -> lis
 
 def _restore(sweep: Sweep, found: ReleaseRecord | None, latest: int | None) -> str:
     """Put back what served before the calibration; say what was done."""
-    return restore_serving(sweep.session, sweep.plan.release, found, latest, sweep.apply,
-                           sweep.reporter, f"calibration {sweep.plan.calibration_id}")  # fmt: skip
+    return restore_serving(
+        sweep.session,
+        sweep.plan.release,
+        found,
+        latest,
+        sweep.apply,
+        sweep.reporter,
+        f"calibration {sweep.plan.calibration_id}",
+    )
 
 
 def _interrupted(plan: CalibrationPlan, found: ReleaseRecord | None, cal: Calibration) -> str:

@@ -30,9 +30,15 @@ class PublishedData:
 
 
 def publish_dataset(
-    session: ClusterSession, loaded: LoadedProject, name: str, cluster: str, to: str | None,
-    reporter: Reporter, poll_s: float = 2.0, overrides: tuple[str, ...] = (),
-) -> PublishedData:  # fmt: skip
+    session: ClusterSession,
+    loaded: LoadedProject,
+    name: str,
+    cluster: str,
+    to: str | None,
+    reporter: Reporter,
+    poll_s: float = 2.0,
+    overrides: tuple[str, ...] = (),
+) -> PublishedData:
     request = PlanRequest("publish", cluster, None, overrides, publish_to=to, publish_dataset=name)
     result = batch_runs.publish_result(session, loaded, request, reporter, poll_s)
     return pin_dataset(loaded.path, name, cluster, result)
@@ -71,5 +77,11 @@ def pin_dataset(config: Path, name: str, cluster: str, result: dict[str, Any]) -
             text = yaml_edit.set_values(text, ("datasets", name), values)
         load_project_text(text, config)  # never write a file that no longer validates
         yaml_edit.replace_text(config, text)
-    return PublishedData(name, str(result["reference"]), dataset["fingerprint"],
-                         values["samples"], len(result.get("files") or {}), created)  # fmt: skip
+    return PublishedData(
+        name,
+        str(result["reference"]),
+        dataset["fingerprint"],
+        values["samples"],
+        len(result.get("files") or {}),
+        created,
+    )

@@ -52,9 +52,14 @@ def read_prompts(path: Path) -> tuple[dict[str, Any], ...]:
 
 
 def run_replay(
-    session: ClusterSession, loaded: LoadedProject, names: tuple[str, ...], cluster: str | None,
-    prompts: tuple[dict[str, Any], ...], reporter: Reporter, poll_s: float = 2.0,
-) -> ReplayOutcome:  # fmt: skip
+    session: ClusterSession,
+    loaded: LoadedProject,
+    names: tuple[str, ...],
+    cluster: str | None,
+    prompts: tuple[dict[str, Any], ...],
+    reporter: Reporter,
+    poll_s: float = 2.0,
+) -> ReplayOutcome:
     sets = ((USER_PROMPTS, prompts),) if prompts else ()
     request = PlanRequest("replay", cluster, names[0], replay_drafters=names, replay_prompts=sets)
     started = batch_runs.start_run(session, loaded, request, reporter)
@@ -74,8 +79,11 @@ def measured(
     """The newest bench run of the drafter on the cluster, at the gated concurrency (else its
     lowest), with vLLM's per-position acceptance made conditional."""
     project = loaded.project
-    runs = [b for b in session.bench_results(project.release_name("serve"))
-            if b.drafter == name and b.cluster == cluster]  # fmt: skip
+    runs = [
+        b
+        for b in session.bench_results(project.release_name("serve"))
+        if b.drafter == name and b.cluster == cluster
+    ]
     for bench in sorted(runs, key=lambda b: b.measured_at, reverse=True):
         label = f"bench run {bench.run_id} of {bench.measured_at[:10]}"
         found = measured_from_bench(bench.result, concurrency, label)
@@ -86,12 +94,14 @@ def measured(
 
 def measured_from_bench(result: dict[str, Any], concurrency: int, label: str) -> Measured | None:
     """A bench result's level at `concurrency` (else its lowest) as the doctor reads it."""
-    levels = [lv for lv in result.get("levels") or []
-              if lv.get("mean_acceptance_length") is not None]  # fmt: skip
+    levels = [
+        lv for lv in result.get("levels") or [] if lv.get("mean_acceptance_length") is not None
+    ]
     if not levels:
         return None
-    level = min(levels, key=lambda lv: (lv.get("concurrency") != concurrency,
-                                        lv.get("concurrency", 0)))  # fmt: skip
+    level = min(
+        levels, key=lambda lv: (lv.get("concurrency") != concurrency, lv.get("concurrency", 0))
+    )
     rates = [float(r) for r in level.get("per_position_acceptance") or []]
     by_length = level.get("per_position_basis") == BASIS_BY_LENGTH
     return Measured(
@@ -102,10 +112,13 @@ def measured_from_bench(result: dict[str, Any], concurrency: int, label: str) ->
 
 
 def diagnoses(
-    loaded: LoadedProject, cluster: str, outcome: ReplayOutcome,
-    measured_by_drafter: dict[str, Measured | None], calibrations: tuple[Any, ...],
+    loaded: LoadedProject,
+    cluster: str,
+    outcome: ReplayOutcome,
+    measured_by_drafter: dict[str, Measured | None],
+    calibrations: tuple[Any, ...],
     prompt_set: str | None,
-) -> list[Diagnosis]:  # fmt: skip
+) -> list[Diagnosis]:
     project = loaded.project
     costs, _, level = serve_cost_model(loaded, cluster, calibrations)
     model = project.model_for(cluster)
@@ -114,15 +127,27 @@ def diagnoses(
         drafter = project.eagle_drafter(name)
         held_figures, per_position = _held_out(drafter, replay)
         trained = replay.get("trained_for") or {}
-        trained_for = "@".join(filter(None, (trained.get("trained_for"),
-                                             trained.get("trained_for_revision"))))  # fmt: skip
-        out.append(diagnose(DoctorInputs(
-            drafter=name, cluster=cluster, k=drafter.num_speculative_tokens, replay=replay,
-            held_out=held_figures, held_out_per_position=per_position, costs=costs,
-            concurrency=level, measured=measured_by_drafter.get(name),
-            served_model=f"{model.repo}@{model.revision}", trained_for=trained_for,
-            prompt_set=prompt_set,
-        )))  # fmt: skip
+        trained_for = "@".join(
+            filter(None, (trained.get("trained_for"), trained.get("trained_for_revision")))
+        )
+        out.append(
+            diagnose(
+                DoctorInputs(
+                    drafter=name,
+                    cluster=cluster,
+                    k=drafter.num_speculative_tokens,
+                    replay=replay,
+                    held_out=held_figures,
+                    held_out_per_position=per_position,
+                    costs=costs,
+                    concurrency=level,
+                    measured=measured_by_drafter.get(name),
+                    served_model=f"{model.repo}@{model.revision}",
+                    trained_for=trained_for,
+                    prompt_set=prompt_set,
+                )
+            )
+        )
     return out
 
 

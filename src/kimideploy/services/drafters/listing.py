@@ -52,10 +52,16 @@ def _method_row(d: ModelFreeMethod) -> dict[str, Any]:
     return {
         "source": f"model-free ({settings})",
         "tokens": d.num_speculative_tokens,
-        "layer_ids": None, "convention": None, "vllm_ids": None, "draft_vocab": None,
-        "trained_for": None, "variant": None, "prior_length": None, "held_out_length": None,
+        "layer_ids": None,
+        "convention": None,
+        "vllm_ids": None,
+        "draft_vocab": None,
+        "trained_for": None,
+        "variant": None,
+        "prior_length": None,
+        "held_out_length": None,
         "measured_length": _measured(d.acceptance, d.num_speculative_tokens),
-    }  # fmt: skip
+    }
 
 
 def _prior(drafter: Drafter) -> str | None:

@@ -32,9 +32,15 @@ class Published:
 
 
 def publish_drafter(
-    session: ClusterSession, loaded: LoadedProject, name: str, cluster: str | None,
-    to: str | None, reporter: Reporter, poll_s: float = 2.0, overrides: tuple[str, ...] = (),
-) -> Published:  # fmt: skip
+    session: ClusterSession,
+    loaded: LoadedProject,
+    name: str,
+    cluster: str | None,
+    to: str | None,
+    reporter: Reporter,
+    poll_s: float = 2.0,
+    overrides: tuple[str, ...] = (),
+) -> Published:
     request = PlanRequest("publish", cluster, name, overrides, publish_to=to)
     result = batch_runs.publish_result(session, loaded, request, reporter, poll_s)
     return pin_published(loaded.path, name, result)

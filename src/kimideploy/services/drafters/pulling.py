@@ -36,9 +36,13 @@ def published_drafters(project: Project) -> tuple[str, ...]:
 
 
 def pull_drafters(
-    session: ClusterSession, loaded: LoadedProject, names: tuple[str, ...], cluster: str | None,
-    reporter: Reporter, poll_s: float = 2.0,
-) -> list[PulledDrafter]:  # fmt: skip
+    session: ClusterSession,
+    loaded: LoadedProject,
+    names: tuple[str, ...],
+    cluster: str | None,
+    reporter: Reporter,
+    poll_s: float = 2.0,
+) -> list[PulledDrafter]:
     """Run the pull Job to its end; each drafter's reference and where it now is."""
     request = PlanRequest("pull", cluster, names[0], pull_drafters=names)
     started = batch_runs.start_run(session, loaded, request, reporter)
@@ -49,5 +53,7 @@ def pull_drafters(
             f"the pull Job {started.job} ended without reporting what it pulled",
             hint=f"`kimideploy logs {started.run_id}` shows what the pod did",
         )
-    return [PulledDrafter(str(p["name"]), str(p["reference"]), str(p["dest"]), str(p["state"]))
-            for p in result["pulled"]]  # fmt: skip
+    return [
+        PulledDrafter(str(p["name"]), str(p["reference"]), str(p["dest"]), str(p["state"]))
+        for p in result["pulled"]
+    ]

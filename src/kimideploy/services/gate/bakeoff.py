@@ -4,17 +4,20 @@ baseline's, judged by the gate's own rule, and the method to serve at each concu
 A candidate is recommended at a concurrency when it passes the gate there on every prompt set
 (at least `min_speedup` over no drafter on each) and has the best geometric-mean speedup over
 the prompt sets among those that pass; where none passes, serving without speculation is the
-recommendation. k stays each candidate's own: a k schedule per batch size is `k_schedule: auto`
-on the chosen drafter (plan/k_schedule.py), decided from calibration, not from this table.
+recommendation. Each EAGLE-3 candidate's per-position acceptance, as the table measured it,
+also gives its k per batch size against the cluster's calibrated step cost: the schedule
+`k_schedule: auto` would serve (plan/k_schedule.py), shown where it varies.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.plan.calibration import CostModel
+from kimideploy.plan.k_schedule import choose_schedule
 from kimideploy.services.gate.verdict import GateMeasurementError, check_measured, judge
 
 
@@ -40,12 +43,15 @@ class Bakeoff:
     """concurrency -> the candidate to serve there (`none` where nothing pays everywhere)."""
     unmeasured: dict[str, str]
     """candidate -> why it could not be judged (its bench lacked a level or vLLM's counters)."""
+    k_schedules: dict[str, str] = field(default_factory=dict)
+    """EAGLE-3 candidate -> its k by batch size from the measured acceptance, or why not."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "rows": [vars(r) for r in self.rows],
             "recommended": {str(c): m for c, m in sorted(self.recommended.items())},
             "unmeasured": dict(self.unmeasured),
+            "k_schedules": dict(self.k_schedules),
         }
 
 
@@ -107,6 +113,29 @@ def _recommend(rows: list[BakeoffRow], needed: list[tuple[str, int]]) -> dict[in
                 score[candidate] = math.exp(sum(math.log(r.speedup) for r in mine) / len(mine))
         chosen[concurrency] = max(score, key=lambda c: (score[c], c)) if score else NO_DRAFTER
     return chosen
+
+
+def with_k_schedules(
+    result: Bakeoff, ks: dict[str, int], costs: CostModel, max_num_seqs: int, vllm: str | None
+) -> Bakeoff:
+    """`ks`: the EAGLE-3 candidates and the k each served at. Its acceptance per position is the
+    mean over the table's prompt sets and concurrencies (a property of the drafter and the
+    traffic, not of the batch); the schedule is the one `k_schedule: auto` would serve."""
+    schedules: dict[str, str] = {}
+    for name, k in ks.items():
+        measured = [
+            r.per_position_acceptance
+            for r in result.rows
+            if r.candidate == name and r.per_position_acceptance
+        ]
+        if not measured:
+            schedules[name] = "no per-position acceptance counted; k stays as served"
+            continue
+        depth = min(k, *(len(m) for m in measured))
+        acceptance = [sum(m[i] for m in measured) / len(measured) for i in range(depth)]
+        schedule = choose_schedule("auto", costs, acceptance, depth, max_num_seqs, vllm)
+        schedules[name] = schedule.describe()
+    return replace(result, k_schedules=schedules)
 
 
 def table_rows(result: Bakeoff) -> list[dict[str, Any]]:

@@ -23,7 +23,8 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
-from kimideploy.services.gate.bakeoff import Bakeoff, bakeoff
+from kimideploy.plan.resolve import serve_cost_model
+from kimideploy.services.gate.bakeoff import Bakeoff, bakeoff, with_k_schedules
 from kimideploy.services.gate.gating import (
     GateOptions,
     GateRun,
@@ -80,10 +81,14 @@ def plan_bakeoff(
             hint="e.g. --drafters none,ngram,suffix,k25",
         )
     rendered = {
-        name: render_workload(loaded, PlanRequest("serve", cluster, name, overrides,
-                                                  namespace=session.namespace, image=image))
+        name: render_workload(
+            loaded,
+            PlanRequest(
+                "serve", cluster, name, overrides, namespace=session.namespace, image=image
+            ),
+        )
         for name in names
-    }  # fmt: skip
+    }
     gate = gate_terms(
         session,
         loaded,
@@ -92,8 +97,9 @@ def plan_bakeoff(
     )
     first = rendered[NO_DRAFTER].plan
     profile = loaded.project.clusters[first.cluster]
-    return BakeoffPlan(first.cluster, first.release, rendered, gate,
-                       profile.workloads.serve.startup_budget_s)  # fmt: skip
+    return BakeoffPlan(
+        first.cluster, first.release, rendered, gate, profile.workloads.serve.startup_budget_s
+    )
 
 
 def measured_before(session: ClusterSession, plan: BakeoffPlan) -> dict[str, StoredBench]:
@@ -159,19 +165,40 @@ def run_bakeoff(
             if found
             else "`kimideploy down serve` removes the bake-off revision"
         )
-        reporter.info(f"interrupted: measured {sorted(results) or 'none'} (stored); {back}; "
-                      "the same `run bench --drafters` resumes")  # fmt: skip
+        reporter.info(
+            f"interrupted: measured {sorted(results) or 'none'} (stored); {back}; "
+            "the same `run bench --drafters` resumes"
+        )
         raise
     except (KimiDeployError, GateMeasurementError) as exc:
         message = exc.message if isinstance(exc, KimiDeployError) else str(exc)
-        restored = restore_serving(session, plan.release, found, latest, unattended, reporter,
-                                   "the bake-off")  # fmt: skip
+        restored = restore_serving(
+            session, plan.release, found, latest, unattended, reporter, "the bake-off"
+        )
         raise RolloutError(
             f"bake-off stopped: {message}; {restored}",
             hint="run the same `kimideploy run bench --drafters` again: measured candidates "
             f"({', '.join(sorted(results)) or 'none'}) are not loaded again",
         ) from exc
-    reporter.info(restore_serving(session, plan.release, found, latest, unattended, reporter,
-                                  "the bake-off"))  # fmt: skip
+    reporter.info(
+        restore_serving(session, plan.release, found, latest, unattended, reporter, "the bake-off")
+    )
     ordered = {name: results[name] for name in plan.candidates}
-    return bakeoff(ordered, plan.gate.needed, plan.gate.settings.min_speedup)
+    judged = bakeoff(ordered, plan.gate.needed, plan.gate.settings.min_speedup)
+    return _k_schedules(session, loaded, plan, judged)
+
+
+def _k_schedules(
+    session: ClusterSession, loaded: LoadedProject, plan: BakeoffPlan, judged: Bakeoff
+) -> Bakeoff:
+    """Each EAGLE-3 candidate's k by batch size from what the table measured, against the
+    cluster's stored calibration (without one, the schedule says to calibrate)."""
+    eagle = loaded.project.eagle_drafters
+    ks = {name: eagle[name].num_speculative_tokens for name in plan.candidates if name in eagle}
+    if not ks:
+        return judged
+    costs, _, _ = serve_cost_model(loaded, plan.cluster, session.calibrations_of(plan.cluster))
+    serve = plan.candidates[NO_DRAFTER].plan.spec
+    max_num_seqs = loaded.project.clusters[plan.cluster].workloads.serve.max_num_seqs
+    vllm = getattr(serve, "vllm_version", None)
+    return with_k_schedules(judged, ks, costs, max_num_seqs, vllm)

@@ -25,7 +25,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.gate import GateSettings
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import BenchSpec
-from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
 from kimideploy.plan.inputs import DATASETS_MOUNT, gate_levels
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
@@ -166,7 +166,9 @@ def up_gated(
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
     if verdict.decision == KEEP:
         return outcome, verdict
-    judged = {"release": gate.release, "revision": outcome.revision, "verdict": verdict.details()}
+    judged = OutcomeFacts(
+        release=gate.release, revision=outcome.revision, verdict=verdict.details()
+    )
     back = _roll_back(run, outcome.revision, verdict, judged)
     raise GateRejectedError(
         f"drafter {drafter} was rolled back by the gate: {verdict.reason}",
@@ -244,9 +246,14 @@ def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredB
     """Run the bench workload against the serving revision and keep its result in the cluster."""
     session, gate, reporter = run.session, run.gate, run.reporter
     bench_request = PlanRequest(
-        "bench", gate.cluster, request.drafter, request.overrides, namespace=session.namespace,
-        synthetic=request.synthetic, bench_concurrency=gate.bench_concurrency,
-    )  # fmt: skip
+        "bench",
+        gate.cluster,
+        request.drafter,
+        request.overrides,
+        namespace=session.namespace,
+        synthetic=request.synthetic,
+        bench_concurrency=gate.bench_concurrency,
+    )
     started = batch_runs.start_run(session, run.loaded, bench_request, reporter)
     try:
         snapshot = batch_runs.follow_run(
@@ -437,7 +444,7 @@ def _record_verdict(session: ClusterSession, release: str, revision: int, verdic
 
 
 def _roll_back(
-    run: GateRun, revision: int, verdict: Verdict, judged: dict[str, Any]
+    run: GateRun, revision: int, verdict: Verdict, judged: OutcomeFacts
 ) -> deploy.Outcome:
     try:
         target = deploy.RollbackTo(

@@ -42,8 +42,11 @@ def bench_fingerprint(
 ) -> str:
     """What makes two bench runs comparable; prompt files are named only when used, so stored
     runs of the built-in sets keep their fingerprint."""
-    fields: dict[str, object] = {"prompt_sets": prompt_sets, "num_prompts": num_prompts,
-                                 "max": max_tokens}  # fmt: skip
+    fields: dict[str, object] = {
+        "prompt_sets": prompt_sets,
+        "num_prompts": num_prompts,
+        "max": max_tokens,
+    }
     used = {n: p for n, p in (prompt_files or {}).items() if n in prompt_sets}
     if used:
         fields["prompt_files"] = used

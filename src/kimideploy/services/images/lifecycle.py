@@ -102,8 +102,10 @@ def _serve_cases_for(
         except MethodNotServedError:
             continue  # a method this image cannot serve is refused by the plan, before any load
         deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
-        args = [a.replace(target_model_path(project.model_for(cluster_name)), str(target))
-                for a in deployment["args"]]  # fmt: skip
+        args = [
+            a.replace(target_model_path(project.model_for(cluster_name)), str(target))
+            for a in deployment["args"]
+        ]
         case: dict[str, Any] = {"name": f"{cluster_name} --drafter {drafter}{label}"}
         record = project.eagle_drafters.get(drafter)
         if record is not None:
@@ -135,14 +137,22 @@ def calibration_cases(
         record = project.eagle_drafter(drafter)
         for k in CALIBRATION_KS:
             synthetic = SyntheticAcceptance(k, lengths_for(k, DEFAULT_LENGTHS))
-            plan = resolve(loaded, PlanRequest("serve", cluster_name, drafter, image=name,
-                                               synthetic=synthetic))  # fmt: skip
+            plan = resolve(
+                loaded, PlanRequest("serve", cluster_name, drafter, image=name, synthetic=synthetic)
+            )
             deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
-            args = [a.replace(target_model_path(project.model_for(cluster_name)), str(target))
-                    .replace(drafter_path(drafter, record), str(drafters / drafter))
-                    for a in deployment["args"]]  # fmt: skip
-            cases.append({"name": f"{cluster_name} calibration k={k} (synthetic acceptance)",
-                          "argv": ["--model", str(target), *args]})  # fmt: skip
+            args = [
+                a.replace(target_model_path(project.model_for(cluster_name)), str(target)).replace(
+                    drafter_path(drafter, record), str(drafters / drafter)
+                )
+                for a in deployment["args"]
+            ]
+            cases.append(
+                {
+                    "name": f"{cluster_name} calibration k={k} (synthetic acceptance)",
+                    "argv": ["--model", str(target), *args],
+                }
+            )
     return cases
 
 
@@ -159,9 +169,13 @@ def extraction_cases(
         record = project.eagle_drafter(cluster.workloads.train.drafter)
         ids = to_vllm_layer_ids(record.aux_layer_ids, record.layer_id_convention)
         flags = extraction_engine.serve_flags(ids, project.model.num_hidden_layers, str(storage))
-        cases.append({"name": f"{cluster_name} extraction at vLLM layers "
-                      f"{extraction_engine.aux_layer_ids(ids, project.model.num_hidden_layers)}",
-                      "argv": ["--model", str(target), "--trust-remote-code", *flags]})  # fmt: skip
+        cases.append(
+            {
+                "name": f"{cluster_name} extraction at vLLM layers "
+                f"{extraction_engine.aux_layer_ids(ids, project.model.num_hidden_layers)}",
+                "argv": ["--model", str(target), "--trust-remote-code", *flags],
+            }
+        )
     return cases
 
 

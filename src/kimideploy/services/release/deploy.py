@@ -19,7 +19,7 @@ from kimideploy.cluster.rollout import RolloutState
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
-from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.services.preflight import require_prerequisites
 from kimideploy.services.release import lifecycle
@@ -130,9 +130,12 @@ def plan_up(
 
 
 def apply_up(
-    session: ClusterSession, loaded: LoadedProject, rendered: Rendered, options: ApplyOptions,
+    session: ClusterSession,
+    loaded: LoadedProject,
+    rendered: Rendered,
+    options: ApplyOptions,
     reporter: Reporter,
-) -> Outcome:  # fmt: skip
+) -> Outcome:
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     if not session.namespace_exists():
@@ -219,10 +222,12 @@ class _Transaction:
             session.trim_history(revision.release, change.keep_history)
             how = "applied (not waited for)" if state is None else "ready"
             message = f"revision {number} of {revision.release} is {how}"
-            return Outcome(number, RevisionStatus.DEPLOYED, message, revision.release,
-                           state is not None)  # fmt: skip
-        lifecycle.change_status(record, RevisionStatus.FAILED,
-                                {"failure": state.failure, "reason": state.message})  # fmt: skip
+            return Outcome(
+                number, RevisionStatus.DEPLOYED, message, revision.release, state is not None
+            )
+        lifecycle.change_status(
+            record, RevisionStatus.FAILED, {"failure": state.failure, "reason": state.message}
+        )
         session.record(record, new=False)
         failed_init = re.search(r"init container (\S+)", state.message)
         container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
@@ -230,7 +235,7 @@ class _Transaction:
         failure = f"revision {number} failed: {state.message}"
         if log_tail.strip():
             failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
-        failed = {"status": "failed", "release": revision.release, "revision": number}
+        failed = OutcomeFacts(status="failed", release=revision.release, revision=number)
         if not change.auto_rollback or self.action == "auto-rollback":
             raise RolloutError(
                 failure,
@@ -428,9 +433,11 @@ def startup_budget_s(deployment: dict[str, Any]) -> float:
 
 
 def _mark_serving(
-    session: ClusterSession, history: list[ReleaseRecord], record: ReleaseRecord,
+    session: ClusterSession,
+    history: list[ReleaseRecord],
+    record: ReleaseRecord,
     replaced_as: RevisionStatus,
-) -> None:  # fmt: skip
+) -> None:
     for previous in lifecycle.deployed(history):  # one, unless a record was changed by hand
         lifecycle.change_status(previous, replaced_as)
         session.record(previous, new=False)
@@ -476,8 +483,11 @@ def rollback(
     """Roll the release back to `target`. The history is read under the lock, so the revision is
     chosen from what is true when the rollback applies."""
     to, no_spec, note, expect_serving = (
-        target.to, target.no_spec, target.note, target.expect_serving
-    )  # fmt: skip
+        target.to,
+        target.no_spec,
+        target.note,
+        target.expect_serving,
+    )
     with session.lock(release, "rollback") as lock:
         history = session.history(release)
         if not history:

@@ -73,9 +73,11 @@ def status_of(record: Revisioned) -> RevisionStatus:
 
 
 def change_status(
-    record: Revisioned, to: RevisionStatus, details: dict[str, Any] | None = None,
+    record: Revisioned,
+    to: RevisionStatus,
+    details: dict[str, Any] | None = None,
     note: str | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """The one way a revision's status changes (the caller stores the record afterwards)."""
     now = status_of(record)
     if to not in TRANSITIONS[now]:
@@ -138,9 +140,10 @@ def rollback_target(history: list[Any], to: int | None) -> Any:
         return found
     now = serving(history)
     candidates = [
-        r for r in history
+        r
+        for r in history
         if status_of(r) in RETURNABLE and (now is None or r.revision < now.revision)
-    ]  # fmt: skip
+    ]
     if not candidates:
         raise UsageError(
             "no earlier good revision to roll back to", hint="`kimideploy history serve`"

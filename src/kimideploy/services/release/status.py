@@ -85,8 +85,12 @@ def status_report(
             }
         )
     notice = rental.cluster_notice(session, project, cluster)
-    return {"serving": serving, "runs": runs, "rental": notice.to_dict() if notice else None,
-            "rental_lines": _rental_lines(notice)}  # fmt: skip
+    return {
+        "serving": serving,
+        "runs": runs,
+        "rental": notice.to_dict() if notice else None,
+        "rental_lines": _rental_lines(notice),
+    }
 
 
 def _rental_lines(notice: rental.RentalNotice | None) -> list[str]:

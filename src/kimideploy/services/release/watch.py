@@ -54,8 +54,13 @@ def serving_facts(
     even = break_even_rate(k, project.project.clusters[record.cluster].step_cost_per_token)
     source = "default constant step_cost_per_token"
     with contextlib.suppress(KimiDeployError, KeyError, ValueError):
-        request = PlanRequest("serve", record.cluster, record.drafter, tuple(record.overrides),
-                              calibrations=calibrations)  # fmt: skip
+        request = PlanRequest(
+            "serve",
+            record.cluster,
+            record.drafter,
+            tuple(record.overrides),
+            calibrations=calibrations,
+        )
         plan = resolve(project, request).break_even
         lowest = min(plan["rate"], key=int)
         even, source = plan["rate"][lowest], f"{plan['source']} (c={lowest})"

@@ -49,8 +49,9 @@ def start_run(
     for key, value in rendered.plan.facts:
         if key in ("datasets", "acceptance needed"):
             reporter.info(f"{key}: {value}")
-    rental.report(rental.cluster_notice(session, loaded.project, rendered.plan.cluster),
-                  reporter.info)  # fmt: skip
+    rental.report(
+        rental.cluster_notice(session, loaded.project, rendered.plan.cluster), reporter.info
+    )
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)
     # The same policy as `up`: a missing namespace is created when the user may (after the render
     # validated, so a bad config creates nothing), otherwise the refusal says who can.
@@ -116,9 +117,12 @@ def follow_run(
 
 
 def publish_result(
-    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, reporter: Reporter,
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    reporter: Reporter,
     poll_s: float,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Run a publish Job to the end; its pod's result (digest, files' sha256, lineage or
     dataset fingerprint). Nothing is pinned here: the caller writes the config only after this."""
     started = start_run(session, loaded, request, reporter)

@@ -46,8 +46,11 @@ class RentalNotice:
         else:
             when = f"ends in {_span(self.hours_left)} ({self.ends:%Y-%m-%d %H:%M} UTC)"
         count = len(self.unpublished)
-        tail = (f"; {count} thing(s) on its volumes are not published" if count
-                else "; everything it made is published")  # fmt: skip
+        tail = (
+            f"; {count} thing(s) on its volumes are not published"
+            if count
+            else "; everything it made is published"
+        )
         return f"cluster {self.cluster} is rented: its volumes go with it, the rental {when}{tail}"
 
     def lines(self) -> list[str]:
@@ -81,18 +84,24 @@ def rental_notice(
     found: list[Unpublished] = []
     drafter = project.eagle_drafters.get(train.drafter)
     if drafter is not None and drafter.source.oci is None and drafter.source.path is not None:
-        found.append(Unpublished(
-            f"drafter {train.drafter} (models volume, {drafter.source.path})",
-            f"kimideploy drafter publish {train.drafter} --from {cluster}",
-            _evidence(made, "train", train.drafter)))  # fmt: skip
+        found.append(
+            Unpublished(
+                f"drafter {train.drafter} (models volume, {drafter.source.path})",
+                f"kimideploy drafter publish {train.drafter} --from {cluster}",
+                _evidence(made, "train", train.drafter),
+            )
+        )
     if train.conversations is None:
         made_id = conversations_id(project, cluster)
         published = {d.fingerprint for d in project.datasets.values()}
         if made_id not in published:
-            found.append(Unpublished(
-                f"conversations {made_id} of pipeline {train.drafter} (datasets volume)",
-                f"kimideploy data publish NAME --from {cluster}",
-                _evidence(made, "datagen", train.drafter)))  # fmt: skip
+            found.append(
+                Unpublished(
+                    f"conversations {made_id} of pipeline {train.drafter} (datasets volume)",
+                    f"kimideploy data publish NAME --from {cluster}",
+                    _evidence(made, "datagen", train.drafter),
+                )
+            )
     return RentalNotice(cluster, rental.ends, hours_left, hours_left <= rental.warn_hours, found)
 
 
@@ -101,8 +110,10 @@ def _made_by_runs(runs: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
     made: dict[tuple[str, str], str] = {}
     for job in runs:
         labels = job.get("metadata", {}).get("labels", {})
-        succeeded = any(c.get("type") == "Complete" and c.get("status") == "True"
-                        for c in job.get("status", {}).get("conditions", []))  # fmt: skip
+        succeeded = any(
+            c.get("type") == "Complete" and c.get("status") == "True"
+            for c in job.get("status", {}).get("conditions", [])
+        )
         key = (labels.get(COMPONENT_LABEL, ""), labels.get(DRAFTER_LABEL, ""))
         if succeeded and key not in made:
             made[key] = labels.get(RUN_ID_LABEL, "?")
