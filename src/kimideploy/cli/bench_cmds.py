@@ -63,7 +63,7 @@ def report(
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    profile = loaded.project.clusters[loaded.project.cluster_name(cluster)]
+    profile = loaded.project.clusters[session.cluster]
     target = output or Path(f"bench-{run_id}.png")
     lines = write_report(
         session, loaded.project.release_name("serve"), run_id, target, profile.gate.min_speedup

@@ -47,7 +47,7 @@ def run_calibrate(
     loaded = state.project("run calibrate deploys serve revisions on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    plan = plan_calibration(session, loaded, cluster, drafter, overrides, options)
+    plan = plan_calibration(session, loaded, session.cluster, drafter, overrides, options)
     result = calibrate(session, loaded, plan, options, apply, reporter)
     calibrations.stored(session, loaded, result.cluster)  # refresh the local copy
     if quiet:
@@ -96,7 +96,7 @@ def show(
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    name = loaded.project.cluster_name(cluster)
+    name = session.cluster
     stored = session.calibrations(name)
     calibrations.stored(session, loaded, name)
     measured = [(cid, c) for cid, c in stored if c.points]

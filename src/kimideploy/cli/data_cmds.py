@@ -93,7 +93,9 @@ def publish(
 
     loaded = state.project(f"data publish {name} runs a Job and edits kimideploy.yaml")
     session = open_session(loaded, cluster, context, namespace)
-    done = publish_dataset(session, loaded, name, cluster, to, TerminalReporter(), poll, overrides)
+    done = publish_dataset(
+        session, loaded, name, session.cluster, to, TerminalReporter(), poll, overrides
+    )
     click.echo(done.reference)
     what = "added to" if done.created else "updated in"
     click.echo(

@@ -171,7 +171,7 @@ def _replay(
             f"(valid: {', '.join(sorted(project.drafters))})"
         )
     session = open_session(loaded, cluster, context, namespace)
-    where = project.cluster_name(cluster)
+    where = session.cluster
     outcome = run_replay(session, loaded, names, where, prompts, TerminalReporter(), poll)
     calibrations = session.calibrations_of(where)
     level = serve_cost_model(loaded, where, calibrations)[2]
@@ -298,7 +298,9 @@ def publish(
 
     loaded = state.project(f"drafter publish {name} runs a Job and edits kimideploy.yaml")
     session = open_session(loaded, cluster, context, namespace)
-    done = publish_drafter(session, loaded, name, cluster, to, TerminalReporter(), poll, overrides)
+    done = publish_drafter(
+        session, loaded, name, session.cluster, to, TerminalReporter(), poll, overrides
+    )
     click.echo(f"{done.reference}")
     lengths = ", ".join(f"k={k} {v}" for k, v in sorted((done.held_out or {}).items()))
     what = "added to" if done.created else "updated in"
@@ -333,7 +335,7 @@ def pull(
 
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    done = pull_drafters(session, loaded, names, cluster, TerminalReporter(), poll)
+    done = pull_drafters(session, loaded, names, session.cluster, TerminalReporter(), poll)
     rows = [
         {"drafter": d.name, "state": d.state, "reference": d.reference, "path": d.dest}
         for d in done

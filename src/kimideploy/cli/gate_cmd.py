@@ -51,7 +51,7 @@ def gate(
     session = open_session(loaded, cluster, context, namespace)
     options = GateOptions(min_speedup, at_concurrency, None, bench_poll_s=poll)
     request = PlanRequest(
-        workload, cluster, drafter or NO_DRAFTER, overrides, gate_levels=at_concurrency
+        workload, session.cluster, drafter or NO_DRAFTER, overrides, gate_levels=at_concurrency
     )
     if request.drafter == NO_DRAFTER:
         stored = measure_serving_baseline(session, loaded, request, options, TerminalReporter())

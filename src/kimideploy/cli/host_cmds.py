@@ -112,5 +112,5 @@ def sync_model(
 
         reporter.info(f"published drafters {', '.join(published)}: pulled by a Job on {cluster}")
         session = open_session(loaded, cluster, context, namespace)
-        for done in pull_drafters(session, loaded, published, cluster, reporter, poll):
+        for done in pull_drafters(session, loaded, published, session.cluster, reporter, poll):
             reporter.info(f"drafter {done.name}: {done.reference} {done.state} at {done.dest}")

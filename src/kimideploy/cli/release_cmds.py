@@ -123,7 +123,7 @@ def status(
 
     session, release = _session(state, cluster, context, namespace), _release(state, "serve")
     project = state.project().project
-    report = status_report(session, release, project, project.cluster_name(cluster))
+    report = status_report(session, release, project, session.cluster)
     _warn_ignored(ignored_records(session, release))
     lines = report.pop("rental_lines")
     if output in MACHINE_FORMATS:

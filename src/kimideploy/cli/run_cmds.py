@@ -237,9 +237,12 @@ def _job(
     loaded = state.project(f"run {workload} creates a Job on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    cluster_name = loaded.project.cluster_name(cluster)
     request = PlanRequest(
-        workload, cluster, drafter, overrides, calibrations=stored(session, loaded, cluster_name)
+        workload,
+        session.cluster,
+        drafter,
+        overrides,
+        calibrations=stored(session, loaded, session.cluster),
     )
     chosen = None
     if baseline is not None:
@@ -341,7 +344,7 @@ def run_bakeoff_command(
     loaded = state.project("run bench --drafters deploys serve revisions on a cluster")
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    plan = plan_bakeoff(session, loaded, cluster, names, overrides, image, levels)
+    plan = plan_bakeoff(session, loaded, session.cluster, names, overrides, image, levels)
     timeout, poll, grace = waits
     apply = deploy.ApplyOptions(
         deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, grace)

@@ -111,16 +111,16 @@ def up(
         gate_fail_open=gate_fail_open,
     )
     loaded = state.project(None if dry_run == "client" else "up changes a cluster")
+    cluster_name = loaded.project.cluster_name(cluster)  # decided once, passed on as the name
     request = PlanRequest(
-        workload, cluster, drafter, overrides, namespace=namespace, gate_levels=at_concurrency
+        workload, cluster_name, drafter, overrides, namespace=namespace, gate_levels=at_concurrency
     )
-    cluster_name = loaded.project.cluster_name(cluster)
     if dry_run == "client":
         _dry_run_client(
             loaded, replace(request, calibrations=calibrations.cached(loaded, cluster_name))
         )
         return
-    session = open_session(loaded, cluster, context, namespace)
+    session = open_session(loaded, cluster_name, context, namespace)
     request = replace(request, calibrations=calibrations.stored(session, loaded, cluster_name))
     if dry_run == "server":
         _dry_run_server(session, loaded, request, force)

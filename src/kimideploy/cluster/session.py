@@ -30,6 +30,9 @@ class ClusterSession:
     """Per release, the stored records the last history read refused (never acted on)."""
     ignored_bench_results: dict[str, list[str]] = field(default_factory=dict)
     """Per release, the stored bench results the last read did not believe, and why."""
+    cluster: str = ""
+    """The cluster profile this session was opened for, decided once per command
+    (services/connection.open_session); empty when opened without one."""
 
     # namespaces -----------------------------------------------------------------------------
     def namespace_exists(self) -> bool:

@@ -9,7 +9,12 @@ from kimideploy.config.loading import LoadedProject
 def open_session(
     loaded: LoadedProject, cluster: str | None, context: str | None, namespace: str | None
 ) -> ClusterSession:
-    """KUBECONFIG's context (the profile's kube_context unless --context) and namespace."""
+    """KUBECONFIG's context (the profile's kube_context unless --context) and namespace, for the
+    cluster the command works on: decided here, once, and carried by the session
+    (`session.cluster`) to everything the command does next."""
     project = loaded.project
-    profile = project.clusters[project.cluster_name(cluster)]
-    return connect(context or profile.kube_context, namespace or profile.namespace)
+    name = project.cluster_name(cluster)
+    profile = project.clusters[name]
+    session = connect(context or profile.kube_context, namespace or profile.namespace)
+    session.cluster = name
+    return session
