@@ -10,7 +10,7 @@ namespace, labelled as the release's, with a pod spec kimideploy could have rend
 namespaces or host paths, no privileged or privilege-escalating containers, no service account
 token). A record that fails is never applied; `history` and `status` show it as ignored, with why.
 
-What a namespace-level Secret writer can still do (documented in the README): write a record that
+What a namespace-level Secret writer can still do (docs/reference/security.md): write a record that
 passes, i.e. a release of the kinds kimideploy renders in that namespace, with an image and
 arguments of their choosing, which an admin's rollback to that revision would deploy there. It
 cannot make the admin write to another namespace, create cluster-scoped objects (RBAC, priority
