@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ import pytest
 from kimideploy.config.loading import LoadedProject, load_project
 from tests.timing import Timing
 
+# What scripts/test exports (see there why), for a pytest started directly.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "kimideploy.yaml"
 
@@ -19,8 +23,6 @@ EXAMPLE = REPO / "kimideploy.yaml"
 def private_calibration_copies(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Commands leave a local copy of the cluster's calibrations; tests keep theirs to themselves
     (and never predict with a copy a real `run calibrate` left in the home cache)."""
-    import os
-
     os.environ["KIMIDEPLOY_CALIBRATION_CACHE"] = str(tmp_path_factory.mktemp("calibrations"))
 
 
@@ -28,8 +30,6 @@ def private_calibration_copies(tmp_path_factory: pytest.TempPathFactory) -> None
 def observability_binaries() -> tuple[Path, Path]:
     """(prometheus, kube-state-metrics), built by scripts/build-prometheus on first use; skipped
     without them unless a CI switch requires the tier that uses them."""
-    import os
-
     from tests import observability
 
     try:
