@@ -1,12 +1,14 @@
 """The pipeline tier's figures: the EAGLE-3 lifecycle with real vLLM 0.32 (CPU build), tiny target.
 
 Run: .venv/bin/python bench/pipeline.py [-- PYTEST ARGS]. Runs tests/pipeline/test_lifecycle.py
-(target training, datagen against `vllm serve`, vLLM extraction, vocab, offline and online
-training, three drafters served and benchmarked) and prints what each stage measured: samples/s,
-extraction tokens/s and bytes per token, training steps/s, vLLM start-up, and the mean
-acceptance length and rate of the trained, untrained and off-by-one drafters at k=3 on held-out
+(the informative target, datagen against `vllm serve`, vLLM extraction, vocab, offline and online
+training, then every drafter its gate test serves: the correct one, one of each known mistake,
+the copy pulled on the second cluster and the model-free methods) and prints what each stage
+measured: samples/s, extraction tokens/s and bytes per token, training steps/s and the held-out
+lengths, vLLM start-up, and the mean acceptance length of every served drafter at k=3 on held-out
 prompts (greedy), with the tier's wall time. CPU figures: for comparing runs of this tier on one
-machine, not for predicting a GPU.
+machine, not for predicting a GPU. bench/acceptance_seeds.py repeats the acceptance comparison
+under other training seeds.
 """
 
 from __future__ import annotations

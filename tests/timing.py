@@ -54,11 +54,14 @@ class Timing:
         steps = build_steps()
         origin = min((s["start"] for s in steps), default=self.started)
         if steps:
-            out.append(f"{'step':48} {'from':>7} {'seconds':>8}  exit")
+            out.append(f"{'step':48} {'from':>7} {'seconds':>8}  exit {'cpu s':>7} {'cores':>5}")
             for s in steps:
                 seconds = s["end"] - s["start"]
+                cpu = s.get("cpu")
+                used = "" if cpu is None else f"{cpu:>7.0f} {cpu / max(seconds, 1e-9):>5.2f}"
                 out.append(
-                    f"{s['step'][:48]:48} {s['start'] - origin:>7.0f} {seconds:>8.0f}  {s['rc']}"
+                    f"{s['step'][:48]:48} {s['start'] - origin:>7.0f} {seconds:>8.0f}  "
+                    f"{s['rc']:<4} {used}".rstrip()
                 )
         if session:
             wall = time.time() - self.started
@@ -70,13 +73,28 @@ class Timing:
             if tier in tiers:
                 out.append(f"  {'tier ' + tier:46} {'':>7} {tiers[tier]:>8.0f}")
         if steps:
-            out.append(
-                f"{'total so far (first step to now)':48} {'':>7} {time.time() - origin:>8.0f}"
-            )
+            wall = time.time() - origin
+            out.append(f"{'total so far (first step to now)':48} {'':>7} {wall:>8.0f}")
+            out.extend(busy_line(steps, wall))
         out.append(f"slowest {SLOWEST} tests (setup + call + teardown):")
         for nodeid, seconds in sorted(self.all_tests().items(), key=lambda kv: -kv[1])[:SLOWEST]:
             out.append(f"  {seconds:>7.1f}  {nodeid}")
         return out
+
+
+def busy_line(steps: list[dict[str, Any]], wall: float) -> list[str]:
+    """How much of the machine the ended steps used: their CPU seconds over what the cores
+    offered in the run's wall time (idle cores are room to run more at once; a full machine
+    means only less work makes the run shorter)."""
+    used = [s["cpu"] for s in steps if s.get("cpu") is not None]
+    cores = os.cpu_count() or 1
+    if not used or wall <= 0:
+        return []
+    share = sum(used) / (cores * wall)
+    return [
+        f"cpu used by the steps: {sum(used):.0f} s of {cores * wall:.0f} s on {cores} cores "
+        f"({share:.0%})"
+    ]
 
 
 def records() -> list[dict[str, Any]]:

@@ -255,10 +255,18 @@ def share_data(volumes: Volumes, project: LoadedProject, drafter: str, *workload
                 link.symlink_to(source, target_is_directory=True)
 
 
+TRAIN_SEED_VARIABLE = "KIMIDEPLOY_PIPELINE_TRAIN_SEED"
+"""When set, every drafter the tier trains uses this `train.seed` (the tier's own is the config's,
+0): bench/acceptance_seeds.py runs the acceptance test under several seeds with it."""
+
+
 def train(cpu_python: Path, project: LoadedProject, volumes: Volumes, *overrides: str,
           target_path: Path | None = None, **urls: str) -> dict[str, Any]:  # fmt: skip
     """The train Job's pod, as rendered; `target_path` points it at another checkpoint or
     tokenizer (the mistakes the tier reproduces)."""
+    seed = os.environ.get(TRAIN_SEED_VARIABLE)
+    if seed is not None:
+        overrides = (*overrides, f"train.seed={seed}")
     rendered = pods.rendered(project, "train", overrides=overrides)
     spec = volumes.spec(rendered, **urls)
     if target_path is not None:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,15 +116,39 @@ def vllm_wheel(version: str) -> Path:
     return cached_wheel("vllm", version)
 
 
+def built_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """`target`, made by `build` (given an empty folder) the first time it is asked for. Made in
+    a temporary sibling and renamed in whole: test sessions run at once, and one must never read
+    half a tree another is still writing, nor remove one another is reading. `marker`, a path
+    inside, says a tree is complete (one without it was left by an interrupted older build)."""
+    if (target / marker).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    partial.chmod(0o755)  # as a plain mkdir would: pods run as other users read it
+    try:
+        build(partial)
+        try:
+            partial.rename(target)
+        except OSError:
+            if not (target / marker).exists():  # not another's complete tree: a stale one
+                shutil.rmtree(target, ignore_errors=True)
+                partial.rename(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
 def vllm_sources(version: str) -> Path:
     """The Python sources of the pinned wheel (what the image patches), extracted once."""
-    target = cache_root() / "vllm-src" / version
-    if not (target / "vllm" / "__init__.py").is_file():
+
+    def extract(into: Path) -> None:
         with zipfile.ZipFile(vllm_wheel(version)) as wheel:
             for member in wheel.namelist():
                 if member.startswith("vllm/") and member.endswith(".py"):
-                    wheel.extract(member, target)
-    return target
+                    wheel.extract(member, into)
+
+    return built_once(cache_root() / "vllm-src" / version, "vllm/__init__.py", extract)
 
 
 def apply_patches(image: Image, tree: Path, dry_run: bool) -> list[CheckResult]:
@@ -161,16 +186,14 @@ def patched_overlay(image: Image, python: Path | None = None) -> Path:
     venv = python.parent.parent if python is not None else vllm_venv(image.vllm)
     site = next(venv.glob("lib/python3*/site-packages"))
     key = f"{venv.name}-{patchset_sha256(image)[:12]}"
-    overlay = cache_root() / "verify" / f"overlay-{key}"
-    if not (overlay / "vllm" / "__init__.py").is_file():
-        shutil.rmtree(overlay, ignore_errors=True)
-        overlay.mkdir(parents=True)
-        subprocess.run(["cp", "-al", str(site / "vllm"), str(overlay / "vllm")], check=True)
-        failed = [s for s in apply_patches(image, overlay, dry_run=False) if not s.ok]
+
+    def patch(into: Path) -> None:
+        subprocess.run(["cp", "-al", str(site / "vllm"), str(into / "vllm")], check=True)
+        failed = [s for s in apply_patches(image, into, dry_run=False) if not s.ok]
         if failed:
-            shutil.rmtree(overlay, ignore_errors=True)
             raise RuntimeError(failed[0].detail)
-    return overlay
+
+    return built_once(cache_root() / "verify" / f"overlay-{key}", "vllm/__init__.py", patch)
 
 
 def vllm_venv(version: str) -> Path:
