@@ -3,9 +3,9 @@
 build for a DeepSeek-V3-shaped MLA target, with the `--speculative-config` kimideploy renders for
 the example's `k25-mla` drafter and the 0.32 image's baked-in patch 0001 (vllm#45764) applied.
 
-The CPU build runs MLA with its reference backend (CPU_MLA), whose decode kernel only exists for
-DeepSeek's latent size (kv_lora_rank 512 + rope 64 = 576), so both models use those shapes with a
-small hidden size; weights are vLLM's dummy initialisation, so nothing is accepted: what is proven
+The CPU build runs MLA with its reference backend (CPU_MLA, named explicitly: see the test), whose
+decode kernel only exists for DeepSeek's latent size (kv_lora_rank 512 + rope 64 = 576), so both
+models use those shapes with a small hidden size; weights are vLLM's dummy initialisation, so nothing is accepted: what is proven
 is that the drafter loads with the target's MLA attention and drafts on every step, as vLLM counts
 it. (That the patch makes vLLM set the drafter's attention up as MLA is proven on the engine
 configuration in tests/images: test_without_patch_0001_vllm_032_runs_the_mla_drafter_as_ordinary_
@@ -75,8 +75,14 @@ def test_an_mla_drafter_serves_and_drafts_on_vllms_cpu_build(
     speculative = rendered_speculative_config(example, tmp_path, drafter)
     k = int(speculative["num_speculative_tokens"])
     overlay = verify.patched_overlay(example.project.images["vllm-0.32-kimi"], cpu_python)
+    # The reference backend by name, for the target and (its own setting) the drafter: on a CPU
+    # with AMX tiles (Sapphire Rapids and later) vLLM otherwise picks AMX_MLA, whose weight
+    # packing takes bfloat16 only ("expect weight to be bfloat16, float16, int8, ...") while
+    # these models load in float32 (CPU_ONLY_FLAGS).
+    speculative["attention_backend"] = "CPU_MLA"
     args = ["--load-format", "dummy", "--speculative-config", json.dumps(speculative),
             "--max-model-len", "512", "--max-num-seqs", "2", *pods.CPU_ONLY_FLAGS,
+            "--attention-backend", "CPU_MLA",
             "--host", "127.0.0.1", "--port", str(pods.free_port())]  # fmt: skip
     path = f"{overlay}:{REPO / 'src'}:{pods.SHIM}:{REPO}"
     server = pods.start_vllm(cpu_python, str(target), args, tmp_path / "serve.log",
