@@ -11,13 +11,15 @@ for the correct drafter and for each mistake (k=3, greedy, held-out code prompts
 4), the gap to the correct drafter, and the held-out length training predicted for the correct
 one; then the smallest gap of each mistake over the seeds next to the margin the test asserts.
 About 15 minutes a seed on two cores, alone. The test's verdict per seed is printed too: a seed
-whose run failed shows which assertion.
+whose run failed shows which assertion, and its directory (pytest's report, every server's log)
+is kept and named.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,24 +43,29 @@ PREDICTED = "good: held-out mean acceptance length (k=1,2,3)"
 
 def run_seed(seed: int) -> dict[str, object]:
     """One run of the acceptance test under `seed`: the figures it collected and its verdict."""
-    with tempfile.TemporaryDirectory(prefix=f"acceptance-seed{seed}-") as tmp:
-        figures = Path(tmp) / "figures.json"
-        env = {
-            **os.environ,
-            TRAIN_SEED_VARIABLE: str(seed),
-            "KIMIDEPLOY_PIPELINE_FIGURES": str(figures),
-        }
-        started = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             f"--basetemp={tmp}/pytest", TEST],
-            cwd=ROOT, env=env, capture_output=True, text=True,
-        )  # fmt: skip
-        measured = json.loads(figures.read_text()) if figures.is_file() else {}
+    tmp = Path(tempfile.mkdtemp(prefix=f"acceptance-seed{seed}-"))
+    figures = tmp / "figures.json"
+    env = {
+        **os.environ,
+        TRAIN_SEED_VARIABLE: str(seed),
+        "KIMIDEPLOY_PIPELINE_FIGURES": str(figures),
+    }
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"--basetemp={tmp}/pytest", TEST],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    measured = json.loads(figures.read_text()) if figures.is_file() else {}
     failure = ""
     if done.returncode != 0:
+        # Kept whole for the diagnosis: pytest's report and every server's log under pytest/.
+        (tmp / "pytest.log").write_text(done.stdout + done.stderr)
         lines = [line for line in done.stdout.splitlines() if line.startswith("E ")]
         failure = " | ".join(lines[:3]) or done.stdout[-300:]
+        failure += f" | kept: {tmp}"
+    else:
+        shutil.rmtree(tmp)
     return {
         "counted": {
             name: measured.get(COUNTED.format(name)) for name in ("good", *SERVED_MISTAKES)

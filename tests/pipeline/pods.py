@@ -11,11 +11,14 @@ function so no test edits arguments by hand:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -185,8 +188,18 @@ class PodMounts:
 
 
 def pod_mounts(rendered: Rendered, roots: dict[str, Path | str], pod_dir: Path) -> PodMounts:
-    """The read-write mounts of the rendered pod (every container's), mapped to local folders."""
-    home, tmp = pod_dir / "home", pod_dir / "tmp"
+    """The read-write mounts of the rendered pod (every container's), mapped to local folders.
+
+    Its /tmp is a short folder of the system's temporary directory, as a pod's is short: vLLM
+    binds ZMQ IPC sockets at $TMPDIR/<uuid>, and a socket path over 107 bytes is refused
+    (sockaddr_un), which a folder under pytest's basetemp reached (104 bytes in CI; a longer
+    --basetemp failed every serve). `pod_dir/tmp` links to it; it is removed when pytest exits."""
+    home, tmp = pod_dir / "home", Path(tempfile.mkdtemp(prefix="pod-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    link = pod_dir / "tmp"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)
+    link.symlink_to(tmp)
     writable: list[Path] = [home, tmp]
     for manifest in rendered.manifests:
         pod = (manifest.get("spec") or {}).get("template", {}).get("spec", {})
