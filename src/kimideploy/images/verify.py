@@ -128,12 +128,16 @@ def built_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path
     partial.chmod(0o755)  # as a plain mkdir would: pods run as other users read it
     try:
         build(partial)
-        try:
-            partial.rename(target)
-        except OSError:
-            if not (target / marker).exists():  # not another's complete tree: a stale one
-                shutil.rmtree(target, ignore_errors=True)
+        for _attempt in range(3):
+            try:
                 partial.rename(target)
+                break
+            except OSError:
+                if (target / marker).exists():  # another session's complete tree: use it
+                    break
+                shutil.rmtree(target, ignore_errors=True)  # a stale, incomplete one
+        else:
+            raise OSError(f"{target}: could not be replaced by the tree just built")
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return target
