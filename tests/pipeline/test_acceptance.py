@@ -50,7 +50,10 @@ def test_the_correct_drafter_beats_every_known_mistake_on_the_engine(
     # ids [1, 2, 3] read as vLLM's, as vLLM reads a SpecForge config.json) it measured 3.15 vs
     # 3.18 (2026-12-03): the residual stream after layer 0 is dominated by one large direction
     # that layer writes (norm ~31 against the embeddings' 0.65; adjacent layers' cosine 0.94-0.98
-    # on held-out code). What catches it is `drafter check` (test_lifecycle.py).
+    # on held-out code). Paired on the replay (same 39 turns judged both ways, 95% bootstrap
+    # interval; test_doctor.py prints it): one above -0.020 (-0.088 to +0.046), one below -0.066
+    # (-0.127 to -0.006). Small on real models too: ~0.10 on Kimi-K2.5 (SGLang PR 25454). What
+    # catches it is the records: `drafter check` (test_lifecycle.py) and `drafter doctor`.
     assert measured["shifted"] >= measured["untrained"] + 1.0
 
 

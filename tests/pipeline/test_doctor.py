@@ -155,3 +155,45 @@ def test_the_replay_predicts_what_vllm_counted(
     assert good["head_agreement"] >= 0.98, good["head_agreement"]
     agreement = replayed.result["capture_result"]["renderer_agreement"]
     assert agreement["same"] == agreement["prompts"], agreement
+
+
+PAIRED_CONSISTENCY = 0.002
+"""The paired difference and the two scenario figures it compares are rounded separately."""
+
+
+def test_the_convention_mistakes_cost_is_measured_paired_on_the_replay(
+    replayed: ReplayOutcome, project: LoadedProject, served: dict[str, Served]
+) -> None:
+    """What moving the layers costs, on the same turns judged both ways, with a 95% interval:
+    `shifted` (good's files fed the layers one above) and good fed the layers one below (a
+    drafter trained in SGLang's ids, served with them read as vLLM's). Printed, not asserted
+    lower: the measured costs and why are in docs/usage/drafter-doctor.md."""
+    drafters = replayed.result["drafters"]
+    shifted = drafters["shifted"]
+    cost = shifted["layers"]["cost"]
+    scenarios = shifted["scenarios"]
+    figure = {name: scenarios[name]["mean_acceptance_length"]["3"]
+              for name in ("served_layers", "served_rendering")}  # fmt: skip
+    assert cost["k"] == 3 and cost["turns"] > 0, cost
+    assert abs(cost["difference"] - (figure["served_layers"] - figure["served_rendering"])) <= (
+        PAIRED_CONSISTENCY
+    ), (cost, figure)
+    assert cost["ci95"][0] <= cost["difference"] <= cost["ci95"][1], cost
+    good = drafters["good"]
+    probe = good["scenarios"][good["shifted"]["probe"]]["mean_acceptance_length"]["3"]
+    for delta, moved in good["shifted"]["by"].items():
+        paired = good["shifted"]["paired"][delta]
+        moved_length = moved["mean_acceptance_length"]["3"]
+        assert abs(paired["difference"] - (moved_length - probe)) <= PAIRED_CONSISTENCY, paired
+    evidence = next(
+        f.evidence for f in doctor(project, replayed, served, None)["shifted"].findings
+        if f.cause == "convention"
+    )  # fmt: skip
+    assert "95% interval" in evidence, evidence
+
+    def shown(paired: dict[str, Any]) -> str:
+        low, high = paired["ci95"]
+        return f"{paired['difference']:+.3f} [{low:+.3f}, {high:+.3f}] over {paired['turns']} turns"
+
+    FIGURES["convention, replay k=3: shifted (+1) cost, 95%"] = shown(cost)
+    FIGURES["convention, replay k=3: good fed -1, 95%"] = shown(good["shifted"]["paired"]["-1"])

@@ -84,6 +84,12 @@ def test_layers_that_differ_from_the_lineage_are_the_convention_whatever_they_co
     found = diagnose(inputs(result))
     assert found.causes == ["convention"]
     assert "aux_layer_ids: [2, 3, 4]" in found.findings[0].fix
+    # With the replay's paired difference, its size and whether it is measurable are shown.
+    result["layers"]["cost"] = {"k": 3, "turns": 40, "difference": -0.031, "ci95": [-0.05, -0.012]}
+    evidence = diagnose(inputs(result)).findings[0].evidence
+    assert "-0.031 at k=3 over 40 turns, 95% interval -0.050 to -0.012: measurable" in evidence
+    result["layers"]["cost"]["ci95"] = [-0.06, 0.01]
+    assert "within what chance gives" in diagnose(inputs(result)).findings[0].evidence
 
 
 def test_without_a_lineage_a_shift_that_accepts_more_is_the_convention() -> None:

@@ -67,6 +67,40 @@ def test_an_untrained_drafter_scores_one() -> None:
     assert out["by_k"]["4"]["acceptance_per_position"] == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_a_small_cost_in_some_turns_is_measurable_when_paired() -> None:
+    # 200 turns of very different difficulty (every position of a turn accepts 0-3 in a row);
+    # with the other features every fourth of the easiest turns accepts one token less.
+    base = [[i % 4] * 12 for i in range(200)]
+    other = [[2] * 12 if i % 16 == 3 else turn for i, turn in enumerate(base)]
+    paired = heldout.paired_difference(base, other, 3)
+    assert paired["turns"] == 200 and paired["k"] == 3
+    low, high = paired["ci95"]
+    assert low <= paired["difference"] <= high < 0  # measurable: the interval excludes 0
+    # ... a cost far below the spread of the turns: unpaired, the two means could not tell it.
+    assert -paired["difference"] < 0.1
+    assert heldout.paired_difference(base, other, 3) == paired  # the same interval every run
+
+
+def test_no_change_gives_a_zero_interval_and_gains_and_losses_one_that_spans_zero() -> None:
+    base = [[i % 4] * 12 for i in range(200)]
+    assert heldout.paired_difference(base, base, 3)["ci95"] == [0.0, 0.0]
+    # As many turns lose a token as gain one: no net change.
+    swapped = [
+        [5 - (i % 4)] * 12 if i % 4 in (2, 3) and i % 8 < 4 else t for i, t in enumerate(base)
+    ]
+    paired = heldout.paired_difference(base, swapped, 3)
+    assert paired["difference"] == 0
+    low, high = paired["ci95"]
+    assert low < 0 < high
+
+
+def test_paired_judgements_must_judge_the_same_turns() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="3 and 2 turns"):
+        heldout.paired_difference([[1], [2], [3]], [[1], [2]], 3)
+
+
 def spec(**settings: object) -> TrainSpec:
     base = {"workload": "train", "run_id": "r", "cluster": "c",
             "target": {"repo": "a/b", "revision": "0" * 40, "served_name": "t", "path": "/m",

@@ -138,6 +138,19 @@ SCENARIO_TEXT = {
 }
 
 
+def paired_text(paired: dict[str, Any] | None) -> str:
+    """A paired difference (heldout.paired_difference) as the user reads it: the change, its
+    interval, and whether the interval excludes no change."""
+    if not paired:
+        return ""
+    low, high = paired["ci95"]
+    verdict = "measurable" if low > 0 or high < 0 else "within what chance gives"
+    return (
+        f" ({paired['difference']:+.3f} at k={paired['k']} over {paired['turns']} turns, 95% "
+        f"interval {low:+.3f} to {high:+.3f}: {verdict})"
+    )
+
+
 def length_at(figures: dict[str, Any] | None, k: int) -> float | None:
     if not figures:
         return None
@@ -236,6 +249,7 @@ def _convention(
         own, fed = figures.get("served_rendering"), figures.get("served_layers")
         cost = (
             f"; on the replay: {own:.2f} with its own layers, {fed:.2f} with the served ones"
+            f"{paired_text(layers.get('cost'))}"
             if own is not None and fed is not None
             else ""
         )
@@ -252,6 +266,7 @@ def _convention(
         ]
     shifted = (replay.get("shifted") or {}).get("by") or {}
     probe = (replay.get("shifted") or {}).get("probe")
+    paired = (replay.get("shifted") or {}).get("paired") or {}
     here = figures.get(probe) if probe else None
     for delta, moved in sorted(shifted.items()):
         value = length_at(moved, inputs.k)
@@ -262,8 +277,9 @@ def _convention(
                     "convention",
                     "the drafter accepts more with every layer id moved by "
                     f"{delta}: it was probably trained in the other convention",
-                    f"{probe}: {here:.2f} with layers {served}, {value:.2f} with {ids} (no lineage "
-                    "says which layers it was trained on)",
+                    f"{probe}: {here:.2f} with layers {served}, {value:.2f} with {ids}"
+                    f"{paired_text(paired.get(delta))} (no lineage says which layers it was "
+                    "trained on)",
                     f"set drafters.{name}.aux_layer_ids: {ids} with layer_id_convention: vllm",
                     value - here,
                 )

@@ -17,6 +17,11 @@ has one cause:
 - layers -1 / +1: served_answers (else the first prompt set) with every layer id shifted, the
   other convention in either direction.
 
+Where two scenarios judge the same turns with different layers (the layers training fed against
+the ones serving feeds; the served ones against each shift), the result also carries the paired
+difference at the served k with its 95% interval (heldout.paired_difference): the convention
+mistake can cost a few hundredths of a token per step, which only a paired comparison resolves.
+
 The result carries every scenario's figures (per k: mean acceptance length, per-position
 acceptance) and how often the target head's choice equals the token the engine generated (a
 check that the capture is the served target's greedy text).
@@ -134,6 +139,7 @@ class Judge:
     ) -> None:
         self.spec, self.root, self.requests = spec, root, requests
         self.model, self.head, self.device = model, head, device
+        self.turns: dict[tuple[str, tuple[int, ...]], list[list[int]]] = {}
 
     def drafter(self, drafter: ReplayDrafter, rendering: dict[str, Any]) -> dict[str, Any]:
         lineage = read_lineage(drafter)
@@ -157,16 +163,25 @@ class Judge:
             if "served_answers" in scenarios
             else next((f"prompts:{p.name}" for p in self.spec.prompt_sets), None)
         )
-        shifts = {}
+        k = drafter.num_speculative_tokens
+        shifts, shift_costs = {}, {}
         for delta in (-1, 1):
             moved = [i + delta for i in served]
             if probe and all(i in self.spec.layer_ids for i in moved):
                 shifts[f"{delta:+d}"] = self.judge(probe, moved, depth)
+                shift_costs[f"{delta:+d}"] = self.paired(probe, served, moved, k)
+        layers: dict[str, Any] = {
+            "served": served,
+            "trained": trained,
+            "trained_known_from": known_from,
+        }
+        if "served_layers" in scenarios:
+            layers["cost"] = self.paired(f"rendered:{name}", trained, served, k)
         return {
-            "num_speculative_tokens": drafter.num_speculative_tokens,
-            "layers": {"served": served, "trained": trained, "trained_known_from": known_from},
+            "num_speculative_tokens": k,
+            "layers": layers,
             "scenarios": scenarios,
-            "shifted": {"probe": _scenario_of(probe, name), "by": shifts},
+            "shifted": {"probe": _scenario_of(probe, name), "by": shifts, "paired": shift_costs},
             "rendering": rendering.get(name),
             "held_out": lineage.get("held_out"),
             "trained_for": {
@@ -176,6 +191,13 @@ class Judge:
             if agreement["positions"]
             else None,
         }
+
+    def paired(self, group: str, base: list[int], other: list[int], k: int) -> dict[str, Any]:
+        """What feeding `other` layers instead of `base` does to the same turns at the served k,
+        with its paired 95% interval: a cost of a few hundredths is measurable this way."""
+        return heldout.paired_difference(
+            self.turns[(group, tuple(base))], self.turns[(group, tuple(other))], k
+        )
 
     def _group(self, group: str) -> list[str]:
         return sorted(name for name in self.requests if name.startswith(group + "/"))
@@ -203,6 +225,7 @@ class Judge:
                     _agree(batch, targets, agreement)
                 lengths = heldout.rollout(self.model, batch, depth, targets)
                 per_turn += heldout.turns(lengths, batch)
+        self.turns[(group, tuple(layer_ids))] = per_turn
         return heldout.figures(heldout.judge_turns(per_turn, depth), len(names))
 
 
