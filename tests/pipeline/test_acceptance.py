@@ -19,16 +19,19 @@ from tests.pipeline.conftest import PULLED, SERVED_MISTAKES, SecondCluster, Serv
 from tests.pipeline.figures import FIGURES
 
 GOOD_RANGE = (2.6, 3.6)
-"""Where the correctly trained drafter lands at k=3 (the maximum is 4): measured 3.18."""
+"""Where the correctly trained drafter lands at k=3 (the maximum is 4): measured 3.18 / 3.21 / 3.24
+(three seeds, Intel) and 3.30 (seed 0, AMD EPYC: the target is trained on the machine that runs
+the tier, and came out otherwise there)."""
 MARGIN = {"untrained": 1.0, "other-template": 0.5, "other-target": 0.5}
 """How much lower each mistake must measure than the correct drafter; measured gaps on the engine
 (bench/acceptance_seeds.py, training seeds 0 (the tier's), 1 and 2): untrained 2.18 / 2.21 /
 2.23, other-template 1.36 / 1.35 / 1.37, other-target 1.43 / 1.47 / 1.54, with good at 3.18 /
-3.21 / 3.24. The margins are about a third of the smallest gap."""
+3.21 / 3.24; on the AMD build (seed 0) 2.30, 1.10, 1.43 with good at 3.30. The margins are at
+most half the smallest gap."""
 PREDICTION_TOLERANCE = 0.25
 """|held-out length training printed - length vLLM counted| for the same drafter: measured
-3.28 vs 3.18. The two count different prompts of one distribution (held-out datagen samples,
-held-out bench prompts), 40 prompts of about 60 drafted tokens each."""
+3.28 vs 3.18 (Intel), 3.22 vs 3.30 (AMD). The two count different prompts of one distribution
+(held-out datagen samples, held-out bench prompts), 40 prompts of about 60 drafted tokens each."""
 
 
 def test_the_correct_drafter_beats_every_known_mistake_on_the_engine(
@@ -44,16 +47,18 @@ def test_the_correct_drafter_beats_every_known_mistake_on_the_engine(
         assert measured[name] <= good - margin, (name, measured[name], good)
     # The convention mistake is measured and printed, not asserted lower: on this 6-layer
     # target the residual stream of adjacent layers carries the same directions, so a drafter
-    # fed the layers one (or two) above its own loses almost nothing (3.17 vs 3.18 here; the
-    # held-out judgement agrees: 3.26 vs 3.28, and 3.20 shifted by two), while the features of
-    # another checkpoint cost 1.4. Fed the layers one below instead (the other direction: SGLang
-    # ids [1, 2, 3] read as vLLM's, as vLLM reads a SpecForge config.json) it measured 3.15 vs
-    # 3.18 (2026-12-03): the residual stream after layer 0 is dominated by one large direction
-    # that layer writes (norm ~31 against the embeddings' 0.65; adjacent layers' cosine 0.94-0.98
-    # on held-out code). Paired on the replay (same 39 turns judged both ways, 95% bootstrap
-    # interval; test_doctor.py prints it): one above -0.020 (-0.088 to +0.046), one below -0.066
-    # (-0.127 to -0.006). Small on real models too: ~0.10 on Kimi-K2.5 (SGLang PR 25454). What
-    # catches it is the records: `drafter check` (test_lifecycle.py) and `drafter doctor`.
+    # fed the layers one (or two) above its own loses almost nothing (3.17 vs 3.18 on an Intel
+    # build of the target, 3.31 vs 3.30 on an AMD one; the held-out judgement agrees: 3.26 vs
+    # 3.28, and 3.20 shifted by two), while the features of another checkpoint cost 1.4. Fed the
+    # layers one below instead (the other direction: SGLang ids [1, 2, 3] read as vLLM's, as
+    # vLLM reads a SpecForge config.json) it measured 3.15 vs 3.18 (Intel, 2026-12-03): the
+    # residual stream after layer 0 is dominated by one large direction that layer writes (norm
+    # ~31 against the embeddings' 0.65; adjacent layers' cosine 0.94-0.98 on held-out code).
+    # Paired on the replay (same 39 turns judged both ways, 95% bootstrap interval;
+    # test_doctor.py prints it): one above -0.020 (-0.088 to +0.046) on Intel, -0.025 (-0.091
+    # to +0.049) on AMD; one below -0.066 (-0.127 to -0.006) and +0.009 (-0.053 to +0.072).
+    # Small on real models too: ~0.10 on Kimi-K2.5 (SGLang PR 25454). What catches it is the
+    # records: `drafter check` (test_lifecycle.py) and `drafter doctor`.
     assert measured["shifted"] >= measured["untrained"] + 1.0
 
 
