@@ -17,11 +17,14 @@ import pytest
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.images import build as building
+from kimideploy.images import verify as checks
 from kimideploy.images.build_context import build_context
 from kimideploy.images.dockerfile import default_image_name, render_dockerfile
 from kimideploy.images.lock import lock_digest
 from kimideploy.images.selfcheck import run as selfcheck
 from kimideploy.remote.runner import CommandResult
+from kimideploy.services.images.lifecycle import verify_image
+from kimideploy.services.reporting import SilentReporter
 from kimideploy.workloads.gpucheck import problems
 from tests.conftest import EXAMPLE, REPO
 
@@ -361,3 +364,26 @@ def test_lock_changes_only_the_digest_whatever_the_layout(tmp_path: Path) -> Non
     lock_digest(config, "vllm-0.16-kimi", digest)
     assert config.read_text() == edited.replace(f'"{original}"', f'"{digest}"', 1)
     assert load_project(config).project.images["vllm-0.16-kimi"].digest == digest
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("cannot download vllm==0.32.0: No matching distribution"), OSError(28, "full")],
+)
+def test_verify_says_what_stopped_it_preparing_vllm_with_a_hint(
+    example: LoadedProject, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    """A failed wheel download (pip's words) or a cache disk that refuses the extracted sources is
+    a KimiDeployError naming the image and the vLLM version, with where the cache is, not a
+    traceback from the middle of the checks."""
+
+    def refuse(version: str) -> Path:
+        raise failure
+
+    monkeypatch.setattr(checks, "vllm_sources", refuse)
+    name = default_image_name(example.project)
+    with pytest.raises(KimiDeployError) as raised:
+        verify_image(example, name, SilentReporter(), pins=False)
+    assert raised.value.exit_code != 0
+    assert f"{name}: cannot prepare vLLM" in str(raised.value) and str(failure) in str(raised.value)
+    assert "kimideploy" in (raised.value.hint or "") and "run again" in (raised.value.hint or "")

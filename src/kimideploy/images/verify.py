@@ -137,7 +137,7 @@ def built_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path
                     break
                 shutil.rmtree(target, ignore_errors=True)  # a stale, incomplete one
         else:
-            raise OSError(f"{target}: could not be replaced by the tree just built")
+            raise OSError(f"{target}: could not be replaced by the tree just built (three tries)")
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return target

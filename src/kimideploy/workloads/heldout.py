@@ -94,10 +94,15 @@ class Walk:
         return {
             "k": self.k,
             "drafts": self.drafts,
-            "mean_acceptance_length": round(1 + self.accepted / drafts, 4),
+            "mean_acceptance_length": round(mean_length(self.accepted, self.drafts), 4),
             "acceptance_rate": round(self.accepted / (drafts * self.k), 4),
             "acceptance_per_position": conditional,
         }
+
+
+def mean_length(accepted: int, drafts: int) -> float:
+    """Mean acceptance length from summed counts: 1 (the bonus token) + accepted per draft."""
+    return 1 + accepted / max(drafts, 1)
 
 
 def walk(lengths: list[int], k: int) -> Walk:
@@ -155,9 +160,8 @@ def paired_difference(
     ]
 
     def difference(rows: list[tuple[int, int, int, int]]) -> float:
-        drafts_a = sum(r[1] for r in rows) or 1
-        drafts_b = sum(r[3] for r in rows) or 1
-        return sum(r[2] for r in rows) / drafts_b - sum(r[0] for r in rows) / drafts_a
+        totals = [sum(column) for column in zip(*rows, strict=True)] or [0, 0, 0, 0]
+        return mean_length(totals[2], totals[3]) - mean_length(totals[0], totals[1])
 
     draw = random.Random(BOOTSTRAP_SEED)
     spread = sorted(

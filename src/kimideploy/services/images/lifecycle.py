@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -199,6 +200,17 @@ def write_tiny_models(project: Project, root: Path) -> tuple[Path, Path]:
     return target, drafters
 
 
+def cannot_prepare(name: str, vllm: str, cause: Exception) -> KimiDeployError:
+    """What stops the checks before they start: pip or patch output (a RuntimeError, already
+    trimmed to its last lines) or the cache's disk (an OSError: full, read-only, a tree another
+    session keeps replacing)."""
+    return KimiDeployError(
+        f"{name}: cannot prepare vLLM {vllm} on this machine: {cause}",
+        hint=f"the first run downloads from PyPI into {cache_root()} (later runs reuse it); "
+        "check the network and the free space there, and run again",
+    )
+
+
 def verify_image(
     project_or_loaded: Any, name: str, reporter: Reporter, pins: bool = True
 ) -> list[CheckResult]:
@@ -215,11 +227,13 @@ def verify_image(
     if image.vllm is None:
         return steps
     reporter.status(f"{name}: applying patches to vLLM {image.vllm} sources")
+    try:
+        sources = checks.vllm_sources(image.vllm)
+    except (RuntimeError, OSError) as exc:
+        raise cannot_prepare(name, image.vllm, exc) from exc
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "src"
-        import shutil
-
-        shutil.copytree(checks.vllm_sources(image.vllm) / "vllm", tree / "vllm")
+        shutil.copytree(sources / "vllm", tree / "vllm")
         steps += checks.apply_patches(image, tree, dry_run=True)
     if not all(s.ok for s in steps if s.name.startswith("patch")):
         return steps
@@ -235,12 +249,8 @@ def _engine_steps(
     try:
         python = engine_python(image.vllm)
         overlay = checks.patched_overlay(image, python) if image.patches else None
-    except RuntimeError as exc:  # pip or patch output, already trimmed to its last lines
-        raise KimiDeployError(
-            f"{name}: cannot prepare vLLM {image.vllm} on this machine: {exc}",
-            hint="the first run downloads from PyPI (later runs reuse ~/.cache/kimideploy/venvs/); "
-            "check the network and run again",
-        ) from exc
+    except (RuntimeError, OSError) as exc:
+        raise cannot_prepare(name, image.vllm, exc) from exc
     with tempfile.TemporaryDirectory() as tmp:
         target, drafters = write_tiny_models(loaded.project, Path(tmp))
         cases = serve_cases(loaded, name, target, drafters)
