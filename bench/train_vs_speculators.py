@@ -67,14 +67,26 @@ def main() -> int:
     parser.add_argument("--spec", type=Path, help="a localized train spec (default: make one)")
     parser.add_argument("--epochs", type=int, default=1, help="kimideploy epochs (default 1)")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (features too)")
+    parser.add_argument(
+        "--here",
+        action="store_true",
+        help="run both trainers with this interpreter (a GPU machine's torch, speculators and "
+        "datasets) instead of the CPU vLLM venv; needs --spec",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     sys.path.insert(0, str(ROOT))
-    from tests.pipeline.pods import cpu_env
+    if args.here:
+        if args.spec is None:
+            parser.error("--here needs --spec (features made on this machine)")
+        python, env = Path(sys.executable), dict(os.environ)
+    else:
+        from tests.pipeline.pods import cpu_env
 
-    from kimideploy.images.cpu_vllm import cpu_vllm_python
+        from kimideploy.images.cpu_vllm import cpu_vllm_python
 
-    python = cpu_vllm_python()
+        python = cpu_vllm_python()
+        env = cpu_env(python)
     with tempfile.TemporaryDirectory(prefix="kimideploy-bench-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -85,7 +97,7 @@ def main() -> int:
         out = workdir / "figures.json"
         command = [str(python), __file__, "--inside", str(spec), str(workdir), str(args.epochs),
                    str(out)]  # fmt: skip
-        done = subprocess.run(command, env=cpu_env(python))
+        done = subprocess.run(command, env=env)
         if done.returncode != 0:
             return done.returncode
         print_figures(json.loads(out.read_text()))
@@ -263,7 +275,8 @@ def run_theirs(spec: Any, data: Path, workdir: Path, steps: int, total_seq_len: 
         "--scheduler-type", schedule, "--scheduler-warmup-steps", str(warmup),
         "--scheduler-total-steps", str(steps), "--epochs", str(epochs), "--max-steps", str(steps),
         "--total-seq-len", str(total_seq_len), "--train-data-ratio", f"{train_ratio:.6f}",
-        "--hidden-states-dtype", "float32", "--num-workers", "0", "--on-missing", "raise",
+        "--hidden-states-dtype", "bfloat16" if spec.precision == "bf16" else "float32",
+        "--num-workers", "0", "--on-missing", "raise",
         "--seed", str(spec.seed), "--no-resume-from-checkpoint", "--log-freq", "1000000",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

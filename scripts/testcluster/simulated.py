@@ -42,6 +42,10 @@ def simulated_objects(config_path: Path) -> list[dict[str, Any]]:
                 "pods": "110",
                 "nvidia.com/gpu": str(gpu["per_node"]),
             }
+            rdma = (profile.get("network") or {}).get("rdma_resource")
+            if rdma:
+                # What the RDMA device plugin advertises on a node with the compute HCAs.
+                capacity[rdma] = "64"
             objects.append(
                 {
                     "apiVersion": "v1",

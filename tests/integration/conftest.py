@@ -173,3 +173,15 @@ def served_pod_monitor_crd(cluster: harness.TestCluster) -> Iterator[None]:
         yield
     finally:
         cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=true")
+
+
+def weights_synced(testcluster: harness.TestCluster, namespace: str, claim: str = "kimi-k25-models",
+                   storage_class: str = "shared-fs") -> None:  # fmt: skip
+    """What an earlier `host sync-model` on a rented cluster leaves: the shared models claim.
+    The weights probe that `up` and `run` start then finds it (KWOK completes the probe's pod as
+    if each marker were there; a test of a missing marker fails that pod itself)."""
+    claim_object = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": claim, "namespace": namespace},
+                    "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": storage_class,
+                             "resources": {"requests": {"storage": "4Ti"}}}}  # fmt: skip
+    testcluster.kubectl("apply", "-f", "-", stdin=json.dumps(claim_object))

@@ -37,6 +37,7 @@ class Hub:
         self.per_connection_bytes_per_s: float | None = None
         self.ignore_ranges = False
         self.extra_bytes = b""
+        self.ranges_from_zero = False  # a mirror that answers every range from byte 0
         self.listing: list[dict[str, Any]] | None = None  # a hostile listing, served as is
         self.others: dict[str, tuple[str, dict[str, bytes]]] = {}
         """More repositories (repo -> (revision, files)), for a host that syncs drafters too."""
@@ -124,6 +125,8 @@ class Hub:
         if ranged:
             first, _, last = ranged.removeprefix("bytes=").partition("-")
             start, end = int(first), (int(last) + 1 if last else len(data))
+            if self.ranges_from_zero:
+                start, end = 0, end - start
         body = data[start:end]
         request.send_response(206 if ranged else 200)
         request.send_header("Content-Length", str(len(body)))

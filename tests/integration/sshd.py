@@ -46,8 +46,9 @@ def _keygen(path: Path, comment: str) -> None:
     )
 
 
-def start_sshd(root: Path) -> Sshd:
-    """Start sshd -D on a free loopback port; only our user key may log in (as this user)."""
+def start_sshd(root: Path, env: dict[str, str] | None = None) -> Sshd:
+    """Start sshd -D on a free loopback port; only our user key may log in (as this user).
+    `env` is set in every session (sshd's SetEnv): a test machine's tools ahead on PATH."""
     if not SSHD.is_file() or shutil.which("ssh-keygen") is None:
         raise FileNotFoundError("openssh-server is not installed (apt-get install openssh-server)")
     root.mkdir(parents=True, exist_ok=True)
@@ -56,11 +57,15 @@ def start_sshd(root: Path) -> Sshd:
     (root / "authorized_keys").write_text((root / "user_ed25519.pub").read_text())
     port = _free_port()
     config = root / "sshd_config"
+    # sshd takes the first SetEnv line only: every variable goes on that one line.
+    pairs = " ".join(f'{key}="{value}"' for key, value in (env or {}).items())
+    set_env = f"SetEnv {pairs}\n" if pairs else ""
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {root / 'host_ed25519'}\n"
         f"AuthorizedKeysFile {root / 'authorized_keys'}\nPidFile {root / 'sshd.pid'}\n"
         "UsePAM no\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\nLogLevel ERROR\n"
+        + set_env
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     log = (root / "sshd.log").open("w")

@@ -57,8 +57,9 @@ def test_the_bakeoff_measures_each_candidate_resumes_and_restores_what_served(
 ) -> None:
     assert kd("up", "serve", "--drafter", "v1", *FAST)[0] == 0  # revision 1 serves v1
 
-    # Refused before anything is created: suffix decoding on the host's vLLM 0.16 image.
-    code, _, err = kd("run", "bench", "--drafters", "none,suffix", "--yes")
+    # Refused before anything is created: suffix decoding on the team's vLLM 0.16 image.
+    code, _, err = kd("run", "bench", "--drafters", "none,suffix", "--image", "vllm-0.16-kimi",
+                      "--yes")  # fmt: skip
     assert code == 2 and "suffix decoding needs Arctic Inference" in err, err
     code, _, err = kd("run", "bench", "--drafters", "none,ngram", "--drafter", "v3")
     assert code == 2 and "--drafters is the bench bake-off" in err

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.conftest import harness
+from tests.integration.conftest import harness, weights_synced
 from tests.integration.test_runs_and_errors import PROGRESS, annotations
 
 pytestmark = pytest.mark.integration
@@ -33,6 +33,7 @@ def test_one_dead_rank_fails_the_whole_training_job_at_once_with_the_resume_comm
     namespace: str,
     tmp_path: Path,
 ) -> None:
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
     harness.serve_logs(
         testcluster, namespace, harness.write_container_log(tmp_path / "t.log", PROGRESS[:2])
     )
@@ -124,6 +125,7 @@ def test_kueue_jobs_wait_suspended_in_their_queue_until_admitted(
     local_queue_crd: None,
     tmp_path: Path,
 ) -> None:
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
     config = edited_config((B300, QUEUED))
 
     def jobs() -> str:
@@ -172,6 +174,7 @@ def test_an_older_kueue_serving_only_v1beta1_local_queues_is_found(
     edited_config: Callable[..., Path],
     local_queue_crd: None,
 ) -> None:
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
     # Kueue < 0.15 served LocalQueues at v1beta1 alone: v0.17.0's CRD without v1beta2.
     path = testcluster.bin_dir / "kueue-crds" / "kueue.x-k8s.io_localqueues.yaml"
     crd = yaml.safe_load(path.read_text())
@@ -184,3 +187,30 @@ def test_an_older_kueue_serving_only_v1beta1_local_queues_is_found(
     code, _, err = run_once_discovered(kd, edited_config((B300, QUEUED)))
     assert code == 0, err
     assert job(testcluster, namespace)["spec"]["suspend"] is True
+
+
+def test_a_rank_that_exits_with_the_retry_code_is_started_again_not_the_job_failed(
+    kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str
+) -> None:
+    """A trainer whose online server dropped and did not come back in its budget (or whose peer
+    left) exits 75: the real Job controller starts that index again instead of failing the gang."""
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
+    retried = annotations(run_duration="600s", fail_index="1", fail_after="1s", fail_exit_code="75")
+    code, _, err = kd("run", "train", "--cluster", "b300", "--set", "train.nodes=2", "--set",
+                      retried, "--detach")  # fmt: skip
+    assert code == 0, err
+    deadline = time.monotonic() + 60
+    attempts: list[str] = []
+    while time.monotonic() < deadline:
+        pods = json.loads(testcluster.kubectl("-n", namespace, "get", "pods", "-o", "json"))[
+            "items"
+        ]
+        attempts = [p["metadata"]["name"] for p in pods
+                    if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"]  # fmt: skip
+        if len(attempts) >= 2:
+            break
+        time.sleep(0.5)
+    assert len(attempts) >= 2, attempts  # index 1 started again
+    conditions = job(testcluster, namespace)["status"].get("conditions") or []
+    assert not [c for c in conditions if c["type"] == "Failed" and c["status"] == "True"]
+    testcluster.kubectl("-n", namespace, "delete", "jobs", "--all", "--wait=false")

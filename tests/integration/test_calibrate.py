@@ -69,9 +69,14 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("KIMIDEPLOY_CALIBRATION_CACHE", str(tmp_path / "calibrations"))
-    assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0  # revision 1, vLLM 0.16
+    # Revision 1 serves the team's vLLM 0.16 stack: calibrating 0.32 needs a baseline load.
+    text = (REPO / "kimideploy.yaml").read_text()
+    anchor = "whatever the drafter.\n      serve: vllm-0.32-kimi\n"
+    old_stack = tmp_path / "old-stack.yaml"
+    old_stack.write_text(text.replace(anchor, anchor.replace("0.32", "0.16"), 1))
+    assert kd("up", "serve", "--drafter", "none", *FAST, config=old_stack)[0] == 0
 
-    code, _, err = kd(*[a for a in CALIBRATE if a not in ("--image", "vllm-0.32-kimi")])
+    code, _, err = kd(*[a if a != "vllm-0.32-kimi" else "vllm-0.16-kimi" for a in CALIBRATE])
     assert code == 2, err
     assert "vllm-0.16-kimi (vLLM 0.16.0), which has no synthetic rejection sampling" in err
     assert "--image vllm-0.32-kimi" in err
@@ -111,7 +116,7 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
     )
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert "--speculative-config" not in container["args"]
-    assert rows[0]["image"] in container["image"]  # revision 1s vLLM 0.16 is back
+    assert rows[0]["image"] in container["image"]  # revision 1's vLLM 0.16 is back
     assert not any(e["name"] == "VLLM_SERVER_DEV_MODE" for e in container.get("env", []))
 
     code, out, _ = kd("calibrate", "show", "-o", "json")
@@ -130,14 +135,13 @@ def test_calibrate_measures_stores_resumes_and_restores_what_served(
                                  "kimideploy.io/calibration=rtx6000", "-o", "name").split()  # fmt: skip
     assert len(stored) == 2 and any(name.endswith("-1") for name in stored), stored
 
-    # Predictions: the stored calibration was measured on vLLM 0.32, so rtx6000 as configured
-    # (0.16) keeps the default constant and says why; moved to 0.32 it predicts with it.
-    code, out, _ = kd("up", "serve", "--drafter", "v3", "--dry-run")
-    assert code == 0
-    assert "default constant step_cost_per_token" in out and "so not used" in out
+    # Predictions: the stored calibration was measured on vLLM 0.32, so rtx6000 moved back to
+    # 0.16 keeps the prior and says why; as configured (0.32) it predicts with it.
+    code, out, err = kd("up", "serve", "--drafter", "v3", "--dry-run", config=old_stack)
+    assert code == 2 and "serve stack: speculation cannot pay" in err  # as `up` refuses it
+    assert "prior for 8x RTX PRO 6000" in out and "so not used" in out
     moved = tmp_path / "moved.yaml"
-    text = (REPO / "kimideploy.yaml").read_text()
-    moved.write_text(text.replace("serve: vllm-0.16-kimi", "serve: vllm-0.32-kimi", 1))
+    moved.write_text(text)
     code, out, _ = kd("up", "serve", "--drafter", "v3", "--dry-run", config=moved)
     assert code == 0, out
     assert "step cost" in out and "measured on 20" in out

@@ -1,7 +1,7 @@
 """`drafter doctor` and `drafter check --replay` through the CLI on the test control plane: the
-replay Job is rendered, validated by the API server and created (a capture init container on the
-cluster's capturing image, the judgement on its train image), followed to the end, and its
-result line is read back and diagnosed. The replay pod's log is a judge result line composed
+replay's two Jobs are rendered, validated by the API server and created in turn (the capture on
+the cluster's capturing image and GPUs, then the judgement on its train image and one GPU),
+followed to the end, and the judgement's result line is read back and diagnosed. The replay pod's log is a judge result line composed
 from replay figures (the engine-side run is tests/pipeline/test_doctor.py); what is tested here is
 the path from the command line to the verdict, the exit codes and the refusals."""
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.integration.conftest import harness
 from tests.unit.test_drafter_doctor import replay
 
@@ -40,16 +41,30 @@ def test_the_doctor_runs_one_replay_job_and_names_the_cause_with_exit_5(
 ) -> None:  # fmt: skip
     log = judge_log(tmp_path, served_rendering=WEAK, served_answers=WEAK)
     harness.serve_logs(testcluster, namespace, log)
-    code, out, err = kd("drafter", "doctor", "v3", "--cluster", "rtx6000", *FAST)
+    # The host on the team's vLLM 0.16 stack, which cannot extract: the extraction image captures.
+    old_stack = tmp_path / "old-stack.yaml"
+    anchor = "whatever the drafter.\n      serve: vllm-0.32-kimi\n"
+    old_stack.write_text((REPO / "kimideploy.yaml").read_text().replace(
+        anchor, anchor.replace("0.32", "0.16"), 1))  # fmt: skip
+    code, out, err = kd("drafter", "doctor", "v3", "--cluster", "rtx6000", *FAST,
+                        config=old_stack)  # fmt: skip
     assert code == 5, err
     assert "drafter v3 on rtx6000 (k=3): unhealthy: template" in out
     assert "48 of 48 conversations render to other token ids" in out
     assert "fix: train again on features rendered by the served tokenizer" in out
-    [job] = json.loads(testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "json"))["items"]
-    pod = job["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["initContainers"]] == ["replay-capture"]
-    capture, judge = pod["initContainers"][0], pod["containers"][0]
-    # rtx6000 serves vLLM 0.16, which cannot extract: the extraction image captures.
+    jobs = json.loads(testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "json"))["items"]
+    # Two Jobs, the judgement created once the capture succeeded: each holds only its own GPUs.
+    by_stage = {j["metadata"]["labels"]["kimideploy.io/stage"]: j for j in jobs}
+    assert set(by_stage) == {"capture", "judge"}
+    assert (
+        by_stage["judge"]["metadata"]["annotations"]["kimideploy.io/after"]
+        == (by_stage["capture"]["metadata"]["name"])
+    )
+    assert "created Job " + by_stage["judge"]["metadata"]["name"] in err
+    capture = by_stage["capture"]["spec"]["template"]["spec"]["containers"][0]
+    judge = by_stage["judge"]["spec"]["template"]["spec"]["containers"][0]
+    assert judge["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # vLLM 0.16 cannot extract: the extraction image captures.
     assert "vllm" in capture["image"] and capture["image"] != judge["image"]
     assert capture["resources"]["limits"]["nvidia.com/gpu"] == "8"
     spec = json.loads(testcluster.kubectl("-n", namespace, "get", "configmap", "-o", "json"))

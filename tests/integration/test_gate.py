@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from kimideploy.config.loading import load_project
 from tests import observability
 from tests.conftest import REPO
 from tests.integration.conftest import harness, served_pod_monitor_crd
@@ -256,7 +257,14 @@ def test_a_fast_drafter_is_kept_and_the_stored_baseline_is_reused(
     assert serving["gate"].startswith("revision 3 (v2) kept")
     # KWOK pods serve no HTTP: the live acceptance says why it is missing instead of guessing.
     assert serving["acceptance"].startswith("unavailable (")
-    assert serving["break_even_rate"] == pytest.approx(0.1433)
+    # The break-even acceptance rate (C - 1) / k at c=1 from rtx6000's prior step cost (no
+    # calibration stored): v2 drafts k=5.
+    from kimideploy.plan.step_cost import uncalibrated
+
+    project = load_project(REPO / "kimideploy.yaml").project
+    k = project.drafters["v2"].num_speculative_tokens
+    prior = uncalibrated(project, "rtx6000")
+    assert serving["break_even_rate"] == pytest.approx((prior.cost(k, 1) - 1) / k, abs=1e-4)
     code, out, err = kd("bench", "list", "-o", "json")
     assert code == 0, err
     listed = json.loads(out)
@@ -344,7 +352,8 @@ def test_watch_reports_unreachable_metrics_and_refuses_a_release_without_a_draft
     assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0
     code, out, err = kd("watch", "serve", "--windows", "2", "--interval", "0.1")
     assert code == 0, err
-    assert "watching revision 1 (v3, k=3) every 0.1s; break-even acceptance 14.3%" in err
+    # (C(3, 1) - 1) / 3 from rtx6000's prior step cost (1.41): docs/reference/step-cost.md
+    assert "watching revision 1 (v3, k=3) every 0.1s; break-even acceptance 13.8%" in err
     # KWOK's pods run no vLLM: the API server's pod proxy cannot reach them, and the watch says so.
     assert "acceptance: no window yet (0 pods scraped; unavailable: kimi-k25-serve-" in err
     assert ":8000/metrics failed (" in err

@@ -20,8 +20,10 @@ from kimideploy.services.hosts.model_sync import sync_model
 from kimideploy.services.hosts.provision import check_hosts
 from kimideploy.services.reporting import SilentReporter
 from tests.conftest import REPO
+from tests.integration.gpu_machine import Machine, install
 from tests.integration.hub import Hub
 from tests.integration.mirror import Mirror, build_mirror
+from tests.integration.sshd import start_sshd
 
 pytestmark = pytest.mark.integration
 ANSIBLE = REPO / "ansible"
@@ -44,6 +46,11 @@ def ssh_host(sshd: Any, name: str) -> str:
 
 @pytest.fixture
 def host_config(sshd: Any, edited_config: Callable[..., Path], tmp_path: Path) -> Iterator[Path]:
+    yield from _config_for(sshd, edited_config, tmp_path)
+
+
+def _config_for(sshd: Any, edited_config: Callable[..., Path], tmp_path: Path,
+                *more: tuple[str, str]) -> Iterator[Path]:  # fmt: skip
     mirror = Mirror(build_mirror(tmp_path / "mirror", "v1.33.5+k3s1"))
     mirrors = (f"      mirrors: {{cuda_repo: {mirror.url}/cuda, container_toolkit_repo: {mirror.url}/toolkit, "
                f"k3s_releases: {mirror.url}/k3s}}\n")  # fmt: skip
@@ -59,8 +66,33 @@ def host_config(sshd: Any, edited_config: Callable[..., Path], tmp_path: Path) -
             "      device_plugin_version: v0.17.4\n",
             "      device_plugin_version: v0.17.4\n" + mirrors,
         ),
+        *more,
     )
     mirror.stop()
+
+
+@pytest.fixture
+def machine_config(
+    edited_config: Callable[..., Path], tmp_path: Path
+) -> Iterator[Callable[[Machine], Path]]:
+    """A config whose hosts are an sshd in front of a GPU machine's tools (gpu_machine.py)."""
+    servers: list[Any] = []
+    configs: list[Iterator[Path]] = []
+
+    def make(machine: Machine) -> Path:
+        root = tmp_path / f"machine-{len(servers)}"
+        server = start_sshd(root / "sshd", install(root, machine))
+        servers.append(server)
+        # One node is enough: the second's documentation address costs a connect timeout.
+        one_node = ("      - {name: b300-1, address: 198.51.100.31, user: ubuntu}\n", "")
+        configs.append(_config_for(server, edited_config, root, one_node))
+        return next(configs[-1])
+
+    yield make
+    for config in configs:
+        next(config, None)
+    for server in servers:
+        server.stop()
 
 
 # --- Fabric -------------------------------------------------------------------------------------
@@ -172,6 +204,7 @@ def test_inventory_from_the_example_config(example: LoadedProject) -> None:
         "nvidia.com/gpu.product": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
     }
     assert variables["gpu_host_models_claim"] == "kimi-k25-models"
+    assert variables["gpu_host_pod_uid"] == 10001  # drafters/ is theirs: training writes there
     nvl8 = inventory(example.project, "b300")["all"]["vars"]
     assert (
         nvl8["nvl8_node_min_driver_version"] == "580.65.06" and nvl8["nvl8_node_expected_gpus"] == 8
@@ -193,6 +226,10 @@ def test_gpu_host_playbook_in_check_mode_changes_nothing(host_config: Path, tmp_
     assert (
         "task",
         "gpu_host : Install the pinned k3s binary, verified against the release checksums",
+    ) in lines
+    assert (
+        "task",
+        "gpu_host : Give the pods' user the drafters folder of the models volume",
     ) in lines
     assert not (tmp_path / "nvme").exists()  # check mode: the directories were not created
     assert not Path("/etc/rancher/k3s/config.yaml").exists()
@@ -232,6 +269,94 @@ def test_nvl8_playbook_stops_on_a_node_without_a_driver(
         in err
     )
     assert "unreachable: [b300-1]: Gathering Facts: " in err  # a documentation address
+
+
+COMPUTE = {f"mlx5_{i}": ("ACTIVE", "InfiniBand") for i in range(8)}
+BESIDE = {"mlx5_8": ("DOWN", "Ethernet"), "mlx5_9": ("DOWN", "InfiniBand")}
+"""A front-end NIC and a storage HCA beside the compute HCAs, down on a healthy node."""
+
+
+def _provision(config: Path, cluster: str, *tags: str) -> tuple[Any, list[tuple[str, str]]]:
+    project = load_project(config).project
+    lines: list[tuple[str, str]] = []
+    result = run_playbook(playbook_for(project.clusters[cluster]), inventory(project, cluster),
+                          check=True, tags=list(tags), on_line=lambda kind, text: lines.append((kind, text)))  # fmt: skip
+    return result, lines
+
+
+def test_nvl8_role_reads_the_compute_hcas_only(machine_config: Callable[[Machine], Path]) -> None:
+    """A node whose front-end and storage NICs are down passes; its compute HCAs are what count."""
+    result, _ = _provision(machine_config(Machine(ib_ports={**COMPUTE, **BESIDE})), "b300")
+    assert result.recap["b300-0"]["failed"] == 0, result.failures
+    down = {**COMPUTE, "mlx5_3": ("DOWN", "InfiniBand"), **BESIDE}
+    result, _ = _provision(machine_config(Machine(ib_ports=down)), "b300")
+    failure = next(f for f in result.failures if f.startswith("fatal: [b300-0]"))
+    assert "Require every compute HCA's port ACTIVE" in failure and "mlx5_3 1 DOWN" in failure
+    assert "mlx5_8" not in failure and "mlx5_9" not in failure
+
+
+def test_nvl8_role_refuses_a_gpu_whose_fabric_registration_failed(
+    machine_config: Callable[[Machine], Path],
+) -> None:
+    fabric = [("Completed", "Success")] * 6 + [("Completed", "Insufficient Resources"),
+                                                ("Completed", "Success")]  # fmt: skip
+    config = machine_config(Machine(ib_ports={**COMPUTE, **BESIDE}, fabric=fabric))
+    result, _ = _provision(config, "b300")
+    failure = next(f for f in result.failures if f.startswith("fatal: [b300-0]"))
+    assert "Require every GPU registered with the fabric" in failure
+    assert "00000000:BA:00.0|Completed|Insufficient Resources" in failure
+
+
+def test_host_check_reads_a_node_as_nccl_will_use_it(
+    machine_config: Callable[[Machine], Path],
+) -> None:
+    fabric = (
+        [("Completed", "Success")] * 5 + [("In Progress", "N/A")] + [("Completed", "Success")] * 2
+    )
+    config = machine_config(Machine(ib_ports={**COMPUTE, **BESIDE}, fabric=fabric))
+    checks = {
+        c.name: c for c in check_hosts(load_project(config).project, "b300", only="b300-0")[0][1]
+    }
+    assert checks["InfiniBand"].ok and checks["InfiniBand"].detail == "8/8 compute HCA ports ACTIVE"
+    assert checks["fabric manager"].ok  # running: and still one GPU did not register
+    registration = checks["GPU fabric registration"]
+    assert not registration.ok and registration.detail == "00000000:AB:00.0 In Progress/N/A"
+    assert checks["GPU topology"].detail.startswith("28 NV18 GPU pairs; every pair over NVLink")
+
+
+def test_gpu_host_role_sets_peer_to_peer_and_check_mode_shows_the_diff(
+    machine_config: Callable[[Machine], Path], tmp_path: Path
+) -> None:
+    rtx = Machine(name="NVIDIA RTX PRO 6000 Blackwell Server Edition", compute_cap="12.0",
+                  memory_mib=97887, bar1_mib=131072, link="SYS", acs_redirecting=True)  # fmt: skip
+    config = machine_config(rtx)
+    result, lines = _provision(config, "rtx6000", "p2p")
+    assert result.ok, result.failures
+    diffs = "\n".join(text for kind, text in lines if kind == "diff")
+    assert '+GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} iommu=pt"' in diffs
+    assert "+options nvidia_uvm uvm_disable_hmm=1" in diffs
+    assert "+ExecStart=/usr/local/sbin/kimideploy-acs-off" in diffs
+    notes = [text for kind, text in lines if kind == "message"]
+    assert any("not yet in effect: kernel parameter iommu=pt; nvidia_uvm uvm_disable_hmm=1" in n
+               for n in notes), notes  # fmt: skip
+    assert not Path("/etc/default/grub.d/90-kimideploy-iommu.cfg").exists()  # check mode
+    # The same host read back by `host check`: what the running kernel lacks, named.
+    checks = {c.name: c for c in check_hosts(load_project(config).project, "rtx6000")[0][1]}
+    assert checks["PCIe ACS"].status == "FAIL" and checks["PCIe ACS"].detail.startswith(
+        "redirection on at 4 bridges (15:00.0, 16:01.0, 97:00.0, 98:01.0)"
+    )
+    assert checks["IOMMU"].status == "warn" and "wants iommu=pt" in checks["IOMMU"].detail
+    assert checks["BAR1"].ok and checks["GPU topology"].detail.startswith("28 SYS GPU pairs")
+
+
+def test_gpu_host_role_refuses_a_small_bar1(machine_config: Callable[[Machine], Path]) -> None:
+    rtx = Machine(name="NVIDIA RTX PRO 6000 Blackwell Server Edition", compute_cap="12.0",
+                  memory_mib=97887, bar1_mib=256, link="PIX")  # fmt: skip
+    result, _ = _provision(machine_config(rtx), "rtx6000", "p2p")
+    failure = next(f for f in result.failures if f.startswith("fatal: [gpu-host]"))
+    assert "Require BAR1 to cover each GPU's memory" in failure
+    assert "00000000:18:00.0 memory 97887 MiB, BAR1 256 MiB" in failure
+    assert "Resizable BAR" in failure
 
 
 # --- host check and sync-model over SSH ---------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.conftest import harness
+from tests.integration.conftest import harness, weights_synced
 from tests.integration.test_gate import (
     BENCH_PODS,
     baseline_and_v3,
@@ -131,6 +131,7 @@ def test_run_outcomes_for_a_complete_a_failed_and_a_detached_run(
     namespace: str,
     tmp_path: Path,
 ) -> None:
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
     harness.serve_logs(
         testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import pytest
 
 from kimideploy.config.loading import load_project
 from kimideploy.config.specs import PublishSpec, RegistryAccess, ServeSpec
+from kimideploy.workloads.oci_artifacts import PULLED_MARKER, file_sha256
 from tests import registry as test_registry
 from tests.conftest import EXAMPLE, REPO
 from tests.integration.conftest import harness
@@ -308,6 +310,57 @@ def test_pull_faults_fail_the_pod_in_seconds_naming_the_reason(
     assert done.returncode == code, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not list((tmp_path / "pulled").glob("*/*")) if (tmp_path / "pulled").exists() else True
+
+
+def test_a_pulled_drafter_is_verified_at_every_start_not_trusted_by_its_marker(
+    registry: test_registry.TestRegistry, published: dict[str, Any], tmp_path: Path
+) -> None:
+    """Files replaced after a real pull, a planted extra file (dot-names included), a folder
+    forged with a marker before the first pull, a marker that does not parse: each is pulled
+    again into a fresh folder, and the pod serves exactly the published bytes."""
+    reference, files = published["reference"], dict(published["files"])
+    dest = tmp_path / "pulled" / reference[-12:]
+
+    def start() -> subprocess.CompletedProcess[str]:
+        done = run_pod_pull(reference, files, registry, tmp_path)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert {n: file_sha256(dest / n) for n in files} == files
+        return done
+
+    assert "pulled and verified" in start().stderr
+    assert "every file re-verified" in start().stderr
+    (dest / "config.json").write_text('{"auto_map": {"AutoModel": "evil.Model"}}')
+    again = start()
+    assert "pulling again: files config.json differ" in again.stderr
+    (dest / ".evil.py").write_text("import os\n")
+    again = start()
+    assert "files .evil.py differ" in again.stderr and not (dest / ".evil.py").exists()
+    marker = json.loads((dest / PULLED_MARKER).read_text())
+    shutil.rmtree(dest)
+    dest.mkdir()
+    (dest / PULLED_MARKER).write_text(json.dumps(marker))  # forged before any pull
+    for name in files:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_text("planted")
+    assert "pulling again" in start().stderr
+    (dest / PULLED_MARKER).write_text("{not json")
+    assert "a marker that does not parse means not pulled" in start().stderr
+
+
+def test_a_lineage_of_the_wrong_shape_stops_the_publish_before_the_push(
+    registry: test_registry.TestRegistry, tmp_path: Path
+) -> None:
+    folder = drafter_folder(tmp_path / "v4", size=100_000)
+    lineage = json.loads((folder / "kimideploy-lineage.json").read_text())
+    lineage["held_out"] = {"mean_acceptance_length": [1.5, 2.0]}
+    (folder / "kimideploy-lineage.json").write_text(json.dumps(lineage))
+    spec = publish_spec(folder, registry, tmp_path, tag="bad-lineage")
+    blobs = len(registry.blob_files())
+    done = run_pod("publish", spec, tmp_path, registry.oras)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "held_out in the lineage has the wrong shape" in done.stderr
+    assert "nothing was pushed" in done.stderr
+    assert len(registry.blob_files()) == blobs  # ORAS never ran
 
 
 def test_a_tampered_blob_and_a_registry_that_is_down(

@@ -290,7 +290,8 @@ def test_a_claim_keeps_its_size_when_a_rollback_asks_for_less(
     size = live(testcluster, namespace, "pvc", claim)["spec"]["resources"]["requests"]["storage"]
     assert size == "3Ti"
     stored = session_for(testcluster, namespace).history(RELEASE)[-1].manifests
-    kept = next(o for o in stored if o["kind"] == "PersistentVolumeClaim")
+    kept = next(o for o in stored if o["kind"] == "PersistentVolumeClaim"
+                and o["metadata"]["name"] == claim)  # fmt: skip
     assert kept["spec"]["resources"]["requests"]["storage"] == "3Ti"  # a re-run agrees
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from kimideploy.cli.main import main
 from tests.conftest import REPO
-from tests.integration.conftest import harness
+from tests.integration.conftest import harness, weights_synced
 
 pytestmark = pytest.mark.integration
 PROGRESS = [
@@ -34,6 +34,7 @@ def test_three_index_train_job_on_b300_completes_with_progress(
     namespace: str,
     tmp_path: Path,
 ) -> None:
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
     harness.serve_logs(
         testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
     )
@@ -91,9 +92,10 @@ def test_run_train_ends_with_held_out_acceptance_against_each_clusters_break_eve
         "k=1 1.20, k=2 1.28, k=3 1.31" in err
     )
     assert "written: step 600 has the best held-out mean acceptance length at k=3 (1.31)" in err
-    # rtx6000's constant (0.143 per draft token at k=3: 1.43) is above 1.31: it does not pay there
-    assert "rtx6000: break-even acceptance length 1.43 at k=3, c=1 -> does NOT pay (1.31)" in err
-    assert "step cost: default constant step_cost_per_token" in err
+    # rtx6000's prior step cost at k=3, c=1 (1.41, docs/reference/step-cost.md) is above 1.31:
+    # it does not pay there
+    assert "rtx6000: break-even acceptance length 1.41 at k=3, c=1 -> does NOT pay (1.31)" in err
+    assert "step cost: prior for 8x RTX PRO 6000 (PCIe)" in err
 
 
 def test_a_failing_index_is_reported_and_the_run_exits_4(
@@ -102,6 +104,7 @@ def test_a_failing_index_is_reported_and_the_run_exits_4(
     namespace: str,
     tmp_path: Path,
 ) -> None:
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
     harness.serve_logs(
         testcluster, namespace, harness.write_container_log(tmp_path / "t.log", PROGRESS[:2])
     )
@@ -236,6 +239,7 @@ def test_online_train_runs_the_target_server_as_a_sidecar_of_each_trainer(
     namespace: str,
     tmp_path: Path,
 ) -> None:
+    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
     harness.serve_logs(
         testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
     )

@@ -69,7 +69,7 @@ class Volumes:
     roots: dict[str, Path | str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for mount in ("models", "data", "hidden-states", "checkpoints", "scratch"):
+        for mount in ("models", "data", "hidden-states", "checkpoints", "scratch", "cache"):
             (self.root / mount).mkdir(parents=True, exist_ok=True)
             self.roots[f"/{mount}"] = self.root / mount
 
@@ -103,6 +103,8 @@ def built_target(cpu_python: Path) -> Path:
     FIGURES["target: final loss (previous, served)"] = (
         f"{record['loss_previous']:.3f}, {record['loss']:.3f}"
     )
+    # The same on every x86-64 machine (target_cache.SAME_ON_ANY_CPU): compare across runs.
+    FIGURES["target: served weights sha256"] = record.get("weights_sha256", {}).get("served")
     return root
 
 
@@ -396,6 +398,24 @@ class Served:
     drafter: str
     server: pods.Server
     bench: dict[str, Any]
+    trained_prompts: dict[str, Any] | None = None
+    """`good` only: vLLM's count on the very held-out prompts training judged it on."""
+
+
+TRAINED_PROMPTS = "trained"
+"""The bench prompt set written from `good`'s replay sample: the prompts of the held-out
+conversations training judged, so its prediction is compared with vLLM's count like for like."""
+TRAINED_PROMPTS_BENCH = (f"bench.prompt_sets=[{TRAINED_PROMPTS}]", "bench.num_prompts=256")
+
+
+def write_trained_prompts(drafter: Path, volumes: Volumes) -> int:
+    """The held-out conversations' prompts (the turns before the answer training judged) as a
+    bench prompt file on the datasets volume."""
+    rows = [json.loads(line) for line in (drafter / "replay-sample.jsonl").read_text().splitlines()]
+    prompts = [{"messages": row["messages"], **({"tools": row["tools"]} if row.get("tools") else {})}
+               for row in rows]  # fmt: skip
+    write_rows(volumes.root / "data" / "prompts" / "heldout-trained.jsonl", prompts)
+    return len(prompts)
 
 
 def length(result: Served, prompt_set: str = "code", concurrency: int = 4) -> float:
@@ -449,6 +469,11 @@ def serve_and_bench(cpu_python: Path, requests: list[ServeRequest]) -> dict[str,
             server = servers[req.label]
             measured = bench(cpu_python, req.loaded, req.volumes, req.drafter, server, req.cluster)
             results[req.label] = Served(req.drafter, server, measured)
+            if req.label == "good":
+                results[req.label].trained_prompts = bench(
+                    cpu_python, req.loaded, req.volumes, req.drafter, server, req.cluster,
+                    overrides=TRAINED_PROMPTS_BENCH,
+                )  # fmt: skip
     finally:
         for server in servers.values():
             server.stop()
@@ -472,6 +497,7 @@ def served(
     (memory: each CPU vLLM holds about 4 GB); the second wave includes `good` served on the
     second cluster profile from the copy it pulled from the registry ("good@cpu-b"), the third
     the model-free methods (n-gram, suffix decoding) for the bake-off."""
+    FIGURES["good: held-out prompts benched"] = write_trained_prompts(good_drafter["out"], volumes)
     results = {"none": Served("none", target_server, bench(cpu_python, project, volumes,
                                                            "none", target_server))}  # fmt: skip
     here = [ServeRequest(name, project, name, volumes) for name in ("good", "untrained", "shifted")]
@@ -491,11 +517,13 @@ def served(
 
 
 def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: str,
-          server: pods.Server, cluster: str = "cpu") -> dict[str, Any]:  # fmt: skip
-    rendered = pods.rendered(project, "bench", drafter, cluster=cluster)
+          server: pods.Server, cluster: str = "cpu",
+          overrides: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    rendered = pods.rendered(project, "bench", drafter, cluster=cluster, overrides=overrides)
     spec = volumes.spec(rendered, **service_urls(project, server, cluster))
+    pod = f"bench-{cluster}-{drafter}" + ("-" + str(len(overrides)) if overrides else "")
     code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
-                                       mounts=volumes.mounts(rendered, f"bench-{cluster}-{drafter}"),
+                                       mounts=volumes.mounts(rendered, pod),
                                        **rendered.secret_env)  # fmt: skip
     assert code == 0, err[-3000:]
     result: dict[str, Any] = pods.events(out, "result")[-1]

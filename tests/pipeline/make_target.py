@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -114,7 +115,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("KIMIDEPLOY_TARGET_THREADS", "2")))
     torch.manual_seed(args.seed)
     started = time.monotonic()
     conversations = [i.conversation() for i in stdlib_corpus.select("target")]

@@ -115,6 +115,10 @@ def _secret_env(pod: dict[str, Any]) -> dict[str, str]:
     return resolved
 
 
+COMPILE_CACHE_VARIABLES = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                           "FLASHINFER_WORKSPACE_BASE")  # fmt: skip
+
+
 def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
              overrides: tuple[str, ...] = (),
              synthetic: SyntheticAcceptance | None = None, cluster: str = "cpu",
@@ -133,8 +137,10 @@ def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
         for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
             if container.get("command", [])[:2] == ["vllm", "serve"]:
                 model, args = container["command"][2], list(container["args"])
+                # The compile cache's folders are left out: the tier's engines run eager.
                 vllm_env = {e["name"]: e["value"] for e in container.get("env", [])
-                            if e["name"].startswith("VLLM_") and "value" in e}  # fmt: skip
+                            if e["name"].startswith("VLLM_") and "value" in e
+                            and e["name"] not in COMPILE_CACHE_VARIABLES}  # fmt: skip
             probe = container.get("readinessProbe")
             if probe:
                 ready = probe["httpGet"]["path"]

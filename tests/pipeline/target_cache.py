@@ -26,6 +26,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE.parent / "fixtures" / "chat_templates"
 STEPS = {"steps_previous": 600, "steps": 300, "seed": 0}
+SAME_ON_ANY_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+                   "ONEDNN_MAX_CPU_ISA": "SSE41"}  # fmt: skip
+"""The build's arithmetic made independent of the CPU it runs on. The weights came out otherwise
+on an AMD and an Intel machine with the same sources and seed: ATen's kernels are compiled per
+instruction set (AVX-512, AVX2, none) and dispatched by the CPU, and each sums in its own order.
+`default` forces the portable ones; MKL's conditional-reproducibility mode and oneDNN's ISA cap
+pin the libraries the same way. Measured on this tier's machine (bench/MEASUREMENTS.md): the
+served weights' sha256 was the same with one thread and two, with AVX2, FMA and AVX-512 masked
+from glibc, with MKL limited to SSE4.2 and with oneDNN unlimited, and differed under
+ATEN_CPU_CAPABILITY avx512 vs avx2 vs default without this. It costs ~2.4x the build's time."""
 SOURCES = (HERE / "make_target.py", HERE / "stdlib_corpus.py",
            TEMPLATES / "kimi_shaped.jinja", TEMPLATES / "kimi_k2_shaped.jinja")  # fmt: skip
 
@@ -36,7 +46,7 @@ def cache_dir() -> Path:
 
 
 def key(python: Path) -> str:
-    digest = hashlib.sha256(json.dumps(STEPS, sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps([STEPS, SAME_ON_ANY_CPU], sort_keys=True).encode())
     for source in SOURCES:
         digest.update(source.read_bytes())
     digest.update(f"{platform.python_version()} {python.resolve().parent.parent.name}".encode())
@@ -60,12 +70,17 @@ def informative_target(python: Path, env: dict[str, str]) -> Path:
         args = [f"--steps-previous={STEPS['steps_previous']}", f"--steps={STEPS['steps']}",
                 f"--seed={STEPS['seed']}"]  # fmt: skip
         done = subprocess.run([str(python), str(HERE / "make_target.py"), str(partial), *args],
-                              capture_output=True, text=True, timeout=3600, env=env)  # fmt: skip
+                              capture_output=True, text=True, timeout=3600,
+                              env={**env, **SAME_ON_ANY_CPU})  # fmt: skip
         if done.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             raise RuntimeError(f"building the test target failed:\n{done.stderr[-3000:]}")
         record = json.loads(done.stdout.strip().splitlines()[-1])
         record["build_seconds"] = round(time.monotonic() - started, 1)
+        record["weights_sha256"] = {
+            name: hashlib.sha256((partial / name / "model.safetensors").read_bytes()).hexdigest()
+            for name in ("previous", "served")
+        }
         (partial / "built.json").write_text(json.dumps(record, indent=2))
         shutil.rmtree(root, ignore_errors=True)
         partial.rename(root)

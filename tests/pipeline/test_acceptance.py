@@ -29,10 +29,13 @@ MARGIN = {"untrained": 1.0, "other-template": 0.5, "other-target": 0.5}
 3.21 / 3.24; on the AMD build (seeds 0 / 1 / 2) 2.30 / 2.30 / 2.35, 1.10 / 1.11 / 1.22,
 1.43 / 1.55 / 1.45 with good at 3.30 / 3.30 / 3.35. The margins are at most half the smallest
 gap."""
-PREDICTION_TOLERANCE = 0.25
-"""|held-out length training printed - length vLLM counted| for the same drafter: measured
-3.28 vs 3.18 (Intel), 3.22 vs 3.30 (AMD). The two count different prompts of one distribution
-(held-out datagen samples, held-out bench prompts), 40 prompts of about 60 drafted tokens each."""
+PREDICTION_TOLERANCE = 0.15
+"""|held-out length training printed - length vLLM counted| on the *same* prompts: the prompts of
+the held-out conversations training judged the drafter on (its replay sample), answered again by
+the served target and counted by vLLM. Measured: see the figures this test prints and
+bench/MEASUREMENTS.md (both builds of the target and a loaded run). The old comparison, against
+vLLM's count on another held-out prompt set, is printed as a figure, not asserted: 3.40 vs 3.09
+once, on a third machine (the two count different prompts)."""
 
 
 def test_the_correct_drafter_beats_every_known_mistake_on_the_engine(
@@ -63,13 +66,28 @@ def test_the_correct_drafter_beats_every_known_mistake_on_the_engine(
     assert measured["shifted"] >= measured["untrained"] + 1.0
 
 
-def test_the_held_out_length_training_printed_predicts_what_vllm_counts(
+def test_the_held_out_length_training_printed_predicts_what_vllm_counts_on_the_same_prompts(
     served: dict[str, Served], good_drafter: dict[str, Any]
 ) -> None:
-    predicted = good_drafter["result"]["held_out"]["mean_acceptance_length"]["3"]
-    counted = length(served["good"])
-    FIGURES["good: held-out prediction vs vLLM's count (k=3)"] = f"{predicted:.2f} vs {counted:.2f}"
+    """Like for like: training's held-out figure is about the held-out conversations it judged;
+    vLLM counts the same prompts, answered again by the served target (greedy, the same length
+    cap as datagen). Its interval is printed beside it."""
+    held_out = good_drafter["result"]["held_out"]
+    predicted = held_out["mean_acceptance_length"]["3"]
+    low, high = held_out["by_k"]["3"]["ci95"]
+    trained = served["good"].trained_prompts
+    assert trained is not None
+    counted = float(next(lv for lv in trained["levels"] if lv["prompt_set"] == "trained")
+                     ["mean_acceptance_length"])  # fmt: skip
+    elsewhere = length(served["good"])
+    FIGURES["good: held-out prediction [95%] vs vLLM's count, same prompts (k=3)"] = (
+        f"{predicted:.2f} [{low:.2f}-{high:.2f}] vs {counted:.2f} over {held_out['turns']} turns"
+    )
+    FIGURES["good: held-out prediction vs vLLM's count, other held-out prompts (k=3)"] = (
+        f"{predicted:.2f} vs {elsewhere:.2f}"
+    )
     assert abs(predicted - counted) <= PREDICTION_TOLERANCE, (predicted, counted)
+    assert low <= predicted <= high
 
 
 def test_training_judged_every_checkpoint_and_wrote_the_best(good_drafter: dict[str, Any]) -> None:

@@ -50,10 +50,13 @@ def replayed(
             (BENCH_PROMPTS, read_prompts(prompts / "heldout-code.jsonl")[:40]))  # fmt: skip
     rendered = pods.rendered(project, "replay", "good", replay_drafters=DOCTOR_DRAFTERS,
                              replay_prompts=sets)  # fmt: skip
-    containers = [c["name"] for m in rendered.manifests if m["kind"] == "Job"
-                  for c in [*m["spec"]["template"]["spec"].get("initContainers", []),
-                            *m["spec"]["template"]["spec"]["containers"]]]  # fmt: skip
-    assert containers == ["replay-capture", "replay"], containers
+    # Two Jobs, each holding only what it uses: the capture (the served engine) and the judge.
+    ran = sorted(
+        next(a for a in [*c.get("command", []), *c.get("args", [])] if a.startswith("replay-"))
+        for m in rendered.manifests if m["kind"] == "Job"
+        for c in m["spec"]["template"]["spec"]["containers"]
+    )  # fmt: skip
+    assert ran == ["replay-capture", "replay-judge"], ran
     spec = volumes.spec(rendered)
     mounts = volumes.mounts(rendered, "replay")
     started = time.monotonic()

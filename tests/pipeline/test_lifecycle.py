@@ -249,3 +249,26 @@ def test_the_pods_processes_ran_with_a_read_only_root_and_their_own_mounts(
     assert done.stdout.count("Read-only file system") == 2, done.stdout
     assert "writable" in done.stdout and not (models / "probe").exists()
     assert target_server.process.poll() is None  # the server itself runs under the same rules
+
+
+def test_the_memory_plans_kv_arithmetic_is_the_capacity_vllm_reports(
+    target_server: pods.Server, project: Any
+) -> None:
+    """The memory plan's per-token KV figure (plan/memory.py) against the capacity the real
+    engine sized: on CPU vLLM gives its KV cache exactly VLLM_CPU_KVCACHE_SPACE GiB, in float32,
+    and reports the blocks it made in `vllm:cache_config_info`."""
+    import re
+
+    from kimideploy.plan import memory
+
+    text = urllib.request.urlopen(f"{target_server.url}/metrics", timeout=30).read().decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{"))
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    per_token = memory.kv_bytes_per_token(project.project.model, 1, "float32")
+    space = float(pods.cpu_runtime_env(Path(sys.prefix))["VLLM_CPU_KVCACHE_SPACE"]) * memory.GIB
+    assert per_token == 2 * 4 * 32 * 6 * 4  # K and V, 4 heads of 32, 6 layers, float32
+    assert blocks * block_size == int(space // (per_token * block_size)) * block_size, labels
+    FIGURES["KV capacity, vLLM vs plan (tokens)"] = (
+        f"{blocks * block_size} vs {int(space // per_token)}"
+    )

@@ -6,6 +6,7 @@ table (services/gate/bakeoff.py), which names the method to serve per concurrenc
 
 from __future__ import annotations
 
+import pytest
 from tests.pipeline.conftest import Served
 from tests.pipeline.figures import FIGURES
 
@@ -14,18 +15,15 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.services.gate.bakeoff import bakeoff, table_rows
 
 CANDIDATES = (NO_DRAFTER, "ngram", "suffix", "good")
-TRAINED_OVER_NGRAM = 0.5
-"""How much longer the trained drafter's mean acceptance length must be than n-gram's on held-out
-code, where a request's own tokens offer little to copy: measured 3.18 vs 2.10 (k=3)."""
-SUFFIX_OVER_NGRAM = 0.4
-"""How much longer suffix decoding's must be than n-gram's: it also copies from earlier responses
-(the bench's 40 answers share the target's code idioms), n-gram only from the request itself:
-measured 3.03 (drafts of up to 8) vs 2.10 (3)."""
 
 
 def test_every_method_is_served_benched_and_judged_side_by_side(
     served: dict[str, Served], project: LoadedProject
 ) -> None:
+    """What the bake-off is answerable for: its table is exactly what the engine counted for
+    each candidate, and its ranking follows the gate's rule on those figures. Which method wins
+    on this toy target is the target's property, not the bake-off's: it is printed, not
+    asserted (n-gram reached 2.23 here and 2.87 on another machine, against good's 3.09-3.30)."""
     cluster = project.project.clusters["cpu"]
     levels = cluster.gate.concurrency or cluster.workloads.bench.concurrency
     needed = [(p, c) for p in cluster.workloads.bench.prompt_sets for c in levels]
@@ -37,17 +35,21 @@ def test_every_method_is_served_benched_and_judged_side_by_side(
     # Each method drafted and vLLM counted it (a method that never drafts has no counters and
     # could not be judged).
     assert table.unmeasured == {}, table.unmeasured
+    baseline = {(lv["prompt_set"], lv["concurrency"]): lv for lv in results[NO_DRAFTER]["levels"]}
+    for row in table.rows:
+        level = next(lv for lv in results[row.candidate]["levels"]
+                     if (lv["prompt_set"], lv["concurrency"]) == (row.prompt_set, row.concurrency))  # fmt: skip
+        # The table's figures are the engine's counts for that candidate at that level.
+        assert row.mean_acceptance_length == level.get("mean_acceptance_length"), row
+        assert row.acceptance_rate == level.get("acceptance_rate"), row
+        if row.candidate != NO_DRAFTER:
+            assert row.per_position_acceptance == level.get("per_position_acceptance"), row
+            plain = baseline[(row.prompt_set, row.concurrency)]["output_tokens_per_s"]
+            assert row.speedup == pytest.approx(level["output_tokens_per_s"] / plain, abs=5e-5), row
     by_name = {r.candidate: r for r in table.rows if (r.prompt_set, r.concurrency) == needed[0]}
     assert set(by_name) == set(CANDIDATES)
-    ngram, suffix, good = by_name["ngram"], by_name["suffix"], by_name["good"]
-    assert len(ngram.per_position_acceptance or []) == 3
-    assert len(suffix.per_position_acceptance or []) == 8
-    lengths = {}
-    for row in (ngram, suffix, good):
-        assert row.mean_acceptance_length is not None and row.acceptance_rate is not None
-        lengths[row.candidate] = row.mean_acceptance_length
-    assert lengths["good"] >= lengths["ngram"] + TRAINED_OVER_NGRAM, lengths
-    assert lengths["suffix"] >= lengths["ngram"] + SUFFIX_OVER_NGRAM, lengths
+    assert len(by_name["ngram"].per_position_acceptance or []) == 3
+    assert len(by_name["suffix"].per_position_acceptance or []) == 8
     # The recommendation follows the gate's rule: a candidate that passed at that concurrency
     # with the best speedup, else no speculation.
     for concurrency, chosen in table.recommended.items():

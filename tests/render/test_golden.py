@@ -6,6 +6,7 @@ Regenerate with `scripts/update-golden` and review the diff.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from pathlib import Path
 
 from kimideploy.services.rendering import (
@@ -64,14 +65,23 @@ def test_the_configuration_reference_is_fresh_and_describes_every_key() -> None:
     assert any(row.startswith("| `drafters.<name>.source.oci.digest` |") for row in rows)
 
 
-def test_golden_naming_covers_every_workload_and_drafter() -> None:
+def test_golden_naming_covers_every_workload_and_drafter(
+    edited_config: Callable[..., Path],
+) -> None:
     files = golden_files(EXAMPLE)
     names = {p.name for p in files}
     assert {"serve-none.yaml", "serve-v1.yaml", "serve-v2.yaml", "serve-v3.yaml"} <= names
-    # Every method has a manifest where its image serves it, and none where the plan refuses it
-    # (rtx6000 serves vLLM 0.16 without Arctic Inference; b200 serves 0.32 with it).
+    # Every method has a manifest where its image serves it (every example cluster serves 0.32
+    # with Arctic Inference)...
     by_cluster = {c: {p.name for p in files if p.parent.name == c} for c in ("rtx6000", "b200")}
-    assert {"serve-ngram.yaml", "serve-suffix.yaml", "serve-k25-mla.yaml"} <= by_cluster["b200"]
-    assert "serve-ngram.yaml" in by_cluster["rtx6000"]
-    assert not {"serve-suffix.yaml", "serve-k25-mla.yaml"} & by_cluster["rtx6000"]
+    for cluster in ("rtx6000", "b200"):
+        assert {"serve-ngram.yaml", "serve-suffix.yaml", "serve-k25-mla.yaml"} <= by_cluster[
+            cluster
+        ]
+    # ...and none where the plan refuses it: the PCIe host back on vLLM 0.16 has neither.
+    anchor = "whatever the drafter.\n      serve: vllm-0.32-kimi\n"
+    on_016 = golden_files(edited_config((anchor, anchor.replace("0.32", "0.16"))))
+    host = {p.name for p in on_016 if p.parent.name == "rtx6000"}
+    assert "serve-ngram.yaml" in host
+    assert not {"serve-suffix.yaml", "serve-k25-mla.yaml"} & host
     assert {"datagen.yaml", "extract.yaml", "vocab.yaml", "train.yaml", "bench.yaml"} <= names

@@ -29,6 +29,13 @@ def test_no_pod_mounts_a_service_account_token_or_gets_the_hub_token() -> None:
         for container in [*spec.get("initContainers", []), *spec["containers"]]:
             names = {e["name"] for e in container.get("env", [])}
             assert "HF_TOKEN" not in names, (where, container["name"])
+        # The hub token reaches one pod, as a file: the download into a shared models claim.
+        hub = [
+            v
+            for v in spec.get("volumes", [])
+            if (v.get("secret") or {}).get("secretName") == "hf-token"
+        ]
+        assert not hub or where.endswith("weights.yaml Job"), where
 
 
 def objects_of(path: str) -> list[dict[str, Any]]:

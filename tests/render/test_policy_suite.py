@@ -23,6 +23,7 @@ from tests.conftest import REPO
 EXCEPTIONS = {
     "CKV_K8S_11": "GPU containers take no CPU limit",
     "CKV2_K8S_6": "Job pods are selected by the job-name label the Job controller adds",
+    "CKV_K8S_25": "multi-node trainers add IPC_LOCK for NCCL over InfiniBand",
 }
 SECURITY_DOC = REPO / "docs" / "reference" / "security.md"
 
@@ -99,3 +100,17 @@ def test_every_flagged_job_has_its_network_policy(findings: dict[str, Any]) -> N
     for finding in flagged:
         resource = f"{finding['resource']}."
         assert any(name and f".{name}." in resource for name in policies), finding["resource"]
+
+
+def test_only_multi_node_trainers_add_a_capability_and_only_ipc_lock(
+    findings: dict[str, Any],
+) -> None:
+    rendered = objects()
+    flagged = {f["resource"] for f in findings["failed"] if f["check_id"] == "CKV_K8S_25"}
+    assert flagged
+    for resource in flagged:
+        obj = rendered[resource]
+        assert obj["kind"] == "Job" and obj["spec"]["completions"] > 1, resource
+        for container in obj["spec"]["template"]["spec"]["containers"]:
+            added = container["securityContext"]["capabilities"].get("add", [])
+            assert added in ([], ["IPC_LOCK"]), (resource, added)

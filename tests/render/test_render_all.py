@@ -111,7 +111,8 @@ def test_pvcs_are_marked_to_be_kept(example: LoadedProject) -> None:
     objects = render_workload(example, PlanRequest("train", "b200")).objects
     claims = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
     assert {c["metadata"]["name"] for c in claims} == {
-        "kimi-k25-models", "kimi-k25-datasets", "kimi-k25-hidden-states", "kimi-k25-checkpoints"
+        "kimi-k25-models", "kimi-k25-datasets", "kimi-k25-hidden-states", "kimi-k25-checkpoints",
+        "kimi-k25-compile-cache",
     }  # fmt: skip
     assert all(c["metadata"]["annotations"]["kimideploy.io/keep"] == "true" for c in claims)
     assert {c["spec"]["accessModes"][0] for c in claims} == {"ReadWriteMany"}

@@ -148,7 +148,7 @@ def test_predictions_switch_to_the_stored_calibration_and_say_which(
     example: LoadedProject,
 ) -> None:
     before = facts(serve_plan(example, cluster="b200", drafter="v3"))
-    assert before["step cost"].startswith("default constant step_cost_per_token")
+    assert before["step cost"].startswith("prior for 8x B200 (NVL8)")
     stored = calibration_for(example, "b200")
     plan = serve_plan(example, cluster="b200", drafter="v3", calibrations=(stored,))
     after = facts(plan)
@@ -176,7 +176,7 @@ def test_a_calibration_of_another_image_or_configuration_is_not_used(
     stored = replace(calibration_for(example, "b200"), **changes)  # type: ignore[arg-type]
     plan = serve_plan(example, cluster="b200", drafter="v3", calibrations=(stored,))
     step = facts(plan)["step cost"]
-    assert step.startswith("default constant")
+    assert step.startswith("prior for")
     if reason:
         assert reason in step and step.endswith("so not used")
     changed = serve_plan(example, cluster="b200", drafter="v3",
@@ -215,7 +215,7 @@ def test_an_image_without_synthetic_rejection_sampling_is_refused_naming_one_tha
     example: LoadedProject,
 ) -> None:
     with pytest.raises(UsageError) as refused:
-        serve_plan(example, cluster="rtx6000", drafter="v3",
+        serve_plan(example, cluster="rtx6000", drafter="v3", image="vllm-0.16-kimi",
                    synthetic=SyntheticAcceptance(3, (2.0,)))  # fmt: skip
     assert "vllm-0.16-kimi (vLLM 0.16.0)" in refused.value.message
     assert "vllm-0.32-kimi has it" in refused.value.message
@@ -247,7 +247,7 @@ def test_the_k_schedule_stops_drafting_where_it_cannot_pay() -> None:
 def test_training_plans_say_what_acceptance_the_gate_needs(example: LoadedProject) -> None:
     plan = resolve(example, PlanRequest("train", "b200"))
     needed = dict(plan.facts)["acceptance needed"]
-    assert needed.startswith("to pass the gate (") and "default constant" in needed
+    assert needed.startswith("to pass the gate (") and "prior for" in needed
     stored = calibration_for(example, "b200")
     expensive = replace(stored, points=[replace(p, tokens_per_s=p.tokens_per_s / 3)
                                         for p in stored.points])  # fmt: skip
@@ -296,7 +296,7 @@ def test_up_judges_the_drafter_with_the_step_cost_measured_on_the_cluster_it_dep
 ) -> None:
     """One judgement: the plan's findings, which `up` refuses on, use the cost model
     the plan predicts with, on the plan's own cluster, not the default cluster's constant."""
-    from kimideploy.services.release.deploy import _refuse_failing_drafter
+    from kimideploy.services.release.deploy import refuse_failing_drafter
 
     drafters = dict(example.project.drafters)
     drafters["v3"] = drafters["v3"].model_copy(update={"acceptance": [0.6, 0.35, 0.2]})
@@ -309,13 +309,13 @@ def test_up_judges_the_drafter_with_the_step_cost_measured_on_the_cluster_it_dep
     costly = resolve(loaded, PlanRequest("serve", "b200", "v3", calibrations=(expensive,)))
     default, measured = ({f.name: f for f in p.drafter_findings}["predicted speedup"]
                          for p in (cheap, costly))  # fmt: skip
-    assert default.ok and "default constant" in default.detail
+    assert default.ok and "prior for" in default.detail
     assert not measured.ok and "measured on 2026-12-01" in measured.detail
     assert facts(costly)["step cost"].startswith("measured on 2026-12-01")
     assert any("SLOWER" in w for w in costly.warnings)
-    _refuse_failing_drafter(cheap, force=False)
+    refuse_failing_drafter(cheap, force=False)
     with pytest.raises(UsageError, match="drafter v3 fails its check: predicted speedup"):
-        _refuse_failing_drafter(costly, force=False)
+        refuse_failing_drafter(costly, force=False)
 
 
 def test_a_calibration_with_a_zero_baseline_is_not_read_and_does_not_poison_the_cache(

@@ -25,8 +25,9 @@ def test_render_serve_to_stdout_is_pipeable_yaml(capsys: pytest.CaptureFixture[s
     code, out, _ = run(capsys, "render", "serve", "--drafter", "v3")
     assert code == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(out)]
-    assert kinds == ["NetworkPolicy", "ConfigMap", "ConfigMap", "PersistentVolumeClaim", "Service",
-                     "Deployment"]  # fmt: skip
+    # Two claims: the models, and the compile cache (kernels kept per image digest).
+    assert kinds == ["NetworkPolicy", "ConfigMap", "ConfigMap", "PersistentVolumeClaim",
+                     "PersistentVolumeClaim", "Service", "Deployment"]  # fmt: skip
     assert out == (REPO / "k8s/rendered/rtx6000/serve-v3.yaml").read_text()
 
 
@@ -37,8 +38,8 @@ def test_render_to_a_directory_writes_one_file_per_object(
     assert code == 0
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files[0].startswith("01-networkpolicy-") and files[1].startswith("02-configmap-")
-    assert files[-1].startswith("08-job-kimi-k25-train-")
-    assert len(files) == 8
+    assert files[-1].startswith("09-job-kimi-k25-train-")
+    assert len(files) == 9  # five claims (the compile cache among them), a Service, the Job
     assert all(
         len(list(yaml.safe_load_all((tmp_path / "out" / f).read_text()))) == 1 for f in files
     )

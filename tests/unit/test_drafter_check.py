@@ -189,16 +189,16 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 def test_up_refuses_a_drafter_predicted_to_be_slower(edited_config: Callable[..., Path]) -> None:
     from kimideploy.errors import UsageError
-    from kimideploy.services.release.deploy import _refuse_failing_drafter
+    from kimideploy.services.release.deploy import refuse_failing_drafter
 
     old = "    num_speculative_tokens: 5      # what was served"
     loaded = load_project(
         edited_config((old, "    acceptance: [0.2, 0.1, 0.05, 0.03, 0.02]\n" + old))
     )
     with pytest.raises(UsageError, match="drafter v2 fails its check: predicted speedup"):
-        _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v2")), force=False)
-    _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v2")), force=True)
-    _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "none")), force=False)
+        refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v2")), force=False)
+    refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v2")), force=True)
+    refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "none")), force=False)
 
 
 def test_the_serve_pods_init_container_checks_the_copy_on_the_models_volume(
@@ -329,7 +329,7 @@ def test_held_out_acceptance_predicts_ahead_of_a_prior_and_behind_serving(
         "held-out mean acceptance length 2.50 (training run abc123, 240 samples never trained on, step 600)"
         in predicted
     )
-    assert "c=1 1.75x" in predicted  # 2.5 / 1.43
+    assert "c=1 1.77x" in predicted  # 2.5 / 1.41
     row = {r["name"]: r for r in drafter_rows(loaded.project)}["v3"]
     assert row["held_out_length"] == "2.50 @k=3 (held-out, run abc123)"
     shown = {f.name: f for f in check(loaded.project, "v3", None)}["acceptance"].detail
@@ -350,16 +350,16 @@ def test_up_refuses_a_drafter_whose_held_out_length_is_below_break_even(
     edited_config: Callable[..., Path],
 ) -> None:
     from kimideploy.errors import UsageError
-    from kimideploy.services.release.deploy import _refuse_failing_drafter
+    from kimideploy.services.release.deploy import refuse_failing_drafter
 
     loaded = load_project(held_out_config(edited_config, "{1: 1.1, 2: 1.2, 3: 1.31}"))
     found = {f.name: f for f in check(loaded.project, "v3", None)}["predicted speedup"]
     assert not found.ok and found.blocking
-    assert "held-out mean acceptance length 1.31 at k=3, break-even 1.43" in found.detail
-    assert "0.92x (SLOWER than no speculation) at c=1" in found.detail
+    assert "held-out mean acceptance length 1.31 at k=3, break-even 1.41" in found.detail
+    assert "0.93x (SLOWER than no speculation) at c=1" in found.detail
     with pytest.raises(UsageError, match="drafter v3 fails its check: predicted speedup"):
-        _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v3")), force=False)
-    _refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v3")), force=True)
+        refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v3")), force=False)
+    refuse_failing_drafter(resolve(loaded, PlanRequest("serve", None, "v3")), force=True)
     # A published prior below break-even warns but does not block: it was measured elsewhere.
     prior = load_project(
         edited_config(
@@ -388,9 +388,66 @@ def test_drafter_check_reads_the_held_out_judgement_from_the_lineage_file(
     assert "step 40 has the best" in found["lineage: held-out"].detail
     # The registry has none for v3: the lineage file's figure predicts, labelled held-out.
     assert "held-out mean acceptance length 1.80" in found["acceptance"].detail
-    assert found["predicted speedup"].ok and "1.26x" in found["predicted speedup"].detail
+    assert found["predicted speedup"].ok and "1.27x" in found["predicted speedup"].detail
     older = write_lineage(drafter_dir(tmp_path / "old"), example, held_out=None)
     assert not findings(example, "v3", older)["lineage: held-out"].ok
     (older / "kimideploy-lineage.json").write_text("{not json")
     broken = findings(example, "v3", older)["lineage file"]
     assert not broken.ok and "not valid JSON" in broken.detail
+
+
+def interval_config(
+    edited_config: Callable[..., Path], length: float, low: float, high: float
+) -> Path:
+    """v3 with held-out figures and their interval, as `drafter publish` pins them."""
+    record = (f"    held_out: {{mean_acceptance_length: {{3: {length}}}, samples: 64, step: 400, "
+              f"run: abc123, turns: 39, ci95: {{3: [{low}, {high}]}}, "
+              f"stands_for: held-out conversations of the training data}}\n")  # fmt: skip
+    return edited_config(("  v3:\n", "  v3:\n" + record))
+
+
+@pytest.mark.parametrize(
+    ("length", "low", "high", "ok", "blocking", "words"),
+    [
+        (1.30, 1.25, 1.36, False, True, "below break-even however the held-out turns are sampled"),
+        (1.50, 1.38, 1.62, False, False, "it may not pay"),  # straddles 1.41: a warning
+        (1.80, 1.60, 2.00, True, False, "its 95% interval 1.60-2.00 at k=3 against break-even 1.41"),
+    ],
+)  # fmt: skip
+def test_up_refuses_by_the_held_out_interval_and_warns_when_it_straddles_break_even(
+    edited_config: Callable[..., Path], length: float, low: float, high: float, ok: bool,
+    blocking: bool, words: str,
+) -> None:  # fmt: skip
+    from kimideploy.errors import UsageError
+    from kimideploy.services.drafters.listing import drafter_rows
+    from kimideploy.services.release.deploy import refuse_failing_drafter
+
+    loaded = load_project(interval_config(edited_config, length, low, high))
+    found = {f.name: f for f in check(loaded.project, "v3", None)}["predicted speedup"]
+    assert (found.ok, found.blocking) == (ok, blocking), found
+    assert words in found.detail
+    shown = {f.name: f for f in check(loaded.project, "v3", None)}["acceptance"].detail
+    assert f"held-out mean acceptance length {length:.2f}, 95% {low:.2f}-{high:.2f}" in shown
+    assert "39 turns" in shown
+    row = {r["name"]: r for r in drafter_rows(loaded.project)}["v3"]
+    assert (
+        row["held_out_length"]
+        == f"{length:.2f} [95% {low:.2f}-{high:.2f}, 39 turns] @k=3 (held-out, run abc123)"
+    )
+    plan = resolve(loaded, PlanRequest("serve", "rtx6000", "v3"))
+    assert f"95% {low:.2f}-{high:.2f}" in dict(plan.facts)["predicted"]  # up --dry-run shows it
+    if blocking:
+        with pytest.raises(UsageError, match="drafter v3 fails its check: predicted speedup"):
+            refuse_failing_drafter(plan, force=False)
+    else:
+        refuse_failing_drafter(plan, force=False)
+        assert any("it may not pay" in w for w in plan.warnings) == (not ok)
+
+
+def test_an_interval_that_does_not_hold_its_figure_is_a_config_error(
+    edited_config: Callable[..., Path],
+) -> None:
+    from kimideploy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"ci95\[3\] = \[1.9, 2.0\] does not hold its figure 1.8"):
+        load_project(interval_config(edited_config, 1.8, 1.9, 2.0))

@@ -131,12 +131,31 @@ def test_nothing_to_judge_is_inconclusive_not_healthy() -> None:
     assert found.verdict.startswith("inconclusive") and found.as_dict()["verdict"] == "inconclusive"
 
 
-def test_measured_positions_come_first_and_the_replay_fills_the_deeper_ones() -> None:
+def test_a_stored_bench_run_is_shown_beside_the_prediction_never_in_its_place() -> None:
+    """vLLM's rates from the bench's prompts said 3.09 whatever the prompts replayed were (prose
+    included, where vLLM counted 1.63): the prediction is the replay's own, on the prompts
+    replayed; the bench's figure stands beside it, labelled with its basis."""
     measured = Measured(2.2, [0.7, 0.6, 0.5], "bench run r1")
-    found = diagnose(inputs(replay(), measured=measured))
-    assert found.prediction["per_position"][:3] == [0.7, 0.6, 0.5]
-    assert found.prediction["per_position"][3:] == GOOD[3:]
+    alone, found = diagnose(inputs(replay())), diagnose(inputs(replay(), measured=measured))
+    assert found.prediction["by_k"] == alone.prediction["by_k"]
+    assert found.prediction["per_position"] == alone.prediction["per_position"] == GOOD
+    assert found.prediction["per_position_basis"] == "conditional, replay walk"
+    beside = found.prediction["measured_elsewhere"]
+    assert beside["per_position"] == [0.7, 0.6, 0.5] and beside["mean_acceptance_length"] == 2.2
+    assert beside["per_position_basis"] == "per draft, vLLM's counters"
     assert any("2.20" in note for note in found.notes)
+
+
+def test_the_printed_figure_at_each_judged_k_is_the_replays_own() -> None:
+    """Rebuilt from the deepest k's first rates, k=3 came out up to 0.15 below the replay's own
+    k=3 figure (the walks start their drafts at other positions): each judged k is its own."""
+    result = replay()
+    figures = result["scenarios"]["served_answers"]
+    figures["mean_acceptance_length"] = {"1": 1.9, "2": 2.61, "3": 3.28, "4": 3.7, "5": 4.0}
+    found = diagnose(inputs(result))
+    by_k = found.prediction["by_k"]
+    assert [by_k[k]["mean_acceptance_length"] for k in ("1", "2", "3")] == [1.9, 2.61, 3.28]
+    assert {v["basis"] for v in by_k.values()} == {"replay at this k"}
 
 
 def test_nothing_paying_on_its_own_conversations_is_weak() -> None:

@@ -125,3 +125,23 @@ def test_the_schedule_warms_up_then_decays_to_the_floor() -> None:
     assert [round(lr_factor(s, 5, linear), 3) for s in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
     constant = spec(lr_schedule="constant", warmup_ratio=0.0)
     assert {lr_factor(s, 50, constant) for s in range(50)} == {1.0}
+
+
+def test_the_held_out_interval_holds_the_figure_and_narrows_with_more_turns() -> None:
+    """A bootstrap over turns: how far serving the same distribution may count from the figure.
+    The same turns give the same interval (seeded); four times the turns, about half the width."""
+    import random as draw
+
+    from kimideploy.workloads.heldout import figures, interval, judge_turns
+
+    rng = draw.Random(7)
+    turns = [[rng.choice([0, 1, 2, 3, 3, 3]) for _ in range(40)] for _ in range(30)]
+    judged = figures(judge_turns(turns, 3), samples=30, per_turn=turns)
+    low, high = judged["by_k"]["3"]["ci95"]
+    length = judged["mean_acceptance_length"]["3"]
+    assert low < length < high and judged["by_k"]["3"]["turns"] == judged["turns"] == 30
+    assert interval(turns, 3) == [low, high]  # the same on every run and machine
+    more = turns * 4
+    wide, narrow = high - low, interval(more, 3)[1] - interval(more, 3)[0]
+    assert 0.35 * wide < narrow < 0.65 * wide
+    assert interval([], 3) == [1.0, 1.0]

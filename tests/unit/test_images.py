@@ -33,9 +33,9 @@ IMAGES = ("vllm-0.16-kimi", "vllm-0.32-kimi", "train-speculators-0.9", "tools")
 
 def test_root_dockerfile_is_the_rendered_default_image(example: LoadedProject) -> None:
     name = default_image_name(example.project)
-    assert name == "vllm-0.16-kimi"
+    assert name == "vllm-0.32-kimi"
     assert (REPO / "Dockerfile").read_text() == render_dockerfile(example.project, name), (
-        "Dockerfile is stale: .venv/bin/kimideploy image render vllm-0.16-kimi > Dockerfile"
+        "Dockerfile is stale: .venv/bin/kimideploy image render vllm-0.32-kimi > Dockerfile"
     )
 
 
@@ -387,3 +387,102 @@ def test_verify_says_what_stopped_it_preparing_vllm_with_a_hint(
     assert raised.value.exit_code != 0
     assert f"{name}: cannot prepare vLLM" in str(raised.value) and str(failure) in str(raised.value)
     assert "kimideploy" in (raised.value.hint or "") and "run again" in (raised.value.hint or "")
+
+
+GPU_IMAGES = ("vllm-0.16-kimi", "vllm-0.32-kimi", "train-speculators-0.9")
+
+
+def stages(text: str) -> dict[str, str]:
+    """The Dockerfile's stages by name (`FROM ... AS name`), each with its own lines."""
+    found: dict[str, str] = {}
+    name = ""
+    for line in text.splitlines():
+        if line.startswith("FROM "):
+            name = line.split(" AS ")[-1].strip() if " AS " in line else "final"
+        found[name] = found.get(name, "") + line + "\n"
+    return found
+
+
+@pytest.mark.parametrize("name", GPU_IMAGES)
+def test_gpu_images_carry_what_the_first_kernel_needs_and_prove_it_when_built(
+    example: LoadedProject, name: str
+) -> None:
+    """Triton compiles its launcher against Python.h with the C compiler at the first kernel, in
+    the pod; NCCL's InfiniBand transport dlopens libibverbs. Both stages get what they need, and
+    the runtime stage (what the pods run) proves it before the image can be pushed."""
+    image = example.project.images[name]
+    built = stages(render_dockerfile(example.project, name))
+    python = f"python{image.python}"
+    install = next(line for line in built["build"].splitlines() if "apt-get install" in line)
+    assert f"{python}-dev" in install.split() and "build-essential" in install.split()
+    runtime = built["runtime"]
+    install = next(line for line in runtime.splitlines() if "apt-get install" in line).split()
+    assert {f"{python}-dev", "gcc", "libc6-dev", "libibverbs1", "ibverbs-providers"} <= set(install)
+    check = f"RUN python -m kimideploy.images.selfcheck c-toolchain cuda-archs:{','.join(image.cuda_archs)} nccl ibverbs"
+    assert check in runtime
+    assert (
+        runtime.index("COPY --from=build /opt/venv") < runtime.index(check) < runtime.index("USER ")
+    )
+
+
+def test_the_cpu_image_installs_no_compiler_and_checks_no_kernels(example: LoadedProject) -> None:
+    runtime = stages(render_dockerfile(example.project, "tools"))["runtime"]
+    assert "gcc" not in runtime and "libibverbs" not in runtime
+    assert "selfcheck" not in runtime
+
+
+def test_the_toolchain_check_names_a_missing_compiler_or_python_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kimideploy.images import selfcheck as checks_module
+
+    [(_, ok, message)] = selfcheck(["c-toolchain"])  # this machine has gcc and the headers
+    assert ok and "compiles and links a C extension against" in message, message
+    monkeypatch.setattr(checks_module, "python_include_dir", lambda: str(tmp_path))
+    [(_, ok, message)] = selfcheck(["c-toolchain"])
+    assert not ok and f"{tmp_path}/Python.h is missing" in message
+    assert "-dev in the runtime stage" in message
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    [(_, ok, message)] = selfcheck(["c-toolchain"])
+    assert not ok and "no C compiler" in message
+
+
+def test_compiled_architectures_cover_a_device_by_nvidias_compatibility_rule() -> None:
+    from kimideploy.formats.gpuinfo import uncovered
+
+    torch_213 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # PyPI's cu130 wheel
+    assert uncovered(["sm_100", "sm_103", "sm_120"], torch_213) == []  # 10.0 code runs on 10.3
+    assert uncovered(["sm_103"], ["sm_100a"]) == ["sm_103"]  # arch-specific code runs on 10.0 only
+    assert uncovered(["sm_120"], ["sm_100", "compute_120"]) == ["sm_120"]  # PTX alone: a JIT
+    assert uncovered(["sm_90"], ["sm_100", "sm_120"]) == ["sm_90"]  # no newer major runs older
+    assert uncovered(["sm_121"], ["sm_120"]) == []
+
+
+def test_the_serve_pods_gpu_check_probes_the_device_with_the_clusters_nccl_settings(
+    example: LoadedProject,
+) -> None:
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.plan.resolve import resolve
+
+    for cluster, probes in (("b300", "torch-arch,triton,moe,allreduce"),
+                            ("rtx6000", "torch-arch,triton,moe,allreduce")):  # fmt: skip
+        plan = resolve(example, PlanRequest("serve", cluster, "v3"))
+        deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
+        check = next(c for c in deployment["init_containers"] if c["name"] == "gpu-check")
+        command = check["command"]
+        assert command[command.index("--probes") + 1] == probes
+        assert command[command.index("--timeout-s") + 1] == "60"
+        env = {e["name"]: e.get("value") for e in check["env"]}
+        wanted = {**nccl_env_of(example, cluster), **example.project.clusters[cluster].env}
+        assert {k: v for k, v in env.items() if k.startswith("NCCL_")} == wanted
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in check["volumeMounts"]
+
+
+def nccl_env_of(example: LoadedProject, cluster: str) -> dict[str, str]:
+    network = example.project.clusters[cluster].network
+    found = {"NCCL_IB_HCA": "=" + ",".join(network.ib_hcas)} if network.ib_hcas else {}
+    return {
+        **found,
+        **({"NCCL_SOCKET_IFNAME": network.socket_ifname} if network.socket_ifname else {}),
+    }

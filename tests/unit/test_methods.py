@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,21 @@ from tests.unit.test_drafter_check import write_safetensors
 
 NGRAM = "  ngram:\n    description: Prompt lookup"
 SUFFIX_K = "    num_speculative_tokens: 24     # the longest draft"
+
+
+def serving_016(example: LoadedProject) -> LoadedProject:
+    """The example with the PCIe host back on the team's vLLM 0.16 stack."""
+    clusters = dict(example.project.clusters)
+    host = clusters["rtx6000"]
+    images = host.images.model_copy(update={"serve": "vllm-0.16-kimi"})
+    clusters["rtx6000"] = host.model_copy(update={"images": images})
+    return replace(example, project=example.project.model_copy(update={"clusters": clusters}))
+
+
+SERVE_016 = (
+    "whatever the drafter.\n      serve: vllm-0.32-kimi\n",
+    "whatever the drafter.\n      serve: vllm-0.16-kimi\n",
+)
 
 
 def issues_of(path: Path) -> list[str]:
@@ -133,19 +149,19 @@ def test_model_free_pods_pull_and_check_no_drafter_files(example: LoadedProject)
     ("drafter", "message", "hint"),
     [
         ("suffix", "suffix decoding needs Arctic Inference and image vllm-0.16-kimi (serve on "
-                   "rtx6000) has none", "--image vllm-0.32-kimi"),
+                   "rtx6000) has none", "clusters.rtx6000.images.serve: vllm-0.32-kimi"),
         ("k25-mla", "an MLA EAGLE-3 drafter needs vLLM >= 0.32 (Eagle3DeepseekV2ForCausalLM); "
-                    "image vllm-0.16-kimi (serve on rtx6000) has vLLM 0.16.0", "--image vllm-0.32-kimi"),
+                    "image vllm-0.16-kimi (serve on rtx6000) has vLLM 0.16.0", "images.serve: vllm-0.32-kimi"),
     ],
 )  # fmt: skip
 def test_a_method_the_serve_image_cannot_run_is_refused_before_anything_starts(
     example: LoadedProject, drafter: str, message: str, hint: str
 ) -> None:
     with pytest.raises(UsageError) as info:
-        resolve(example, PlanRequest("serve", "rtx6000", drafter))
+        resolve(serving_016(example), PlanRequest("serve", "rtx6000", drafter))
     assert message in str(info.value) and hint in (info.value.hint or "")
     # The same request on the image that carries what it needs renders.
-    resolve(example, PlanRequest("serve", "rtx6000", drafter, image="vllm-0.32-kimi"))
+    resolve(serving_016(example), PlanRequest("serve", "rtx6000", drafter, image="vllm-0.32-kimi"))
 
 
 def test_data_workloads_need_an_eagle3_drafter(example: LoadedProject) -> None:
@@ -164,14 +180,15 @@ def test_drafter_list_shows_methods_with_their_settings(example: LoadedProject) 
 
 
 def test_drafter_check_judges_a_model_free_method_by_its_serve_image(
-    example: LoadedProject, capsys: pytest.CaptureFixture[str]
+    example: LoadedProject, edited_config: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     on_b200 = {f.name: f for f in check(example.project, "suffix", None, "b200")}
     assert on_b200["serve image"].ok and "Arctic Inference 0.3.0" in on_b200["serve image"].detail
     assert "known only once served" in on_b200["acceptance"].detail
-    on_host = {f.name: f for f in check(example.project, "suffix", None, "rtx6000")}
+    on_host = {f.name: f for f in check(serving_016(example).project, "suffix", None, "rtx6000")}
     assert not on_host["serve image"].ok and on_host["serve image"].blocking
-    assert main(["drafter", "check", "suffix", "--cluster", "rtx6000"]) == 1
+    config = str(edited_config(SERVE_016))
+    assert main(["--config", config, "drafter", "check", "suffix", "--cluster", "rtx6000"]) == 1
     assert main(["drafter", "check", "ngram", "--dir", "."]) == 2
     assert "ngram is a model-free method (ngram); it has no files" in capsys.readouterr().err
 
@@ -223,7 +240,7 @@ def test_mla_mistakes_are_caught_with_their_fix(example: LoadedProject, tmp_path
     )
     llama = mla_findings(example, mla_dir(tmp_path / "b", architectures=["LlamaForCausalLMEagle3"]))
     assert not llama["architecture"].ok and "set decoder: llama" in llama["architecture"].fix
-    on_016 = mla_findings(example, mla_dir(tmp_path / "c"), cluster="rtx6000")
+    on_016 = mla_findings(serving_016(example), mla_dir(tmp_path / "c"), cluster="rtx6000")
     assert (
         not on_016["architecture"].ok
         and "vLLM 0.16.0 has no MLA EAGLE-3 model" in on_016["architecture"].detail

@@ -24,7 +24,7 @@ def test_every_workload_has_one_spec_model_and_the_cli_offers_exactly_those() ->
     assert list(WORKLOAD_CHOICE.choices) == list(WORKLOAD_NAMES)
     assert list(JOB_CHOICE.choices) == [*JOB_WORKLOADS, "calibrate"]
     assert set(WORKLOADS) == {*JOB_WORKLOADS, "publish", "drafter-check", "artifact-pull",
-                              "replay-capture", "replay-judge"}  # fmt: skip
+                              "replay-capture", "replay-judge", "weights"}  # fmt: skip
     assert isinstance(WORKLOAD_CHOICE, click.Choice)
 
 
@@ -36,7 +36,8 @@ def test_the_plan_carries_its_spec_and_the_release_names(
         example = with_published_drafter(example)
     drafter = "v4" if workload == "pull" else None
     run_id = None if workload == "serve" else "abc123"
-    plan = resolve(example, PlanRequest(workload, "rtx6000", drafter, run_id=run_id))
+    cluster = "b300" if workload == "weights" else "rtx6000"  # a shared models claim
+    plan = resolve(example, PlanRequest(workload, cluster, drafter, run_id=run_id))
     assert type(plan.spec) is SPEC_TYPES[workload]
     assert plan.release == example.project.release_name(workload)
     assert plan.serve_release == example.project.release_name("serve")
@@ -62,7 +63,7 @@ def with_published_drafter(example: LoadedProject) -> LoadedProject:
 
 # Fields the plan derives although the settings have one of the same name.
 DERIVED = {
-    "datagen": {"prompts", "endpoint"},
+    "datagen": {"prompts", "endpoint", "concurrency"},  # unset: what the serve release holds
     "bench": {"concurrency"},
     # ttt_steps: unset means the drafter's k (at least 3); an explicit value is copied (below).
     "train": {"drafter", "online", "ttt_steps"},

@@ -81,7 +81,7 @@ def test_the_server_asks_vllm_for_exactly_what_offline_extraction_asks_for(
     args = job["init_containers"][0]["args"]
     extract = json.loads(obj(resolve(example, PlanRequest("extract", "b300")), "configmap-spec")
                          ["data"]["spec.json"])  # fmt: skip
-    kwargs = engine_kwargs(ExtractSpec(**extract), Path(SCRATCH_MOUNT))
+    kwargs = engine_kwargs(ExtractSpec(**extract), Path(SCRATCH_MOUNT), 4096)
     speculative = json.loads(args[args.index("--speculative-config") + 1])
     transfer = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert speculative == kwargs["speculative_config"]
@@ -118,11 +118,11 @@ def test_an_online_run_that_cannot_work_is_refused_from_the_config(
          "has no native sidecar containers"),
         (("      extract: vllm-0.32-kimi\n      vocab: tools\n      train: train-speculators-0.9\n"
           "      bench: tools\n    workloads:\n      serve:\n        replicas: 2\n        resources: "
-          '{cpu: "96", memory: 1Ti}\n        startup_budget_s: 2400\n      datagen:\n        prompts: '
+          '{cpu: "96", memory: 1Ti}\n        startup_budget_s: 2400\n        max_num_batched_tokens: 16384\n      datagen:\n        prompts: '
           "prompts/mixed-v1.jsonl\n        samples: 500000",
           "      extract: vllm-0.16-kimi\n      vocab: tools\n      train: train-speculators-0.9\n"
           "      bench: tools\n    workloads:\n      serve:\n        replicas: 2\n        resources: "
-          '{cpu: "96", memory: 1Ti}\n        startup_budget_s: 2400\n      datagen:\n        prompts: '
+          '{cpu: "96", memory: 1Ti}\n        startup_budget_s: 2400\n        max_num_batched_tokens: 16384\n      datagen:\n        prompts: '
           "prompts/mixed-v1.jsonl\n        samples: 500000"),
          "has vLLM 0.16.0; hidden-state extraction needs vLLM >= 0.18"),
         (("    torch: 2.13.0\n    vllm: 0.32.0\n", "    torch: 2.13.0\n    vllm: 0.18.0\n"),

@@ -25,15 +25,15 @@ def test_user_strings_are_escaped_and_kimideploys_references_kept(
 ) -> None:
     config = edited_config(
         ("  served_name: kimi-k2.5\n", "  served_name: kimi-$(HF_TOKEN)\n"),
-        ("      NCCL_IB_HCA: mlx5\n    storage:\n      models:        {storage_class: shared-fs, size: 4Ti, access_mode: ReadWriteMany}\n      datasets:      {storage_class: shared-fs, size: 4Ti",
-         "      NCCL_IB_HCA: $(HF_TOKEN)\n    storage:\n      models:        {storage_class: shared-fs, size: 4Ti, access_mode: ReadWriteMany}\n      datasets:      {storage_class: shared-fs, size: 4Ti"),
+        ("    gpu: {product: NVIDIA-B300-SXM6-AC, arch: sm_103, memory_gb: 288, per_node: 8}\n    interconnect: nvlink\n    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    env:\n",
+         "    gpu: {product: NVIDIA-B300-SXM6-AC, arch: sm_103, memory_gb: 288, per_node: 8}\n    interconnect: nvlink\n    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    env:\n      NCCL_SOCKET_IFNAME: $(HF_TOKEN)\n"),
     )  # fmt: skip
     serve = next(
         c for c in containers(config, "serve", cluster="b300")
         if "--served-model-name" in c.get("args", [])
     )  # fmt: skip
     assert "kimi-$$(HF_TOKEN)" in serve["args"] and "kimi-$(HF_TOKEN)" not in serve["args"]
-    assert {"name": "NCCL_IB_HCA", "value": "$$(HF_TOKEN)"} in serve["env"]
+    assert {"name": "NCCL_SOCKET_IFNAME", "value": "$$(HF_TOKEN)"} in serve["env"]
     sidecar = next(
         c for c in containers(config, "train", cluster="b300") if c["name"] == "target-server"
     )

@@ -6,11 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from kimideploy.config.clusters import Rental
 from kimideploy.config.datasets import PublishedDataset
 from kimideploy.config.loading import load_project
 from kimideploy.config.project import Project
 from kimideploy.config.registry import OciArtifact
+from kimideploy.errors import ConfigError
 from kimideploy.plan.data_layout import pipeline_fingerprints
 from kimideploy.services.runs.rental import rental_notice
 from tests.conftest import EXAMPLE
@@ -73,3 +76,41 @@ def test_published_drafter_and_conversations_are_not_listed() -> None:
     notice = rental_notice(done, "b300", NOW, [])
     assert notice is not None and notice.unpublished == []
     assert "everything it made is published" in notice.headline()
+
+
+def rental_config(edited_config: Any, ends: str) -> Any:
+    anchor = (
+        "    # rental: {ends: 2027-01-31T18:00:00Z, provider: Example GPU Cloud, warn_hours: 72}\n"
+    )
+    return edited_config((anchor, f"    rental: {{ends: {ends}, warn_hours: 72}}\n"))
+
+
+def test_the_notice_announces_the_end_in_utc_whatever_zone_it_was_written_in(
+    edited_config: Any,
+) -> None:
+    project = load_project(rental_config(edited_config, "2026-12-04T18:00:00+05:30")).project
+    assert project.clusters["b300"].rental.ends == datetime(2026, 12, 4, 12, 30, tzinfo=UTC)
+    notice = rental_notice(project, "b300", NOW, [])
+    assert notice is not None and "(2026-12-04 12:30 UTC)" in notice.headline()
+    assert notice.hours_left == 48.5
+
+
+@pytest.mark.parametrize(
+    ("ends", "why"),
+    [
+        ("2027-02-30", "not a date on the calendar"),
+        ('"2027-02-30"', "not a date on the calendar"),
+        ("2026-12-31T23:59:60Z", "clusters.b300.rental.ends"),
+        ("2026-13-01T00:00:00Z", "clusters.b300.rental.ends"),
+    ],
+)
+def test_an_impossible_end_is_a_config_error_with_its_line(
+    edited_config: Any, ends: str, why: str
+) -> None:
+    path = rental_config(edited_config, ends)
+    with pytest.raises(ConfigError) as info:
+        load_project(path)
+    text = str(info.value) + "\n".join(getattr(info.value, "issues", []) or [])
+    assert why in text and "clusters.b300.rental.ends" in text, text
+    line = next(n for n, t in enumerate(path.read_text().splitlines(), 1) if "rental: {ends" in t)
+    assert f":{line}" in text, text

@@ -103,3 +103,25 @@ def test_drafter_check_survives_a_hostile_copy(
     code = main(["drafter", "check", "v3", "--dir", str(folder)])
     out, err = capsys.readouterr()
     assert code == 1 and "Traceback" not in err and "config.json" in out
+
+
+def test_a_chunk_of_one_huge_line_is_named_in_bounded_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A chunk holding one line longer than any sample (here the limit is lowered to keep the
+    test small) is corrupt, named with its line, without being parsed whole; `--sample` on a
+    folder with a cut chunk shows the samples that are whole."""
+    from kimideploy.formats.bounded_io import json_lines
+
+    shard = tmp_path / "conv" / "shard-00000"
+    shard.mkdir(parents=True)
+    (shard / "chunk-000001.jsonl").write_text('{"id": "a"}\n' + '{"id": "' + "x" * 5000 + '"}\n')
+    lines = list(json_lines(shard / "chunk-000001.jsonl", 1 << 20, line_limit=1000))
+    assert [(ln.number, ln.problem) for ln in lines] == [(1, None), (2, "a line over 1,000 bytes")]
+    (shard / "chunk-000002.jsonl").write_text('{"id": "b"}\n{"id": "c", "messa')  # cut mid-line
+    found = summary(inspect(tmp_path / "conv"))
+    assert found["samples"] == 3
+    assert any("chunk-000002.jsonl:2: not a complete JSON line" in p for p in found["problems"])
+    code = main(["data", "inspect", str(tmp_path / "conv"), "--sample", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--sample 3: " in err and "has 3 samples (0-based)" in err, err

@@ -128,3 +128,46 @@ def test_a_result_that_would_not_validate_writes_nothing(config: Path) -> None:
         pin_published(config, "v3", broken)
     assert config.read_text() == before
     assert json.dumps(RESULT)  # the fixture itself is plain JSON, as the pod prints it
+
+
+HOSTILE_VALUES = [
+    'x"\nrogue: injected\nq: "',  # closes the file's quotes and adds keys
+    "x'\nrogue: injected\nq: '",
+    "x\u2028rogue: injected",  # YAML 1.1 line breaks a reader would break at
+    "x\u0085rogue: injected",
+    "x\u2029y\x1b]52;c;Zm9v\x07",
+    'back\\slash and "quotes"',
+]
+
+
+@pytest.mark.parametrize("style", ['"', "'"])
+@pytest.mark.parametrize("value", HOSTILE_VALUES)
+def test_a_value_is_quoted_by_yaml_never_spliced_between_the_files_quotes(
+    style: str, value: str
+) -> None:
+    text = TEXT.replace('quoted: "keep"', f"quoted: {style}keep{style}")
+    after = yaml_edit.set_values(text, ("top",), {"quoted": value})
+    read = yaml.safe_load(after)
+    assert read["top"]["quoted"] == value and "rogue" not in read and "rogue" not in read["top"]
+    assert after.count("\n") == text.count("\n")  # one line, as before
+    assert [line for line in after.splitlines() if line.startswith("  quoted:")]
+
+
+def test_publish_refuses_a_dataset_id_that_is_not_its_fingerprint(config: Path) -> None:
+    from kimideploy.config.fingerprints import fingerprint_id
+    from kimideploy.services.data.publishing import pin_dataset
+
+    made_from = {"stage": "datagen", "target": {"repo": "m/k", "revision": "0" * 40}}
+    honest = {"fingerprint": fingerprint_id(made_from), "made_from": made_from, "samples": 5}
+    reference = "registry.example/k/datasets/chat@sha256:" + "ab" * 32
+    before = config.read_text()
+    crafted = dict(honest, fingerprint='x"\n  evil:\n    oci: {repository: attacker.example')
+    with pytest.raises(KimiDeployError, match="is not the fingerprint of the fields"):
+        pin_dataset(config, "chat", "b300", {"reference": reference, "dataset": crafted})
+    with pytest.raises(KimiDeployError, match="is not the fingerprint of the fields"):
+        pin_dataset(config, "chat", "b300", {"reference": reference,
+                                             "dataset": dict(honest, made_from="text")})  # fmt: skip
+    assert config.read_text() == before
+    done = pin_dataset(config, "chat", "b300", {"reference": reference, "dataset": honest})
+    assert done.fingerprint == honest["fingerprint"]
+    assert load_project(config).project.datasets["chat"].fingerprint == honest["fingerprint"]

@@ -280,3 +280,97 @@ def test_a_full_volume_is_reported_and_leaves_nothing_half_written(
     _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
     assert len({r["id"] for r in records(tmp_path / "out")}) == GOOD
+
+
+@contextlib.contextmanager
+def streaming_stub(queue_s: float, gap_s: float, stall_after: int | None = None,
+                   refuse: str | None = None) -> Iterator[str]:  # fmt: skip
+    """An OpenAI-shaped streaming server: headers at once, the first chunk after `queue_s` (a
+    request waiting in vLLM's queue), then one chunk every `gap_s`; `stall_after` chunks in, it
+    goes silent; a prompt containing `refuse` gets HTTP 500."""
+
+    class Stub(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if refuse and refuse in json.dumps(body["messages"]):
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(queue_s)
+            for number in range(6):
+                if stall_after is not None and number == stall_after:
+                    time.sleep(30)
+                    return
+                chunk = {"choices": [{"delta": {"content": f"w{number} "}, "finish_reason":
+                                      "stop" if number == 5 else None}]}  # fmt: skip
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(gap_s)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_a_request_may_wait_long_for_its_first_token_but_not_between_tokens(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    for name in ("queued", "stalled"):
+        (tmp_path / name).mkdir()
+    """The old 900 s timeout ran while a request waited in vLLM's queue: on b300, 4,096 requests
+    against 256 sequences, the tail timed out, was retried five times and dropped. Now the wait
+    for the first token has its own budget, and a stream that stalls after it fails fast."""
+    with streaming_stub(queue_s=2.0, gap_s=0.2) as queued:
+        path = spec(tmp_path / "queued", queued, tiny_model, request_timeout_s=10, token_timeout_s=1,
+                    max_retries=0)  # fmt: skip
+        process = run_workload("datagen", path)
+        _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert {r["answer"] for r in records(tmp_path / "queued" / "out")} == {"w0 w1 w2 w3 w4 w5 "}
+    with streaming_stub(queue_s=0.1, gap_s=0.1, stall_after=2) as stalling:
+        path = spec(tmp_path / "stalled", stalling, tiny_model, request_timeout_s=10,
+                    token_timeout_s=1, max_retries=0)  # fmt: skip
+        process = run_workload("datagen", path)
+        _, err = process.communicate(timeout=300)
+    assert process.returncode == 1, err
+    assert "no next chunk within 1 s" in err
+
+
+def test_a_shard_that_drops_more_prompts_than_allowed_fails_instead_of_shrinking(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    for name in ("strict", "lenient"):
+        (tmp_path / name).mkdir()
+    with streaming_stub(queue_s=0.0, gap_s=0.0, refuse="fox 4") as server:
+        strict = spec(tmp_path / "strict", server, tiny_model, max_retries=0, max_failed_share=0.0)
+        process = run_workload("datagen", strict)
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 1, err
+        assert (
+            "1 of 12 prompts failed after their retries (8.3%, above datagen.max_failed_share 0.0%)"
+            in err
+        )
+        assert len(records(tmp_path / "strict" / "out")) == 11  # what was made is kept
+        lenient = spec(
+            tmp_path / "lenient", server, tiny_model, max_retries=0, max_failed_share=0.1
+        )
+        process = run_workload("datagen", lenient)
+        _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err

@@ -25,8 +25,9 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.engine.arg_utils import EngineArgs
 from kimideploy.config.specs import ExtractSpec
 from kimideploy.workloads.extract_vllm import engine_kwargs
-kwargs = engine_kwargs(ExtractSpec.model_validate_json(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
-for change in sys.argv[3:]:
+kwargs = engine_kwargs(ExtractSpec.model_validate_json(Path(sys.argv[1]).read_text()), Path(sys.argv[2]),
+                       int(sys.argv[3]))
+for change in sys.argv[4:]:
     key, value = change.split("=", 1)
     *parents, last = key.split(".")
     target = kwargs
@@ -44,14 +45,17 @@ speculative = config.speculative_config
 print(json.dumps({"ok": True, "method": speculative.method, "tokens": speculative.num_speculative_tokens,
                   "ids": list(speculative.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids),
                   "storage": config.kv_transfer_config.kv_connector_extra_config["shared_storage_path"],
-                  "prefix_caching": config.cache_config.enable_prefix_caching}))
+                  "prefix_caching": config.cache_config.enable_prefix_caching,
+                  "max_model_len": config.model_config.max_model_len,
+                  "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
+                  "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}))
 """
 
 
-def engine_check(spec: Path, storage: Path, *changes: str) -> dict[str, Any]:
+def engine_check(spec: Path, storage: Path, *changes: str, longest: int = 300) -> dict[str, Any]:
     python = cpu_vllm_python()
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    done = subprocess.run([str(python), "-c", ENGINE_CHECK, str(spec), str(storage), *changes],
+    done = subprocess.run([str(python), "-c", ENGINE_CHECK, str(spec), str(storage), str(longest), *changes],
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -61,11 +65,18 @@ def engine_check(spec: Path, storage: Path, *changes: str) -> dict[str, Any]:
 def test_the_pinned_vllm_builds_the_extraction_engine_the_workload_asks_for(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    spec = extract_spec(tmp_path, tiny_model, [0, 1], "sglang", backend="vllm")
+    spec = extract_spec(tmp_path, tiny_model, [0, 1], "sglang", backend="vllm", max_model_len=1024,
+                        gpu_memory_utilization=0.85, max_num_batched_tokens=4096)  # fmt: skip
     accepted = engine_check(spec, tmp_path / "store")
+    # Sized for the longest sample (300 tokens + the sampled one, in KV blocks of 256), not the
+    # model's context; the utilisation and the prefill budget are the settings'.
     assert accepted == {"ok": True, "method": "extract_hidden_states", "tokens": 1,
                         "ids": [1, 2, 4],  # sglang [0, 1] = vLLM [1, 2], then the final layer (4 layers)
-                        "storage": str(tmp_path / "store"), "prefix_caching": False}  # fmt: skip
+                        "storage": str(tmp_path / "store"), "prefix_caching": False,
+                        "max_model_len": 512, "gpu_memory_utilization": 0.85,
+                        "max_num_batched_tokens": 4096}  # fmt: skip
+    # Never beyond the model's own limit.
+    assert engine_check(spec, tmp_path / "store", longest=1020)["max_model_len"] == 1024
     # The check can fail: a misspelt method or connector is caught before any GPU is involved.
     wrong_method = engine_check(
         spec, tmp_path / "store", 'speculative_config.method="extract_hidden_state"'
@@ -127,3 +138,15 @@ def test_the_connector_layout_converts_to_exactly_the_reference_sample(
     assert result["same"] == {"input_ids": True, "loss_mask": True, "aux_hidden_states": True,
                               "last_hidden_state": True}  # fmt: skip
     assert "differ from the sample's" in result["mismatch"]
+
+
+def test_a_sample_longer_than_the_model_holds_is_refused_before_the_engine_loads(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Left to vLLM, the engine would load (25 minutes for Kimi) and refuse the request."""
+    spec = extract_spec(tmp_path, tiny_model, [1, 2], "vllm", backend="vllm", max_model_len=16)
+    process = run_workload("extract", spec, python=str(cpu_vllm_python()))
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 2, err[-2000:]
+    assert "conversations are longer than the model's max_model_len 16 allows: s0 (" in err
+    assert "engine:" not in err  # refused before the engine was sized or started

@@ -330,3 +330,175 @@ def tensor_bytes(folder: Path, name: str) -> bytes:
     with (folder / "model.safetensors").open("rb") as handle:
         handle.seek(offset + start)
         return handle.read(end - start)
+
+
+BF16_HELD_OUT_TOLERANCE = 0.05
+"""|held-out mean acceptance length, bf16 autocast - fp32| at every k for the same run: measured
+on this tier's duplicated features (k=1/2/3) in the runs below; see bench/MEASUREMENTS.md."""
+
+
+def bf16_copy(drafter: Path, out: Path) -> Path:
+    """A drafter's files with every floating tensor stored in bf16, as published base drafters
+    usually are (config.json says so too)."""
+    import shutil
+
+    shutil.copytree(drafter, out)
+    convert = (
+        "import sys, torch; from safetensors.torch import load_file, save_file; "
+        "w = load_file(sys.argv[1]); "
+        "save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in w.items()}, "
+        "sys.argv[1], metadata={'format': 'pt'})"
+    )
+    from kimideploy.images.cpu_vllm import cpu_vllm_python
+
+    subprocess.run(
+        [str(cpu_vllm_python()), "-c", convert, str(out / "model.safetensors")], check=True
+    )
+    config = json.loads((out / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def test_bf16_autocast_lowers_the_loss_and_judges_like_fp32(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, duplicated: Path
+) -> None:
+    settings = {"epochs": 2, "batch_size": 4, "held_out_fraction": 0.2,
+                "checkpoint_every_steps": 1000, "lr_schedule": "constant"}  # fmt: skip
+    judged = {}
+    for precision in ("fp32", "bf16"):
+        spec = train_spec(
+            tmp_path / precision, duplicated, tiny_model, precision=precision, **settings
+        )
+        code, out, err = train(speculators_python, spec)
+        assert code == 0, err
+        steps = losses(out)
+        assert steps[max(steps)] < 0.8 * steps[min(steps)], (precision, steps)
+        judged[precision] = events(out, "result")[-1]["held_out"]["mean_acceptance_length"]
+    print(f"held-out mean acceptance length fp32 {judged['fp32']} bf16 {judged['bf16']}")
+    for k, fp32 in judged["fp32"].items():
+        assert abs(judged["bf16"][k] - fp32) <= BF16_HELD_OUT_TOLERANCE, (k, judged)
+
+
+def test_a_bf16_base_drafter_is_fine_tuned_over_fp32_master_weights(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """transformers 5 loads a checkpoint in its own dtype: a bf16 base drafter met fp32 features
+    at step 1 before the train workload loaded it in fp32 explicitly."""
+    code, _, err = train(
+        speculators_python, train_spec(tmp_path / "first", features, tiny_model, epochs=2)
+    )
+    assert code == 0, err
+    base = bf16_copy(tmp_path / "first" / "drafter", tmp_path / "base-bf16")
+    for precision in ("bf16", "fp32"):
+        spec = train_spec(tmp_path / f"tuned-{precision}", features, tiny_model, epochs=4,
+                          base_drafter_path=str(base), precision=precision, run_id=f"t{precision[:2]}")  # fmt: skip
+        code, out, err = train(speculators_python, spec)
+        assert code == 0, (precision, err[-3000:])
+        steps = losses(out)
+        assert steps[max(steps)] < steps[min(steps)], (precision, steps)
+
+
+def test_loader_workers_feed_the_same_batches_in_the_same_order(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    settings = {"epochs": 6, "batch_size": 2, "checkpoint_every_steps": 1000}
+    inline = offline_losses(speculators_python, tmp_path / "inline", features, tiny_model,
+                            loader_workers=0, **settings)  # fmt: skip
+    loaded = offline_losses(speculators_python, tmp_path / "workers", features, tiny_model,
+                            loader_workers=2, **settings)  # fmt: skip
+    assert inline == loaded
+
+
+def test_a_folder_the_pod_cannot_write_stops_training_before_the_first_step(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """The PCIe host's models volume was a root-owned host path: every epoch ran, then the drafter
+    could not be saved, on every retry. A read-only filesystem stands in for it (the tests run as
+    root, whom permissions do not stop): the pod says so in seconds, before any step."""
+    volume = tmp_path / "models"
+    volume.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(volume)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        if os.environ.get("KIMIDEPLOY_REQUIRE_PIPELINE") == "1":
+            pytest.fail(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        spec = train_spec(
+            tmp_path, features, tiny_model, output_dir=str(volume / "drafters" / "v4")
+        )
+        code, out, err = train(speculators_python, spec)
+    finally:
+        subprocess.run(["umount", str(volume)], check=False)
+    assert code == 2, err
+    assert f"{volume}/drafters cannot be written by uid 0 (Read-only file system" in err
+    assert "read-only filesystem" in err and "kimideploy host provision" in err
+    assert events(out, "progress") == [] and not (tmp_path / "ckpt").exists()
+
+
+PADDING_IS_NEUTRAL = """
+import json, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file
+from kimideploy.config.specs import TrainSpec
+from kimideploy.workloads import heldout, train
+from kimideploy.workloads.vocab import load_vocab_maps
+spec = TrainSpec.model_validate_json(Path(sys.argv[1]).read_text())
+d2t, t2d = load_vocab_maps(Path(spec.vocab_dir), spec.target.vocab_size)
+torch.manual_seed(0)
+model = train.build_model(spec, d2t, t2d).eval()
+saved = [load_file(str(p)) for p in sorted(Path(spec.hidden_states_dir).glob("shard-*/*.safetensors"))[:2]]
+out = {}
+for multiple in (1, 128):
+    batch = heldout.pack(saved, spec.max_seq_len, "cpu", multiple=multiple)
+    with torch.no_grad():
+        _, loss, _ = model(**batch, ttt_steps=3, loss_config=train._loss_config("eager"))
+    head = heldout.TargetHead(spec.target.path, 1e-6, "cpu")
+    with torch.no_grad():
+        judged = heldout.judge_batch(model, head, batch, 3)
+    out[multiple] = {"length": batch["input_ids"].shape[1], "loss": float(loss), "judged": judged}
+print(json.dumps(out))
+"""
+
+
+def test_packing_to_flex_attentions_block_changes_neither_the_loss_nor_the_judgement(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """On a GPU packs are padded to a multiple of 128 (FlexAttention's block; an H200 refused
+    the unpadded length at the first step). The padding is a document of its own with no loss."""
+    spec = train_spec(tmp_path, features, tiny_model)
+    done = subprocess.run([str(speculators_python), "-c", PADDING_IS_NEUTRAL, str(spec)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    plain, padded = out["1"], out["128"]
+    assert padded["length"] % 128 == 0 and padded["length"] > plain["length"]
+    assert padded["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    assert padded["judged"] == plain["judged"]
+
+
+def test_a_multi_node_run_measures_its_allreduce_before_the_first_step(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """Two ranks (gloo here, NCCL on the clusters): the all-reduce across them runs before any
+    step, its bus bandwidth is reported, and a figure below the cluster's floor stops the run
+    with the reason (exit 2: retrying on the same fabric would not help)."""
+    fast = train_spec(tmp_path / "ok", features, tiny_model, epochs=1, batch_size=1,
+                      network_check={"min_bus_gbps": 1e-6})  # fmt: skip
+    ranks = two_ranks(speculators_python, fast)
+    stdout, stderr = ranks.communicate(timeout=600)
+    assert ranks.returncode == 0, stderr[-3000:]
+    [network] = events(stdout, "network")
+    assert (
+        network["ranks"] == 2 and network["bus_gbps"] > 0 and network["transports"] == [None, None]
+    )
+    slow = train_spec(tmp_path / "slow", features, tiny_model, epochs=1, batch_size=1,
+                      network_check={"min_bus_gbps": 1e6})  # fmt: skip
+    ranks = two_ranks(speculators_python, slow)
+    stdout, stderr = ranks.communicate(timeout=600)
+    assert ranks.returncode != 0
+    assert "below network.min_bus_gbps 1e+06" in stderr
+    assert events(stdout, "progress") == []

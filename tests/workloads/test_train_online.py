@@ -228,3 +228,78 @@ def test_the_gpu_check_script_agrees_with_the_reference_through_the_stand_in(
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["samples"] == 4 and summary["failures"] == []
     assert summary["worst_relative_error"] < 1e-5
+
+
+def train_while(python: Path, spec: Path, step: int, action: Any) -> tuple[int, str, str]:
+    """Run training; once `step` is reported, call `action()` (while it keeps training)."""
+    from tests.workloads.conftest import run_workload
+
+    process = run_workload("train", spec, python=str(python))
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("{") and json.loads(line).get("step", 0) >= step:
+            action()
+            break
+    rest, err = process.communicate(timeout=600)
+    return process.returncode, "".join(lines) + rest, err
+
+
+def test_a_server_that_drops_and_reloads_within_its_budget_does_not_stop_training(
+    tmp_path: Path, speculators_python: Path, torch_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """The kubelet restarts a dropped sidecar, which reloads the target (~25 minutes for Kimi):
+    the trainer waits for it within its startup budget and goes on where it was, step for step
+    what it would have computed, instead of failing a minute later."""
+    settings = {"epochs": 8, "batch_size": 2, "checkpoint_every_steps": 1000}
+    offline = offline_losses(
+        speculators_python, tmp_path / "offline", features, tiny_model, **settings
+    )
+    port, where = free_port(), tmp_path / "server"
+    first = start_server(torch_python, tiny_model, where, port=port)
+    online = online_settings(first.url, where / "scratch", features / "conv", server_wait_s=300,
+                             max_retries=1)  # fmt: skip
+    spec = train_spec(tmp_path / "online", features, tiny_model, mode="online", online=online,
+                      **settings)  # fmt: skip
+    restarted: list[Server] = []
+
+    def drop_and_reload() -> None:
+        first.process.kill()
+        first.process.wait(timeout=30)
+        time.sleep(8)  # the trainer's quick retries run out while nothing answers
+        restarted.append(start_server(torch_python, tiny_model, where, port=port))
+
+    try:
+        code, out, err = train_while(speculators_python, spec, 3, drop_and_reload)
+    finally:
+        for server in restarted:
+            server.process.terminate()
+            server.process.wait(timeout=30)
+    assert code == 0, err[-3000:]
+    assert "waiting for it" in err and "waiting for the target server" in err
+    trained = losses(out)
+    assert sorted(trained) == sorted(offline) == list(range(1, 17))
+    for step, loss in trained.items():
+        assert loss == pytest.approx(offline[step], rel=1e-4, abs=1e-6), step
+
+
+def test_a_server_that_does_not_come_back_exits_with_the_retry_code(
+    tmp_path: Path, speculators_python: Path, torch_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """Past its budget the pod exits 75: the Job starts it again without counting a failure (a
+    gang's other ranks too), and it resumes from its last checkpoint."""
+    server = start_server(torch_python, tiny_model, tmp_path / "server")
+    spec = train_spec(tmp_path / "online", features, tiny_model, mode="online", epochs=8,
+                      batch_size=2, checkpoint_every_steps=2,
+                      online=server.online(features / "conv", server_wait_s=3, max_retries=0))  # fmt: skip
+
+    def drop() -> None:
+        server.process.kill()
+        server.process.wait(timeout=30)
+
+    code, _, err = train_while(speculators_python, spec, 3, drop)
+    assert code == 75, err[-3000:]
+    assert "did not answer within 3 s" in err
+    assert "the Job starts this pod again, which waits for its server and resumes" in err
+    assert list((tmp_path / "online" / "ckpt").glob("step-*/state.json"))  # what it resumes from

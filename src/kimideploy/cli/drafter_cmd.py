@@ -187,16 +187,30 @@ def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
             "k": f"{d}{' (served)' if int(d) == k else ''}",
             "mean acceptance length": f"{v['mean_acceptance_length']:.2f}",
             "speedup": f"{v['speedup']:.2f}x",
+            "from": v.get("basis", ""),
         }
         for d, v in prediction["by_k"].items()
     ]
     rates = " ".join(f"{r:.2f}" for r in prediction["per_position"])
+    elsewhere = prediction.get("measured_elsewhere")
+    beside = (
+        [
+            f"measured elsewhere, not on these prompts: {elsewhere['mean_acceptance_length']:.2f} "
+            f"({elsewhere['source']}; per position {elsewhere['per_position_basis']}: "
+            + " ".join(f"{r:.2f}" for r in elsewhere["per_position"])
+            + ")"
+        ]
+        if elsewhere
+        else []
+    )
     return "\n".join(
         [
-            f"per-position acceptance ({prediction['source']}): {rates}",
+            f"on your prompts, replayed ({prediction['source']}); per-position acceptance "
+            f"({prediction.get('per_position_basis', '')}): {rates}",
             format_table(rows),
             f"best k {prediction['best_k']} at c={prediction['concurrency']}; step cost "
             f"{prediction['cost_source']}",
+            *beside,
         ]
     )
 

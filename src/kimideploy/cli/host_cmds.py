@@ -20,14 +20,74 @@ def host() -> None:
 @host.command("check")
 @click.argument("cluster")
 @click.option("--host", "only", help="Only this host of the cluster.")
+@click.option(
+    "--allreduce",
+    is_flag=True,
+    help="Also run the serve pod's all-reduce on one node's GPUs (a Job; the GPUs must be free) "
+    "against network.min_node_bus_gbps.",
+)
+@click.option(
+    "--over-ssh-only",
+    is_flag=True,
+    help="Skip the checks that run on the cluster (the weights on a shared models claim).",
+)
+@click.option(
+    "--timeout", "timeout_s", default=900.0, show_default=True, help="For the all-reduce Job (s)."
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="WORKLOAD.KEY=VALUE",
+    help="Override a setting of the serve plan the probes come from (repeatable).",
+)
+@cluster_options
+@poll_option
 @output_option()
 @click.pass_obj
-def check(state: CliState, cluster: str, only: str | None, output: str) -> None:
-    """Is the host ready? GPUs, driver, CUDA, disk, runtime, k3s, device plugin, fabric."""
+def check(
+    state: CliState,
+    cluster: str,
+    only: str | None,
+    allreduce: bool,
+    over_ssh_only: bool,
+    timeout_s: float,
+    overrides: tuple[str, ...],
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+    output: str,
+) -> None:
+    """Is the host ready? GPUs, driver, CUDA, disk, runtime, k3s, device plugin, fabric, the
+    compute HCAs, peer-to-peer (IOMMU, ACS, BAR1, topology); on a shared models claim the
+    weights as the pods see them; with --allreduce one node's all-reduce."""
     from kimideploy.errors import KimiDeployError
     from kimideploy.services.hosts.provision import check_hosts, check_rows
 
-    results = check_hosts(state.project().project, cluster, only=only)
+    loaded = state.project()
+    project = loaded.project
+    results = check_hosts(project, cluster, only=only)
+    profile = project.clusters[project.cluster_name(cluster)]
+    on_cluster = []
+    if (profile.weights_via == "job" and not over_ssh_only) or allreduce:
+        from kimideploy.services.connection import open_session
+        from kimideploy.services.hosts import cluster_checks
+
+        session = open_session(loaded, cluster, context, namespace)
+        if profile.weights_via == "job" and not over_ssh_only:
+            on_cluster.append(
+                cluster_checks.weights_check(
+                    session, loaded, cluster, overrides=overrides, poll_s=poll
+                )
+            )
+        if allreduce:
+            on_cluster.append(
+                cluster_checks.allreduce_check(
+                    session, loaded, cluster, overrides=overrides, timeout_s=timeout_s, poll_s=poll
+                )
+            )
+    if on_cluster:
+        results.append((f"cluster {cluster}", on_cluster))
     rows = check_rows(results)
     click.echo(machine(rows, output) or format_table(rows))
     blocking = [r for r in rows if r["status"] == "FAIL"]
@@ -51,7 +111,7 @@ def inventory(state: CliState, cluster: str) -> None:
 @click.argument("cluster")
 @click.option("--check", "dry", is_flag=True, help="Ansible check mode: report, change nothing.")
 @click.option(
-    "--tags", default="", help="Comma-separated: driver, toolkit, k3s, device-plugin, base."
+    "--tags", default="", help="Comma-separated: driver, p2p, toolkit, k3s, device-plugin, base."
 )
 @click.pass_obj
 def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
@@ -91,17 +151,25 @@ def sync_model(
     namespace: str | None,
     poll: float,
 ) -> None:
-    """Download the pinned revision (and the hub drafters) onto the host's NVMe: resumable,
-    verified, marked complete; then fetch the published drafters (pinned by digest) onto the
-    cluster's models volume with the serve pod's own pull, run as a Job on the host's k3s.
-
-    The token comes from HF_TOKEN in the environment and reaches the host on stdin only.
+    """Download the pinned revision (and the hub drafters) onto the models volume the pods
+    mount: resumable, verified, marked complete. On a host-path volume (the PCIe host) over SSH
+    onto the host's NVMe, the token from HF_TOKEN on stdin only; on a shared models claim (the
+    rented clusters: workloads.weights.via job) by a download Job on the cluster, the token
+    from the model's hf_token Secret. Then the published drafters (pinned by digest) are fetched
+    with the serve pod's own pull, run as a Job.
     """
     from kimideploy.services.hosts.model_sync import sync_model as run
 
     loaded = state.project("host sync-model writes to hosts")
     reporter = TerminalReporter()
-    run(loaded.project, cluster, reporter, drafters=not no_drafters, only=only)
+    if loaded.project.clusters[loaded.project.cluster_name(cluster)].weights_via == "job":
+        from kimideploy.services.connection import open_session
+        from kimideploy.services.hosts.model_sync import sync_weights_job
+
+        session = open_session(loaded, cluster, context, namespace)
+        sync_weights_job(session, loaded, reporter, poll)
+    else:
+        run(loaded.project, cluster, reporter, drafters=not no_drafters, only=only)
     if no_drafters:
         return
     from kimideploy.services.drafters.pulling import published_drafters, pull_drafters

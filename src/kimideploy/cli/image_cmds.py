@@ -1,4 +1,4 @@
-"""`kimideploy image list|render|verify|build|lock`."""
+"""`kimideploy image list|render|verify|kernels|build|lock`."""
 
 from __future__ import annotations
 
@@ -62,6 +62,32 @@ def verify(state: CliState, name: str, skip_pins: bool) -> None:
             f"{len(failed)} check(s) failed for {name}",
             hint="each row says what vLLM or patch reported",
         )
+
+
+@image.command()
+@click.argument("name")
+@click.option("--write", is_flag=True, help="Store it in docker/kernel-plans.json.")
+@output_option()
+@click.pass_obj
+def kernels(state: CliState, name: str, write: bool, output: str) -> None:
+    """The attention kernels the image's vLLM selects on each GPU it claims, derived from its
+    pinned sources, and whether a speculative verification runs on the decode path there."""
+    from kimideploy.services.images.lifecycle import kernel_plans
+
+    derived = kernel_plans(state.project(), name, write, TerminalReporter())
+    rows = [
+        {
+            "arch": arch,
+            "engine": engine,
+            "backend": found["backend"],
+            "query lengths": found["query_len_support"],
+            "CUDA graphs": found["cudagraph_support"],
+            "not decidable on CPU": ", ".join(found["undetermined_ahead"]),
+        }
+        for arch, per_engine in sorted(derived["archs"].items())
+        for engine, found in sorted(per_engine.items())
+    ]
+    click.echo(machine(rows, output) or format_table(rows))
 
 
 @image.command()

@@ -12,6 +12,7 @@ import click
 from kimideploy import __version__
 from kimideploy.cli.root_help import MAX_HELP_WIDTH, terminal_width
 from kimideploy.cli.state import CliState
+from kimideploy.cli.terminal import printable_output
 from kimideploy.errors import ExitCode, KimiDeployError
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -89,7 +90,8 @@ def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
     """Deploy, train and measure EAGLE-3 speculative decoding for Kimi-K2.5 on Kubernetes.
 
     Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 cluster unreachable or
-    forbidden, 4 rollout or job failed (or the gate rolled a drafter back), 130 interrupted.
+    forbidden, 4 rollout or job failed (or the gate rolled a drafter back), 5 the drafter doctor
+    named a cause, 130 interrupted.
     """
     # pathlib is imported here, not at start-up: `kimideploy --help` never reaches this.
     from pathlib import Path
@@ -103,7 +105,13 @@ def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; KimiDeployError becomes a message, a hint and its documented exit code (and,
-    where the command was asked for `-o json|yaml`, the outcome document on stdout)."""
+    where the command was asked for `-o json|yaml`, the outcome document on stdout). Control
+    characters in anything printed are escaped (cli/terminal.py)."""
+    with printable_output():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     state = CliState(config_path=None, debug=debug)
     try:

@@ -65,11 +65,20 @@ def render(
         loaded = state.project()
         base = loaded.project.cluster_name(cluster)
         others = [c for c in (overlays or sorted(loaded.project.clusters)) if c != base]
-        files = kustomize_files(loaded, workload, drafter, overrides, [base, *others])
+        files, warnings = kustomize_files(loaded, workload, drafter, overrides, [base, *others])
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
         for path in write_tree(files, kustomize_dir):
             click.echo(str(path), err=True)
         return
+    from kimideploy.services.runs.batch_runs import PLAN_FACTS_SHOWN
+
     rendered = render_workload(state.project(), PlanRequest(workload, cluster, drafter, overrides))
+    for warning in rendered.plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for key, value in rendered.plan.facts:
+        if key in PLAN_FACTS_SHOWN:
+            click.echo(f"{key}: {value}", err=True)
     if output_dir is None:
         click.echo(rendered.yaml, nl=False)
         return

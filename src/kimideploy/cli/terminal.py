@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -28,7 +33,8 @@ class TerminalReporter:
     def status(self, message: str) -> None:
         if self.interactive:
             width = 160
-            click.echo("\r\033[2K" + message[:width], err=True, nl=False)
+            _raw(sys.stderr).write(CLEAR_LINE)  # the one control sequence kimideploy writes
+            click.echo(message[:width], err=True, nl=False)
             self._live = True
         elif message != self._last:  # plain logs get a line only when something changed
             click.echo(f"{_stamp()} {message}", err=True)
@@ -48,3 +54,68 @@ class TerminalReporter:
 
 def _stamp() -> str:
     return time.strftime("%H:%M:%S")
+
+
+CLEAR_LINE = "\r\033[2K"
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on instead of
+showing (ESC starts OSC 52, which writes the clipboard; others clear the screen or retitle it)."""
+
+
+def printable(text: str) -> str:
+    """Text as a terminal shows it, controls written as escapes (\\x1b)."""
+    return CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class PrintableStream(io.TextIOBase):
+    """A text stream that escapes controls before they reach the terminal or log. Every human
+    output of the CLI goes through it: names, notes and details come from drafter files,
+    release records and bench results that anyone with access to a volume or a ConfigMap wrote.
+    JSON and YAML outputs escape controls themselves, so they pass through unchanged."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def write(self, text: str | bytes) -> int:
+        # click writes bytes (shell completion's script) where a stream has no binary buffer.
+        shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        self.inner.write(printable(shown))
+        return len(text)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return bool(self.inner.isatty())
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.inner, "encoding", "utf-8"))
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self.inner, "errors", "strict")
+
+    def fileno(self) -> int:
+        return int(self.inner.fileno())
+
+
+def _raw(stream: Any) -> Any:
+    return stream.inner if isinstance(stream, PrintableStream) else stream
+
+
+@contextlib.contextmanager
+def printable_output() -> Iterator[None]:
+    """stdout and stderr escape controls for the duration of one command."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(saved[0]), PrintableStream(saved[1])
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(ValueError, OSError):
+                stream.flush()
+        sys.stdout, sys.stderr = saved

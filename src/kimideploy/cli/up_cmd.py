@@ -34,7 +34,12 @@ from kimideploy.cli.terminal import TerminalReporter
     "cluster. server: the API server's own dry run, printed as a diff against the live objects.",
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--force", is_flag=True, help="Take over fields owned by other field managers.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Take over fields owned by other field managers, and serve a drafter whose check "
+    "fails (predicted slower, a stack where speculation cannot pay).",
+)
 @click.option("--no-wait", is_flag=True, help="Apply and return without following the rollout.")
 @click.option(
     "--timeout",
@@ -117,7 +122,7 @@ def up(
     )
     if dry_run == "client":
         _dry_run_client(
-            loaded, replace(request, calibrations=calibrations.cached(loaded, cluster_name))
+            loaded, replace(request, calibrations=calibrations.cached(loaded, cluster_name)), force
         )
         return
     session = open_session(loaded, cluster_name, context, namespace)
@@ -164,15 +169,21 @@ def _refuse_mixed(
         raise UsageError(f"{', '.join(given)} only apply with --gate")
 
 
-def _dry_run_client(loaded: Any, request: Any) -> None:
+def _dry_run_client(loaded: Any, request: Any, force: bool) -> None:
+    """The plan as `up` would apply it, and `up`'s own refusal of a failing drafter (exit 2,
+    the same message): a dry run that passes is one the real command passes."""
+    from kimideploy.services.release.deploy import refuse_failing_drafter
     from kimideploy.services.rendering import describe_plan, render_workload
 
-    click.echo(describe_plan(render_workload(loaded, request)))
+    rendered = render_workload(loaded, request)
+    click.echo(describe_plan(rendered))
+    refuse_failing_drafter(rendered.plan, force)
     click.echo("Dry run (client): nothing was sent to a cluster.")
 
 
 def _dry_run_server(session: Any, loaded: Any, request: Any, force: bool) -> None:
     from kimideploy.services.preflight import require_prerequisites
+    from kimideploy.services.release.deploy import refuse_failing_drafter
     from kimideploy.services.rendering import render_workload
 
     session.require_namespace()
@@ -180,6 +191,7 @@ def _dry_run_server(session: Any, loaded: Any, request: Any, force: bool) -> Non
     rendered = render_workload(
         loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
     )
+    refuse_failing_drafter(rendered.plan, force)
     # What the API server's dry run cannot see (a PriorityClass, the API-key Secret).
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)
     click.echo(session.dry_run_diff(rendered.objects, force=force) or "no changes", nl=False)

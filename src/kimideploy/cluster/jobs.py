@@ -115,6 +115,11 @@ def pod_waiting(pod: dict[str, Any]) -> str:
     status = pod.get("status", {})
     if status.get("phase") not in ("Pending", "Running"):
         return ""
+    for condition in status.get("conditions") or []:
+        # A pod the scheduler cannot place (its GPUs held by a running release, a missing
+        # resource) waits silently otherwise; the scheduler's message says for what.
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return f"unschedulable: {condition.get('message', '')}".rstrip(": ")
     sidecars = {
         c["name"]
         for c in pod.get("spec", {}).get("initContainers") or []

@@ -143,6 +143,22 @@ class ClusterSession:
         live = self.get("Secret", name)
         return None if live is None else sorted((live.get("data") or {}).keys())
 
+    def node_resources(self) -> dict[str, int] | None:
+        """The most of each extended resource (nvidia.com/gpu, an RDMA device plugin's) one
+        node offers as allocatable, or None where this context may not list nodes."""
+        try:
+            listed = self.api.request("GET", "/api/v1/nodes")
+        except ClusterError as exc:
+            if exc.message.startswith("forbidden"):
+                return None
+            raise
+        most: dict[str, int] = {}
+        for node in listed.get("items", []):
+            for name, quantity in ((node.get("status") or {}).get("allocatable") or {}).items():
+                if "/" in name and str(quantity).isdigit():
+                    most[name] = max(most.get(name, 0), int(quantity))
+        return most
+
     def list_claims(self) -> list[str]:
         listed = self.api.request("GET", path("PersistentVolumeClaim", self.namespace))
         return [item["metadata"]["name"] for item in listed.get("items", [])]

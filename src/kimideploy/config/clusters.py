@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, Field, field_validator
+from pydantic import AwareDatetime, Field, field_validator, model_validator
 
 from kimideploy.config.base import (
     Cidr,
@@ -40,10 +40,19 @@ class Rental(StrictModel):
     @classmethod
     def _date_is_midnight_utc(cls, value: object) -> object:
         if isinstance(value, str) and len(value) == 10:
-            return datetime.fromisoformat(value).replace(tzinfo=UTC)
+            try:
+                return datetime.fromisoformat(value).replace(tzinfo=UTC)
+            except ValueError as exc:
+                raise ValueError(f"{value!r} is not a date on the calendar ({exc})") from None
         if type(value).__name__ == "date":
             return datetime(value.year, value.month, value.day, tzinfo=UTC)  # type: ignore[attr-defined]
         return value
+
+    @field_validator("ends")
+    @classmethod
+    def _in_utc(cls, value: datetime) -> datetime:
+        # Every notice prints the end in UTC: 18:00+05:30 is 12:30 UTC, not 18:00 UTC.
+        return value.astimezone(UTC)
 
 
 class GpuProfile(StrictModel):
@@ -100,6 +109,22 @@ class Storage(StrictModel):
     )
     hidden_states: HiddenStatesClaim = Field(description="Extracted features (largest by far).")
     checkpoints: Claim = Field(description="Training checkpoints.")
+    compile_cache: Claim | None = Field(
+        default=None,
+        description="Kernels compiled at run time (torch.compile, Triton, vLLM's compiled "
+        "graphs, FlashInfer's JIT modules), kept per image digest so a restart, a rollback or "
+        "the next run of the same image loads them instead of compiling again. Default: the "
+        "checkpoints claim's storage class and access mode, 200Gi.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compile_cache_like_checkpoints(cls, data: Any) -> Any:
+        checkpoints = data.get("checkpoints") if isinstance(data, dict) else None
+        if isinstance(checkpoints, dict) and data.get("compile_cache") is None:
+            like = {k: checkpoints[k] for k in ("storage_class", "access_mode") if k in checkpoints}
+            return {**data, "compile_cache": {**like, "size": "200Gi"}}
+        return data
 
 
 class WorkloadImages(StrictModel):
@@ -200,6 +225,35 @@ class Mirrors(StrictModel):
     """Base URL the k3s binary and its sha256sum file are downloaded from (or a mirror)."""
 
 
+TopologyXml = Annotated[str, Field(pattern=r"^\s*<(\?xml|system)", max_length=65536)]
+
+
+class PeerToPeerSetup(StrictModel):
+    """What GPU peer-to-peer over PCIe needs from the PCIe host (the gpu_host role sets it,
+    `host check` reads it back). NCCL between GPUs without NVLink writes straight into the peer's
+    memory across PCIe: with the IOMMU translating, ACS redirecting peer requests to the root
+    complex, or nvidia_uvm's HMM on, people running 8x RTX PRO 6000 report all-reduces that hang
+    after NCCL's init; a small BAR1 (Resizable BAR off) leaves no window to map the peer."""
+
+    iommu: Literal["passthrough", "off", "unchanged"] = Field(
+        default="passthrough",
+        description="Kernel parameter at the next boot: passthrough (iommu=pt: host DMA "
+        "untranslated, the IOMMU still on for VMs), off (amd_iommu=off intel_iommu=off), "
+        "unchanged (the role writes nothing).",
+    )
+    uvm_disable_hmm: bool = Field(
+        default=True,
+        description="options nvidia_uvm uvm_disable_hmm=1: HMM off (reported hangs with the open "
+        "modules on Blackwell; vLLM and NCCL do not use it).",
+    )
+    disable_acs: bool = Field(
+        default=True,
+        description="Clear ACS control on every PCI bridge at each boot (a systemd unit running "
+        "setpci before k3s): peer requests stay below the PCIe switch. Bare metal only: a host "
+        "that passes GPUs into VMs needs ACS.",
+    )
+
+
 class HostSetup(StrictModel):
     """What the hosts of this cluster need; the Ansible inventory and `host check` read it."""
 
@@ -229,10 +283,71 @@ class HostSetup(StrictModel):
     )
     infiniband: bool = Field(default=False, description="Check InfiniBand ports and peer memory.")
     mirrors: Mirrors = Field(default_factory=Mirrors)
+    peer_to_peer: PeerToPeerSetup = Field(default_factory=PeerToPeerSetup)
+    """The PCIe host's peer-to-peer settings (gpu_host only)."""
     download_streams: Annotated[int, Field(ge=1, le=64)] = Field(
         default=8,
         description="`host sync-model`: connections at once, over several files and byte ranges "
         "of large ones (a hub or mirror limits each connection well below a host's link).",
+    )
+
+
+class NetworkSettings(StrictModel):
+    """How NCCL reaches the GPUs of other nodes, and of this one, as the machines are built.
+
+    A rented NVL8 node has InfiniBand compute HCAs beside front-end and storage NICs: NCCL in a
+    pod sees none of them without an RDMA device (a device plugin's resource, host networking, or
+    an SR-IOV attachment), the verbs library and locked memory, and silently all-reduces over the
+    pod network's TCP instead; `NCCL_IB_HCA=mlx5` is a prefix that also matches the other NICs.
+    Multi-node training pods get what is set here, and measure an all-reduce across their nodes
+    before the first step."""
+
+    ib_hcas: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+(:\d+)?$")]] = Field(
+        default_factory=list,
+        description="The compute HCAs, exactly (NCCL_IB_HCA='=mlx5_0,mlx5_1,...'; `host check` "
+        "and the node role read these ports only). Empty: NCCL chooses (and may take a front-end "
+        "or storage NIC).",
+    )
+    rdma_resource: QualifiedName | None = Field(
+        default=None,
+        description="The RDMA device plugin's resource each multi-node pod requests (e.g. "
+        "rdma/rdma_shared_device_a, nvidia.com/hostdev).",
+    )
+    rdma_per_pod: Annotated[int, Field(ge=1, le=64)] = 1
+    """How many of `rdma_resource` a multi-node pod requests."""
+    host_network: bool = Field(
+        default=False,
+        description="Multi-node pods on the node's network (the HCAs without a device plugin).",
+    )
+    network_attachments: list[str] = Field(
+        default_factory=list,
+        description="Multus/SR-IOV networks for multi-node pods "
+        "(k8s.v1.cni.cncf.io/networks), e.g. kimi/ib-sriov.",
+    )
+    socket_ifname: Annotated[str, Field(pattern=r"^[=^]?[A-Za-z0-9_.,-]+$")] | None = Field(
+        default=None,
+        description="NCCL_SOCKET_IFNAME: the interface NCCL bootstraps over (e.g. eth0).",
+    )
+    min_bus_gbps: Annotated[float, Field(gt=0, le=10_000)] | None = Field(
+        default=None,
+        description="The all-reduce a multi-node training Job runs before its first step fails "
+        "below this bus bandwidth (GB/s, NCCL-tests' figure), naming the transport NCCL took; it "
+        "fails whatever the figure when NCCL fell back to sockets.",
+    )
+    nccl_protocol: Literal["Simple", "LL", "LL128"] | None = Field(
+        default=None, description="NCCL_PROTO for GPU pods (unset: NCCL's choice)."
+    )
+    nccl_topology: TopologyXml | None = Field(
+        default=None,
+        description="An NCCL topology file's XML, written inline (NCCL_TOPO_FILE in GPU pods, "
+        "from their spec ConfigMap): for PCIe switches NCCL cannot see through. Inline, so "
+        "the release record holds it and a rollback gets the same file.",
+    )
+    min_node_bus_gbps: Annotated[float, Field(gt=0, le=10_000)] | None = Field(
+        default=None,
+        description="The all-reduce across one node's GPUs (the serve pod's GPU check, `host check "
+        "--allreduce`) fails below this bus bandwidth (GB/s, NCCL-tests' figure): a PCIe host "
+        "whose peer-to-peer is off or routed through the CPU shows here, before the load.",
     )
 
 
@@ -263,6 +378,8 @@ class Cluster(StrictModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment for GPU pods (NCCL settings differ here)."
     )
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
+    """How NCCL reaches other GPUs from the pods (RDMA, HCAs, thresholds)."""
     model_variant: Name | None = Field(
         default=None,
         description="A model_variants entry this cluster serves and trains with instead of "
@@ -273,10 +390,12 @@ class Cluster(StrictModel):
     images: WorkloadImages
     workloads: Workloads
     """Per-workload settings on this cluster."""
-    step_cost_per_token: Annotated[float, Field(gt=0, le=2)] = Field(
-        default=0.1433,
-        description="Cost of one more speculative token per decode step, relative to a plain step "
-        "(C(k) = 1 + k * this). 0.1433 reproduces C(3) = 1.43 measured on 8x RTX PRO 6000 PCIe.",
+    step_cost_per_token: Annotated[float, Field(gt=0, le=2)] | None = Field(
+        default=None,
+        description="A constant cost of one more speculative token per decode step, relative to "
+        "a plain step (C(k) = 1 + k * this), the same at every concurrency. Unset: the step-cost "
+        "model (the GPU's priors, the target's experts, the serve image's kernel plan; "
+        "docs/reference/step-cost.md), until `run calibrate` measures the cluster.",
     )
     gate: GateSettings = Field(default_factory=GateSettings)
     priority_classes: PriorityClasses | None = Field(
@@ -299,3 +418,23 @@ class Cluster(StrictModel):
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpu.per_node
+
+    @model_validator(mode="after")
+    def _no_hca_prefix(self) -> Cluster:
+        value = self.env.get("NCCL_IB_HCA")
+        if value is not None and not value.startswith(("=", "^")):
+            raise ValueError(
+                f"env.NCCL_IB_HCA: {value!r} is a prefix: it also matches front-end and storage "
+                "NICs (mlx5 matches every mlx5 device); list the compute HCAs in "
+                "network.ib_hcas (rendered as NCCL_IB_HCA='=mlx5_0,mlx5_1,...')"
+            )
+        return self
+
+    @property
+    def weights_via(self) -> str:
+        """How the weights reach the models volume (workloads.weights.via, auto resolved): a
+        shared claim every node mounts is filled by a Job; a host path by `host sync-model`."""
+        via = self.workloads.weights.via
+        if via != "auto":
+            return via
+        return "job" if self.storage.models.access_mode == "ReadWriteMany" else "host"

@@ -89,6 +89,79 @@ class HeldOutAcceptance(StrictModel):
         default=None, description="The training step of the checkpoint written as the drafter."
     )
     run: str | None = Field(default=None, description="The training run id.")
+    ci95: dict[
+        Annotated[int, Field(ge=1, le=16)],
+        Annotated[list[Annotated[float, Field(ge=1, le=17)]], Field(min_length=2, max_length=2)],
+    ] = Field(
+        default_factory=dict,
+        description="k -> [low, high]: a 95% interval of the mean acceptance length from a "
+        "bootstrap over the judged turns; how far serving conversations of the same "
+        "distribution may count from the figure. `up` refuses when even `high` is below "
+        "break-even and warns when the interval straddles it.",
+    )
+    turns: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Assistant turns the figures were judged on."
+    )
+    stands_for: str | None = Field(
+        default=None,
+        description="The prompt distribution the figures stand for: held-out conversations of "
+        "the training data. On other prompts, `drafter check --replay FILE` predicts instead.",
+    )
+
+    @model_validator(mode="after")
+    def _intervals_hold_their_figure(self) -> HeldOutAcceptance:
+        for k, (low, high) in self.ci95.items():
+            length = self.mean_acceptance_length.get(k)
+            if low > high or (length is not None and not low - 1e-6 <= length <= high + 1e-6):
+                raise ValueError(f"ci95[{k}] = [{low}, {high}] does not hold its figure {length}")
+        return self
+
+
+def held_out_from_lineage(lineage: dict[str, Any]) -> HeldOutAcceptance | None:
+    """The registry form of what a training run wrote into kimideploy-lineage.json; None when it
+    holds no held-out judgement. A judgement of the wrong shape (a list where a mapping belongs,
+    a k that is no number, figures out of range) is a ValueError naming it, never a crash after
+    the work it was read for: the publish pod reads it before it pushes."""
+    judged = lineage.get("held_out")
+    if judged is None or judged == {}:
+        return None
+    try:
+        return _held_out(lineage, judged)
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        problem = str(exc).splitlines()[0][:200]
+        raise ValueError(f"held_out in the lineage has the wrong shape ({problem})") from None
+
+
+def _held_out(lineage: dict[str, Any], judged: Any) -> HeldOutAcceptance | None:
+    if not isinstance(judged, dict):
+        raise TypeError(f"a {type(judged).__name__}, not a mapping")
+    if not judged.get("mean_acceptance_length"):
+        return None
+    by_k = judged.get("by_k") or {}
+    if not isinstance(by_k, dict):
+        raise TypeError("by_k is not a mapping")
+    deepest = by_k.get(str(judged.get("depth"))) or {}
+    selected = lineage.get("selected_checkpoint") or {}
+    if not isinstance(deepest, dict) or not isinstance(selected, dict):
+        raise TypeError("by_k entries and selected_checkpoint must be mappings")
+    intervals = {
+        int(k): list(one["ci95"])
+        for k, one in by_k.items()
+        if isinstance(one, dict) and one.get("ci95")
+    }
+    dataset = lineage.get("dataset") or {}
+    fingerprint = dataset.get("fingerprint") if isinstance(dataset, dict) else None
+    return HeldOutAcceptance(
+        mean_acceptance_length={int(k): v for k, v in judged["mean_acceptance_length"].items()},
+        acceptance_per_position=deepest.get("acceptance_per_position") or [],
+        samples=max(int(judged.get("samples") or 1), 1),
+        step=selected.get("step"),
+        run=lineage.get("run_id"),
+        ci95=intervals,
+        turns=judged.get("turns") or None,
+        stands_for="held-out conversations of the training data"
+        + (f" (dataset {fingerprint})" if fingerprint else ""),
+    )
 
 
 class Lineage(StrictModel):

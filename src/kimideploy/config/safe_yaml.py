@@ -86,6 +86,9 @@ def load(text: str) -> Parsed:
     return parsed
 
 
+TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
 class _Walk:
     def __init__(self, lines: dict[tuple[str | int, ...], int]) -> None:
         self.lines = lines
@@ -106,7 +109,14 @@ class _Walk:
             return self.mapping(node, path, depth)
         if isinstance(node, yaml.SequenceNode):
             return [self.value(item, (*path, i), depth + 1) for i, item in enumerate(node.value)]
-        return self.scalars.construct_object(node, deep=False)
+        try:
+            return self.scalars.construct_object(node, deep=False)
+        except ValueError:
+            if node.tag != TIMESTAMP:
+                raise
+            # 2027-02-30 looks like a date and is none: left as text, the field's own
+            # validation names it with its path and line instead of a traceback here.
+            return node.value
 
     def mapping(self, node: yaml.MappingNode, path: tuple[str | int, ...], depth: int) -> Any:
         out: dict[Any, Any] = {}

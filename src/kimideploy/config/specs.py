@@ -7,6 +7,7 @@ config they ignore unknown keys, so a pod running an older image accepts a spec 
 from __future__ import annotations
 
 from enum import IntEnum
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -91,6 +92,11 @@ class WorkloadSpec(SpecModel):
         description="Published drafters and datasets the pod pulls first (artifact-pull).",
     )
 
+    def written_folders(self) -> list[str]:
+        """The folders this workload creates files in; each is probed for writing when the pod
+        starts, so a folder the pod's user cannot write fails in seconds, not after hours."""
+        return []
+
 
 class DatagenSpec(WorkloadSpec):
     workload: Literal["datagen"] = "datagen"
@@ -104,10 +110,15 @@ class DatagenSpec(WorkloadSpec):
     top_p: float
     request_timeout_s: int
     max_retries: int
+    token_timeout_s: int = 120
+    max_failed_share: float = 0.01
     chunk_samples: int = 64
     fingerprint: dict[str, Any] = Field(
         default_factory=dict, description="What makes this dataset (config.fingerprints)."
     )
+
+    def written_folders(self) -> list[str]:
+        return [self.output_dir]
 
 
 class ExtractSpec(WorkloadSpec):
@@ -120,6 +131,21 @@ class ExtractSpec(WorkloadSpec):
     tensor_parallel_size: int
     expected_bytes: int
     fingerprint: dict[str, Any] = Field(default_factory=dict)
+    max_model_len: int = Field(
+        default=1_048_576,
+        description="The model's context limit: the engine is sized for the longest sample, and a "
+        "sample longer than this is refused before the engine loads.",
+    )
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 16384
+    scratch_dir: str | None = Field(
+        default=None,
+        description="Pod-local folder the engine's connector writes to; default: inside the "
+        "output folder (the shared volume).",
+    )
+
+    def written_folders(self) -> list[str]:
+        return [self.output_dir, *([self.scratch_dir] if self.scratch_dir else [])]
 
 
 class VocabSpec(WorkloadSpec):
@@ -128,6 +154,9 @@ class VocabSpec(WorkloadSpec):
     output_dir: str
     draft_vocab_size: int
     fingerprint: dict[str, Any] = Field(default_factory=dict)
+
+    def written_folders(self) -> list[str]:
+        return [self.output_dir]
 
 
 class OnlineTrainSpec(SpecModel):
@@ -143,6 +172,13 @@ class OnlineTrainSpec(SpecModel):
         default=2700, description="How long to wait for a (re)loading server."
     )
     concurrency: int = Field(default=8, description="Requests in flight per rank (prefetch).")
+
+
+class NetworkCheck(SpecModel):
+    """The all-reduce across a multi-node training Job's ranks before its first step."""
+
+    min_bus_gbps: float | None = None
+    bytes: int = 256 * 2**20
 
 
 class TrainSpec(WorkloadSpec):
@@ -172,8 +208,12 @@ class TrainSpec(WorkloadSpec):
         "conversations (online); the recorded one must match.",
     )
     seed: int = 0
+    precision: Literal["bf16", "fp32"] = "bf16"
+    loss_implementation: Literal["eager", "fused"] = "eager"
+    loader_workers: int = 0
     resume_dir: str | None = None
     online: OnlineTrainSpec | None = None
+    network_check: NetworkCheck | None = None
     ttt_steps: int = 3
     ttt_step_loss_decay: float = 1.0
     lr_schedule: Literal["cosine", "linear", "constant"] = "constant"
@@ -192,6 +232,11 @@ class TrainSpec(WorkloadSpec):
     def judged_depth(self) -> int:
         """Held-out acceptance is measured up to the deeper of training and serving."""
         return max(self.ttt_steps, self.num_speculative_tokens)
+
+    def written_folders(self) -> list[str]:
+        """The drafter is written beside its folder and renamed into place (the folder itself
+        must not exist early: an existing one is moved aside as the previous drafter)."""
+        return [str(PurePosixPath(self.output_dir).parent), self.checkpoint_dir]
 
 
 SYNTHETIC_CONTROL_EXTENSION = "kimideploy.workloads.synthetic_acceptance.SyntheticAcceptanceControl"
@@ -233,6 +278,28 @@ class PullSpec(WorkloadSpec):
     same digest, and fetches nothing)."""
 
     workload: Literal["pull"] = "pull"
+
+
+class WeightsTarget(SpecModel):
+    repo: str
+    revision: str
+    dest: str = Field(description="The folder on the models volume, as the pods mount it.")
+
+
+class WeightsSpec(WorkloadSpec):
+    """`host sync-model` on a cluster with a shared models claim: each target downloaded into
+    the claim by the same resumable, verified downloader the SSH path runs on a host."""
+
+    workload: Literal["weights"] = "weights"
+    targets: list[WeightsTarget]
+    endpoint: str
+    streams: int = 16
+    token_file: str | None = Field(
+        default=None, description="The hub token (a mounted Secret), read once, sent on stdin."
+    )
+
+    def written_folders(self) -> list[str]:
+        return [t.dest for t in self.targets]
 
 
 class PublishSpec(WorkloadSpec):
@@ -298,6 +365,11 @@ class ReplaySpec(WorkloadSpec):
     tensor_parallel_size: int = 1
     batch_size: int = 8
     max_seq_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 16384
+
+    def written_folders(self) -> list[str]:
+        return [self.capture_dir]
 
 
 SPEC_TYPES: dict[str, type[WorkloadSpec]] = {

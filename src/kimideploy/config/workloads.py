@@ -54,6 +54,29 @@ class ServeSettings(WorkloadSettings):
     """vLLM's --gpu-memory-utilization."""
     max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 128
     """vLLM's --max-num-seqs: the most requests in one batch."""
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description="vLLM's --kv-cache-dtype: auto stores the KV cache in the model's dtype "
+        "(bf16), fp8 in half the bytes (twice the tokens per GPU).",
+    )
+    max_num_batched_tokens: Annotated[int, Field(ge=256, le=1_048_576)] | None = Field(
+        default=None,
+        description="vLLM's --max-num-batched-tokens: the token budget of one engine step "
+        "(prefill chunks and decodes together); larger favours throughput and TTFT of long "
+        "prompts, smaller the decode latency of the others. Unset: vLLM's default.",
+    )
+    mm_encoder_tp_mode: Literal["data", "weights"] = Field(
+        default="data",
+        description="vLLM's --mm-encoder-tp-mode for a multimodal target (Kimi-K2.5's vision "
+        "tower): data runs a copy of the small encoder per GPU on its share of the images (the "
+        "recipe's choice), weights shards it across the tensor-parallel GPUs like the LLM. Not "
+        "passed for a text-only target.",
+    )
+    attention_backend: Annotated[str, Field(pattern=r"^[A-Z0-9_]+$")] | None = Field(
+        default=None,
+        description="vLLM's --attention-backend, pinned instead of chosen at start-up (the "
+        "kernel plan shows what the image's vLLM would choose on this cluster's GPU).",
+    )
     extra_args: list[str] = Field(
         default_factory=list,
         description="Extra vLLM flags, appended verbatim (checked by image verify).",
@@ -91,8 +114,11 @@ class DatagenSettings(WorkloadSettings):
     """Conversations to generate."""
     shards: Annotated[int, Field(ge=1, le=1024)]
     """Job indexes the prompts are split over (each writes its own shard)."""
-    concurrency: Annotated[int, Field(ge=1, le=4096)] = Field(
-        default=32, description="In-flight requests per shard."
+    concurrency: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        default=None,
+        description="In-flight requests per shard. Unset: what the serve release can hold at "
+        "once shared over the shards (serve.replicas x serve.max_num_seqs / shards); more is "
+        "refused, since requests beyond it only wait in vLLM's queue and time out.",
     )
     max_tokens: Annotated[int, Field(ge=1, le=262_144)] = 8192
     """Output tokens per generated answer."""
@@ -100,10 +126,23 @@ class DatagenSettings(WorkloadSettings):
     """Sampling temperature of the answers."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
     """Top-p of the answers."""
-    request_timeout_s: Annotated[int, Field(ge=1, le=7200)] = 900
-    """Seconds one request may take."""
+    request_timeout_s: Annotated[int, Field(ge=1, le=86_400)] = Field(
+        default=3600,
+        description="Seconds a request may wait for its first token: queued behind the other "
+        "requests and prefilled. After the first token, token_timeout_s applies.",
+    )
+    token_timeout_s: Annotated[int, Field(ge=1, le=7200)] = Field(
+        default=120,
+        description="The longest silence between two streamed chunks once the answer has "
+        "started: a stalled stream fails and is retried, a long answer does not.",
+    )
     max_retries: Annotated[int, Field(ge=0, le=20)] = 5
     """Retries of one request before the sample is recorded as failed."""
+    max_failed_share: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.01,
+        description="The share of a shard's prompts that may fail (after their retries) before "
+        "the shard fails instead of finishing with a silently smaller dataset.",
+    )
     chunk_samples: Annotated[int, Field(ge=1, le=100_000)] = Field(
         default=64, description="Samples per output chunk: what a restart can lose at most."
     )
@@ -126,6 +165,24 @@ class ExtractSettings(WorkloadSettings):
     """dtype the hidden states are stored in."""
     backend: Literal["vllm", "transformers"] = Field(
         default="vllm", description="vllm: production path; transformers: reference path."
+    )
+    gpu_memory_utilization: Annotated[float, Field(gt=0.1, le=0.98)] = Field(
+        default=0.9,
+        description="vLLM's gpu_memory_utilization for the extraction engine (and the replay's "
+        "capture engine). The engine's max_model_len is the longest sample's length, not the "
+        "model's own context.",
+    )
+    max_num_batched_tokens: Annotated[int, Field(ge=256, le=1_048_576)] = Field(
+        default=16384,
+        description="Tokens per engine step: extraction is prefill only, so one step takes many "
+        "samples' prefills (vLLM's serving default is tuned for decode).",
+    )
+    scratch_size: Quantity = Field(
+        default="64Gi",
+        description="Pod-local emptyDir the engine's connector writes each request's hidden "
+        "states to (two batches in flight; read, converted and deleted while the next batch "
+        "prefills), so only the converted sample crosses the network filesystem, once. Put the "
+        "kubelet's root directory on the node's NVMe.",
     )
 
 
@@ -244,6 +301,26 @@ class TrainSettings(WorkloadSettings):
     )
     seed: Annotated[int, Field(ge=0)] = 0
     """Seed of the initialisation and the data order."""
+    precision: Literal["bf16", "fp32"] = Field(
+        default="bf16",
+        description="bf16: the forward and backward passes in bfloat16 autocast over fp32 "
+        "master weights and optimizer state (speculators' own trainer autocasts to the hidden "
+        "states' dtype; several times faster per step on Blackwell); fp32: everything in fp32.",
+    )
+    loss_implementation: Literal["eager", "fused"] = Field(
+        default="eager",
+        description="speculators' loss kernels on a GPU. eager: plain torch ops, which the "
+        "drafter's compiled forward fuses; fused: its autotuned Triton kernels, which torch "
+        "2.11's compiler refuses inside that forward (\"ListVariable ... is already tracked for "
+        'mutation", seen on an H200 at the first step; bench/MEASUREMENTS.md). On a CPU the '
+        "loss is always eager.",
+    )
+    loader_workers: Annotated[int, Field(ge=0, le=64)] = Field(
+        default=4,
+        description="Processes reading and packing stored hidden-state samples ahead of the "
+        "step (pinned memory on a GPU), so a step never waits on the filesystem; 0 reads them "
+        "in the training process. Offline training only.",
+    )
     resume_run: Annotated[str, Field(pattern=r"^[a-z0-9]{1,16}$")] | None = Field(
         default=None,
         description="Start from the last complete checkpoint of this earlier run id (a restarted "
@@ -313,6 +390,36 @@ class PublishSettings(WorkloadSettings):
     """CPU and memory of the publish (and pull) pod."""
 
 
+def _weights_resources() -> PodResources:
+    return PodResources(cpu="4", memory="8Gi")
+
+
+class WeightsSettings(StrictModel):
+    """How the pinned weights (and the hub drafters) reach the models volume the pods mount."""
+
+    via: Literal["auto", "host", "job"] = Field(
+        default="auto",
+        description="host: `host sync-model` downloads over SSH into host_setup.model_path, "
+        "which the models claim is (the PCIe host's host-path volume); job: a download Job "
+        "writes into the models claim itself (a shared filesystem that every node mounts: the "
+        "rented clusters, where node-local /raid/models is not what the pods see). auto: job "
+        "when the models claim is ReadWriteMany, else host.",
+    )
+    endpoint: str = Field(
+        default="https://huggingface.co",
+        pattern=r"^https?://[^\s]+$",
+        description="The hub (or a mirror of it) the download Job reads from.",
+    )
+    streams: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=16, description="Connections the download Job opens at once (files and ranges)."
+    )
+    resources: PodResources = Field(default_factory=_weights_resources)
+    """CPU and memory of the download pod."""
+    pod_annotations: dict[QualifiedName, str] = Field(
+        default_factory=dict, description="Extra pod annotations of the download pod."
+    )
+
+
 class Workloads(StrictModel):
     serve: ServeSettings
     """The serve release."""
@@ -326,3 +433,5 @@ class Workloads(StrictModel):
     bench: BenchSettings
     """The bench Job (the gate's measurements)."""
     publish: PublishSettings = Field(default_factory=PublishSettings)
+    weights: WeightsSettings = Field(default_factory=WeightsSettings)
+    """How the weights reach the models volume (`host sync-model`)."""

@@ -35,6 +35,21 @@ def flow(value: Any) -> str:
     return text.strip().removesuffix("...").strip()
 
 
+ONE_LINE_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
+"""What single quotes cannot hold on one line: controls, and the line breaks of YAML 1.1
+(U+0085, U+2028, U+2029) that a reader would break the line at."""
+
+
+def quoted(value: str, style: str) -> str:
+    """`value` as a YAML scalar in the file's quoting style, escaped by YAML itself: never
+    spliced between quotes (a quote or a line break in the value would end the scalar and start
+    keys of the attacker's choosing). Double quotes where single quotes cannot hold it."""
+    if style == "'" and ONE_LINE_UNSAFE.search(value):
+        style = '"'
+    text = yaml.safe_dump(value, default_style=style, width=1 << 30, allow_unicode=True)
+    return text.strip().removesuffix("...").strip()
+
+
 def _compose(text: str) -> yaml.Node:
     root = yaml.compose(text, Loader=yaml.SafeLoader)
     if root is None:
@@ -103,7 +118,7 @@ def set_values(text: str, path: Sequence[str], values: dict[str, Any]) -> str:
                 quote = node.style if isinstance(node, yaml.ScalarNode) else None
                 new = flow(value)
                 if quote in ("'", '"') and isinstance(value, str):
-                    new = f"{quote}{value}{quote}"  # the file's own quoting of that value
+                    new = quoted(value, quote)  # the file's own quoting of that value
                 text = f"{text[:start]}{new}{text[end:]}"
                 end = start + len(new)
             text = _drop_example_pin(text, end)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +74,40 @@ def parse_json_object(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UnreadableFileError(f"{what}: a JSON {type(value).__name__}, not an object")
     return value
+
+
+LINE_LIMIT = 64 * MIB
+"""One generated sample is kilobytes to a few MB; a longer line is corrupt (a chunk of one
+multi-gigabyte line is never held in memory whole)."""
+
+
+def json_lines(path: Path, limit: int, line_limit: int = LINE_LIMIT) -> Iterator[JsonLine]:
+    """Each line of a bounded regular file, read one at a time: (line number, its JSON value),
+    or the problem of that line (not JSON, nested too deeply, longer than `line_limit`) in its
+    place. Blank lines are skipped; memory stays within one line."""
+    fd, _ = open_regular(path, limit)
+    with os.fdopen(fd, "rb") as handle:
+        number = 0
+        while True:
+            raw = handle.readline(line_limit + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > line_limit and not raw.endswith(b"\n"):
+                while (rest := handle.readline(line_limit)) and not rest.endswith(b"\n"):
+                    pass  # the rest of the over-long line, read in bounded pieces
+                yield JsonLine(number, None, f"a line over {line_limit:,} bytes")
+                continue
+            if not raw.strip():
+                continue
+            try:
+                yield JsonLine(number, json.loads(raw), None)
+            except (ValueError, RecursionError) as exc:
+                yield JsonLine(number, None, f"not a complete JSON line ({str(exc)[:80]})")
+
+
+@dataclass(frozen=True)
+class JsonLine:
+    number: int
+    value: Any
+    problem: str | None

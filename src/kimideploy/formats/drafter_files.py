@@ -318,7 +318,7 @@ def _held_out_finding(lineage: dict[str, Any]) -> CheckResult:
         judged = {}
     lengths = judged.get("mean_acceptance_length")
     selected = lineage.get("selected_checkpoint") or {}
-    if not isinstance(lengths, dict) or not lengths:
+    if lengths is None or lengths == {}:
         return CheckResult(
             "lineage: held-out",
             False,
@@ -327,7 +327,21 @@ def _held_out_finding(lineage: dict[str, Any]) -> CheckResult:
             "train again with train.held_out_fraction > 0 to know its acceptance before serving",
             blocking=False,
         )
-    shown = ", ".join(f"k={k} {v}" for k, v in sorted(lengths.items(), key=lambda kv: int(kv[0])))
+    try:
+        ordered = sorted((int(k), float(v)) for k, v in lengths.items())
+    except (AttributeError, TypeError, ValueError):
+        ordered = []
+    by_k = judged.get("by_k") or {}
+    if not ordered or not isinstance(selected, dict) or not isinstance(by_k, dict):
+        return CheckResult(
+            "lineage: held-out",
+            False,
+            f"held_out has the wrong shape (mean_acceptance_length {str(lengths)[:60]}, by_k "
+            f"{str(by_k)[:40]}): "
+            "not what training writes",
+            "restore the lineage training wrote, or train again",
+        )
+    shown = ", ".join(f"k={k} {lengths.get(str(k), lengths.get(k))}" for k, _ in ordered)
     return CheckResult(
         "lineage: held-out",
         True,

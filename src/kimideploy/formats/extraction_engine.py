@@ -19,6 +19,7 @@ writes after the reply, under a `.lock` file (workloads/connector_files.py reads
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 CONNECTOR = "ExampleHiddenStatesConnector"
@@ -65,8 +66,28 @@ def speculative_config(vllm_ids: list[int], num_hidden_layers: int) -> dict[str,
     }
 
 
+@dataclass(frozen=True)
+class EngineSize:
+    """How big the extraction engine is made. Left to vLLM, it sizes for the model's own context
+    (262,144 tokens for Kimi-K2.5) at its default memory utilisation, and finds after the
+    25-minute load that one such request does not fit; every engine kimideploy starts is given
+    these instead."""
+
+    max_model_len: int
+    """The longest sequence the engine must hold: the longest sample plus the one sampled token."""
+    gpu_memory_utilization: float
+    max_num_batched_tokens: int
+    """Tokens per engine step: prefill-only work batches many prompts' prefills at once."""
+
+
 def llm_kwargs(
-    target: Any, tensor_parallel_size: int, dtype: str, vllm_ids: list[int], storage: str
+    target: Any,
+    *,
+    tensor_parallel_size: int,
+    dtype: str,
+    vllm_ids: list[int],
+    storage: str,
+    size: EngineSize,
 ) -> dict[str, Any]:
     """`vllm.LLM(**these)` for the extraction engine of `target` (a spec's TargetRef)."""
     return {
@@ -77,9 +98,24 @@ def llm_kwargs(
         "dtype": dtype,
         "trust_remote_code": True,
         "enable_prefix_caching": False,
+        "max_model_len": size.max_model_len,
+        "gpu_memory_utilization": size.gpu_memory_utilization,
+        "max_num_batched_tokens": max(size.max_num_batched_tokens, MIN_BATCHED_TOKENS),
         "speculative_config": speculative_config(vllm_ids, target.num_hidden_layers),
         "kv_transfer_config": kv_transfer_config(storage),
     }
+
+
+MIN_BATCHED_TOKENS = 256
+"""vLLM refuses a token budget below its block-aligned minimum; tiny test engines use this."""
+
+
+def sized_for(longest_sample: int, limit: int) -> int:
+    """max_model_len for samples of at most `longest_sample` tokens: the sample and the one
+    token sampled after its prefill, rounded up to a multiple of 256 (vLLM's KV blocks), at most
+    the model's own limit."""
+    wanted = longest_sample + 1
+    return min(-(-wanted // 256) * 256, limit)
 
 
 def kv_transfer_config(storage: str) -> dict[str, Any]:

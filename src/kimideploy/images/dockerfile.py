@@ -31,6 +31,29 @@ ARCTIC_BUILD_TOOLS = (
 the version it pins. Used by the image build and the CPU venv alike."""
 
 
+GPU_RUNTIME_PACKAGES = ("gcc", "libc6-dev", "libibverbs1", "ibverbs-providers")
+"""What a CUDA image's runtime stage needs beyond Python and its headers: Triton compiles its
+launcher (which includes Python.h) with the C compiler at the first kernel, in the pod; NCCL's
+InfiniBand transport dlopens libibverbs and the providers (mlx5 among them). vLLM's own
+Dockerfile installs python3.x-dev and libibverbs-dev for the same reasons."""
+FLASHINFER_CUBIN_DIR = "/opt/venv/share/flashinfer-cubins"
+"""Inside the venv, so the runtime stage's copy of it carries the cubins."""
+BUILD_TOOLS = ("build-essential", "patch")
+"""The build stage compiles Arctic Inference (C++) and patches vLLM's sources."""
+
+
+def apt_packages(image: Image, stage: str) -> list[str]:
+    """The apt packages of one stage of the image's Dockerfile."""
+    python = f"python{image.python}"
+    headers = [f"{python}-dev"] if image.cuda or stage == "build" else []
+    packages = [python, *headers]
+    if stage == "build":
+        packages += [f"{python}-venv", *BUILD_TOOLS]
+    elif image.cuda:
+        packages += GPU_RUNTIME_PACKAGES
+    return [*packages, "ca-certificates"]
+
+
 def get_image(project: Project, name: str) -> Image:
     if name not in project.images:
         valid = ", ".join(sorted(project.images))
@@ -73,7 +96,8 @@ def dockerfile_values(
         "oras_version": client.oras if client else None,
         "name": name,
         "base": base,
-        "python_package": f"python{image.python}",
+        "build_packages": apt_packages(image, "build"),
+        "runtime_packages": apt_packages(image, "runtime"),
         "python_binary": f"python{image.python}",
         "constraints": constraints_path(name),
         "patch_dir": patch_dir(image) + "/",
@@ -81,6 +105,10 @@ def dockerfile_values(
         "selfchecks": selfcheck.checks_for(
             image.vllm, list(image.patches), suffix=image.arctic_inference is not None
         ),
+        "runtime_checks": selfcheck.runtime_checks_for(
+            image.cuda, list(image.cuda_archs), flashinfer=image.vllm is not None
+        ),
+        "flashinfer_cubin_dir": FLASHINFER_CUBIN_DIR if image.vllm and image.cuda else None,
         "uid": image.run_as_user if image.run_as_user else 10001,
         "source": SOURCE_URL,
         "vllm": image.vllm or "none",

@@ -1,18 +1,30 @@
-"""Proof that each vLLM patch took effect, or that the pinned vLLM natively does what a patch did;
-run at the end of the image build and by the tests.
+"""Proof that each vLLM patch took effect, or that the pinned vLLM natively does what a patch did,
+and that the runtime stage carries what GPU kernels need; run during the image build and by the
+tests.
 
 `python -m kimideploy.images.selfcheck CHECK...` imports the image's vLLM and checks the behaviour
 each named patch (or `native-*` capability) promises; any failure exits non-zero, which fails the
-docker build. `checks_for(image)` names the checks an image's Dockerfile runs.
+docker build. `checks_for(image)` names the checks the build stage runs, `runtime_checks_for` the
+ones the runtime stage runs (`c-toolchain`, `cuda-archs:sm_100,...`, `nccl`, `ibverbs`): what
+Triton, NCCL and torch need at the first kernel, checked without a GPU before the image is pushed
+instead of after a 25-minute load.
 """
 
 from __future__ import annotations
 
+import ctypes
 import inspect
+import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from kimideploy.config.images import SUFFIX_SELFCHECK
+from kimideploy.formats.gpuinfo import uncovered
 
 
 def _allowlist() -> str:
@@ -119,6 +131,133 @@ NATIVE_FROM = (0, 32)
 NATIVE_CHECKS = tuple(name for name in CHECKS if name.startswith("native-"))
 
 
+C_PROBE = """#include <Python.h>
+static struct PyModuleDef probe = {PyModuleDef_HEAD_INIT, "kimideploy_c_probe", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_kimideploy_c_probe(void) { return PyModule_Create(&probe); }
+"""
+
+
+def c_compiler() -> str | None:
+    """The compiler Triton's launcher build picks: $CC, else gcc, else clang."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+
+
+def python_include_dir() -> str:
+    """Where Triton looks for Python.h (the default scheme's include path; Debian's
+    'posix_local' scheme means 'posix_prefix' there too)."""
+    scheme = sysconfig.get_default_scheme()
+    if scheme == "posix_local":
+        scheme = "posix_prefix"
+    return sysconfig.get_paths(scheme=scheme)["include"]
+
+
+def _c_toolchain() -> str:
+    """Compile and import a C extension against this interpreter, the way Triton builds its
+    CUDA launcher (`cuda_utils.c`, which includes Python.h) the first time a kernel runs."""
+    cc = c_compiler()
+    assert cc is not None, (
+        "no C compiler (CC unset, no gcc or clang on PATH): Triton cannot build its launcher; "
+        "install gcc in the runtime stage"
+    )
+    include = python_include_dir()
+    assert (Path(include) / "Python.h").is_file(), (
+        f"{include}/Python.h is missing: Triton's launcher cannot compile; install "
+        f"python{sys.version_info.major}.{sys.version_info.minor}-dev in the runtime stage"
+    )
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    with tempfile.TemporaryDirectory() as work:
+        source, library = Path(work) / "probe.c", Path(work) / f"kimideploy_c_probe{suffix}"
+        source.write_text(C_PROBE)
+        command = [cc, str(source), "-O3", "-shared", "-fPIC", "-I", include, "-o", str(library)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{cc} failed: {done.stderr.strip()[-500:]}"
+        sys.path.insert(0, work)
+        try:
+            __import__("kimideploy_c_probe")
+        finally:
+            sys.path.remove(work)
+            sys.modules.pop("kimideploy_c_probe", None)
+    return f"{cc} compiles and links a C extension against {include}/Python.h"
+
+
+def torch_arch_flags() -> list[str]:
+    """The architectures torch's CUDA kernels were compiled for, read without a GPU (what
+    `torch.cuda.get_arch_list()` returns on a machine that has one)."""
+    import torch
+
+    archs: list[str] = torch.cuda.get_arch_list()
+    return archs
+
+
+def _cuda_archs(claimed: str) -> str:
+    archs = [a for a in claimed.split(",") if a]
+    compiled = torch_arch_flags()
+    assert compiled, "this torch has no CUDA kernels (a CPU build)"
+    missing = uncovered(archs, compiled)
+    assert not missing, (
+        f"torch's kernels are compiled for {' '.join(compiled)}: nothing runs on "
+        f"{', '.join(missing)}, which this image claims"
+    )
+    return f"torch's kernels ({' '.join(compiled)}) run on every claimed {', '.join(archs)}"
+
+
+def _nccl() -> str:
+    import torch
+    import torch.cuda.nccl
+
+    assert torch.version.cuda, "this torch has no CUDA (a CPU build)"
+    version = ".".join(str(part) for part in torch.cuda.nccl.version())
+    return f"NCCL {version} loads (torch {torch.__version__}, CUDA {torch.version.cuda})"
+
+
+IBVERBS_LIBRARY = "libibverbs.so.1"
+
+
+def _ibverbs() -> str:
+    """NCCL dlopens the verbs library at its first InfiniBand use; without it NCCL silently
+    all-reduces over TCP sockets."""
+    try:
+        ctypes.CDLL(IBVERBS_LIBRARY)
+    except OSError as exc:
+        raise AssertionError(
+            f"{IBVERBS_LIBRARY} does not load ({exc}): NCCL would fall back to TCP sockets; "
+            "install libibverbs1 and ibverbs-providers in the runtime stage"
+        ) from exc
+    return f"{IBVERBS_LIBRARY} loads (NCCL's InfiniBand transport can start)"
+
+
+def _flashinfer_cubins() -> str:
+    """FlashInfer reads the cubins baked into the image (FLASHINFER_CUBIN_DIR), so no pod
+    downloads them at its first call."""
+    wanted = os.environ.get("FLASHINFER_CUBIN_DIR")
+    assert wanted, "FLASHINFER_CUBIN_DIR is not set: FlashInfer would download cubins in the pod"
+    from flashinfer.jit import env as flashinfer_env
+
+    used = Path(flashinfer_env.FLASHINFER_CUBIN_DIR)
+    assert used == Path(wanted), f"FlashInfer reads cubins from {used}, not {wanted}"
+    cubins = sum(1 for _ in used.rglob("*.cubin"))
+    assert cubins, f"{used} holds no cubins: `python -m flashinfer --download-cubin` did not run"
+    return f"FlashInfer reads {cubins} baked-in cubins from {used}"
+
+
+RUNTIME_CHECKS: dict[str, Callable[[], str]] = {
+    "c-toolchain": _c_toolchain,
+    "nccl": _nccl,
+    "ibverbs": _ibverbs,
+    "flashinfer-cubins": _flashinfer_cubins,
+}
+PARAMETER_CHECKS: dict[str, Callable[[str], str]] = {"cuda-archs": _cuda_archs}
+
+
+def runtime_checks_for(cuda: str | None, cuda_archs: list[str], flashinfer: bool) -> list[str]:
+    """What the runtime stage of a CUDA image proves before it is pushed (a CPU image has no
+    GPU kernels to compile); a vLLM image also its baked-in FlashInfer cubins."""
+    if cuda is None:
+        return []
+    checks = ["c-toolchain", f"cuda-archs:{','.join(cuda_archs)}", "nccl", "ibverbs"]
+    return [*checks, *(["flashinfer-cubins"] if flashinfer else [])]
+
+
 def checks_for(vllm: str | None, patches: list[str], suffix: bool = False) -> list[str]:
     """The self-checks an image runs: its patches', the native ones from vLLM 0.32 on, and
     suffix decoding's where the image carries Arctic Inference."""
@@ -129,11 +268,21 @@ def checks_for(vllm: str | None, patches: list[str], suffix: bool = False) -> li
     return [*patches, *native, *((SUFFIX_CHECK,) if suffix else ())]
 
 
+def _lookup(name: str) -> Callable[[], str] | None:
+    if name in CHECKS:
+        return CHECKS[name]
+    if name in RUNTIME_CHECKS:
+        return RUNTIME_CHECKS[name]
+    head, _, value = name.partition(":")
+    parameterised = PARAMETER_CHECKS.get(head)
+    return (lambda: parameterised(value)) if parameterised else None
+
+
 def run(patches: list[str]) -> list[tuple[str, bool, str]]:
-    """(patch, ok, message) for each patch; an unknown patch name is a failure (no silent pass)."""
+    """(check, ok, message) for each named check; an unknown name is a failure (no silent pass)."""
     results = []
     for name in patches:
-        check = CHECKS.get(name)
+        check = _lookup(name)
         if check is None:
             results.append((name, False, "no self-check is defined for this patch"))
             continue

@@ -13,7 +13,7 @@ first that exists; `drafter list` and `drafter check` show every one, each with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from kimideploy.config.drafters import Drafter, HeldOutAcceptance, ModelFreeMethod
 from kimideploy.plan.speedup import rates_at_k, tokens_per_step
@@ -29,13 +29,16 @@ class Evidence:
     per_position: tuple[float, ...] | None
     """Conditional acceptance per position, when known (lets other k be predicted)."""
     note: str
+    interval: tuple[float, float] | None = None
+    """A 95% interval of `length` (held-out: a bootstrap over the judged turns), when known."""
 
     def label(self) -> str:
         """How the figure is shown everywhere: what it is, the length, where it comes from."""
         if self.source == "measured":
             return f"measured mean acceptance length {self.length:.2f} ({self.note})"
         if self.source == "held-out":
-            return f"held-out mean acceptance length {self.length:.2f} ({self.note})"
+            spread = f", 95% {self.interval[0]:.2f}-{self.interval[1]:.2f}" if self.interval else ""
+            return f"held-out mean acceptance length {self.length:.2f}{spread} ({self.note})"
         return f"prior: published mean acceptance length {self.length:.2f}, {self.note}"
 
 
@@ -45,23 +48,6 @@ def held_out_length(held_out: HeldOutAcceptance, k: int) -> float | None:
     if held_out.acceptance_per_position:
         return tokens_per_step(rates_at_k(list(held_out.acceptance_per_position), k))
     return None
-
-
-def held_out_from_lineage(lineage: dict[str, Any]) -> HeldOutAcceptance | None:
-    """The registry form of what a training run wrote into kimideploy-lineage.json."""
-    judged = lineage.get("held_out")
-    if not isinstance(judged, dict) or not judged.get("mean_acceptance_length"):
-        return None
-    by_k = judged.get("by_k") or {}
-    deepest = by_k.get(str(judged.get("depth"))) or {}
-    selected = lineage.get("selected_checkpoint") or {}
-    return HeldOutAcceptance(
-        mean_acceptance_length={int(k): v for k, v in judged["mean_acceptance_length"].items()},
-        acceptance_per_position=deepest.get("acceptance_per_position") or [],
-        samples=max(int(judged.get("samples") or 1), 1),
-        step=selected.get("step"),
-        run=lineage.get("run_id"),
-    )
 
 
 def all_evidence(
@@ -84,8 +70,18 @@ def all_evidence(
             where = f"run {judged.run}, " if judged.run else ""
             step = f", step {judged.step}" if judged.step is not None else ""
             judged_rates = tuple(judged.acceptance_per_position) or None
-            note = f"training {where}{judged.samples} samples never trained on{step}"
-            found.append(Evidence("held-out", length_at, judged_rates, note))
+            turns = f", {judged.turns} turns" if judged.turns else ""
+            note = f"training {where}{judged.samples} samples never trained on{turns}{step}"
+            spread = judged.ci95.get(k)
+            found.append(
+                Evidence(
+                    "held-out",
+                    length_at,
+                    judged_rates,
+                    note,
+                    (spread[0], spread[1]) if spread else None,
+                )
+            )
     published = drafter.published
     if published is not None and published.num_speculative_tokens == k:
         note = f"{published.source}; not measured here"

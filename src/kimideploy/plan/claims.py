@@ -17,19 +17,28 @@ from kimideploy.plan.storage import (
 )
 
 # claim -> read-only? per workload. Training writes the finished drafter onto the models volume.
+# Every GPU workload compiles kernels at run time and keeps them on the compile cache.
 WORKLOAD_CLAIMS: dict[str, dict[str, bool]] = {
-    "serve": {"models": True},
+    "serve": {"models": True, "compile_cache": False},
     "datagen": {"datasets": False},
-    "extract": {"models": True, "datasets": True, "hidden_states": False},
+    "extract": {"models": True, "datasets": True, "hidden_states": False, "compile_cache": False},
     "vocab": {"datasets": False},
-    "train": {"models": False, "datasets": True, "hidden_states": True, "checkpoints": False},
+    "train": {
+        "models": False,
+        "datasets": True,
+        "hidden_states": True,
+        "checkpoints": False,
+        "compile_cache": False,
+    },
     "bench": {"datasets": False},
     # Writable datasets: `data publish` holds each shard's writer lock while it pushes.
     "publish": {"models": True, "datasets": False},
     # The captured sequences are kept on the hidden-states claim (reused, resumed).
-    "replay": {"models": True, "hidden_states": False},
+    "replay": {"models": True, "hidden_states": False, "compile_cache": False},
     # The pull is the one container that writes the drafters it fetches.
     "pull": {"models": False},
+    # The weights download writes the target (and hub drafters) into the models claim.
+    "weights": {"models": False},
 }
 
 

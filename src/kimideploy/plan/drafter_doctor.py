@@ -353,10 +353,19 @@ def _domain(inputs: DoctorInputs, figures: dict[str, float | None]) -> list[Find
     ]
 
 
+BASIS_REPLAY = "conditional, replay walk"
+"""Per-position acceptance from the replay: accepted at i given accepted before i, over the draft
+starts greedy decoding makes at the deepest k judged."""
+BASIS_BENCH = "per draft, vLLM's counters"
+"""Per-position acceptance vLLM counted while serving another prompt set (a stored bench run)."""
+
+
 def _depth(inputs: DoctorInputs, scenarios: dict[str, Any]) -> tuple[list[Finding], dict[str, Any]]:
-    """Predicted speedup at each k from the per-position acceptance where the drafter serves:
-    measured by vLLM for the positions it counted, the replay on the user's prompts (else the
-    drafter's own) beyond them."""
+    """Predicted speedup at each k on the prompts replayed (the user's, else the drafter's own
+    answered by the served target): at each k the replay judged, the replay's own figure for that
+    k, the one the engine tests prove (the walk at k starts its drafts where greedy decoding at k
+    does); deeper, rebuilt from the deepest per-position rates. What vLLM counted on another prompt
+    set (a stored bench run) is shown beside it, labelled, never in its place."""
     replayed_name = (
         f"prompts:{inputs.prompt_set}"
         if inputs.prompt_set
@@ -364,34 +373,37 @@ def _depth(inputs: DoctorInputs, scenarios: dict[str, Any]) -> tuple[list[Findin
         if "served_answers" in scenarios
         else None
     )
-    replayed = per_position(scenarios.get(replayed_name)) if replayed_name else []
-    rates = list(replayed)
-    source = f"replay ({replayed_name})" if replayed_name else ""
-    if inputs.measured is not None and inputs.measured.per_position:
-        measured = inputs.measured.per_position
-        rates = list(measured) + rates[len(measured) :]
-        source = inputs.measured.source + (
-            f", deeper positions: replay ({replayed_name})" if len(rates) > len(measured) else ""
-        )
-    if not rates:
-        return [], {}
+    figures = scenarios.get(replayed_name) if replayed_name else None
+    rates = per_position(figures)
+    judged = {
+        int(k): float(v) for k, v in ((figures or {}).get("mean_acceptance_length") or {}).items()
+    }
+    if not rates and not judged:
+        return [], _measured_beside(inputs, {})
     k, c = inputs.k, inputs.concurrency
-    predicted = {}
-    for depth in range(1, len(rates) + 1):
-        length = tokens_per_step(rates[:depth])
-        predicted[depth] = (length, length / inputs.costs.cost(depth, c))
+    predicted: dict[int, tuple[float, float, str]] = {}
+    for depth in range(1, max(len(rates), max(judged, default=0)) + 1):
+        basis = "replay at this k" if depth in judged else "rebuilt from the replay's rates"
+        length = judged.get(depth) or tokens_per_step(rates[:depth])
+        predicted[depth] = (length, length / inputs.costs.cost(depth, c), basis)
     served = predicted.get(k)
     best = max(predicted, key=lambda d: predicted[d][1])
     prediction = {
         "per_position": [round(r, 4) for r in rates],
-        "source": source,
+        "per_position_basis": BASIS_REPLAY,
+        "source": f"replay ({replayed_name})",
         "concurrency": c,
         "cost_source": inputs.costs.source,
         "by_k": {
-            str(d): {"mean_acceptance_length": round(v[0], 4), "speedup": round(v[1], 4)}
+            str(d): {
+                "mean_acceptance_length": round(v[0], 4),
+                "speedup": round(v[1], 4),
+                "basis": v[2],
+            }
             for d, v in predicted.items()
         },
         "best_k": best,
+        **_measured_beside(inputs, predicted),
     }
     if served is None or best == k or predicted[best][1] < served[1] * (1 + K_GAIN):
         return [], prediction
@@ -416,6 +428,25 @@ def _depth(inputs: DoctorInputs, scenarios: dict[str, Any]) -> tuple[list[Findin
             predicted[best][1] - served[1],
         )
     ], prediction
+
+
+def _measured_beside(
+    inputs: DoctorInputs, predicted: dict[int, tuple[float, float, str]]
+) -> dict[str, Any]:
+    """What vLLM counted where the drafter serves, on the bench's prompts: beside the
+    prediction, with its own basis, never mixed into it."""
+    if inputs.measured is None:
+        return {}
+    measured = inputs.measured
+    return {
+        "measured_elsewhere": {
+            "source": measured.source,
+            "mean_acceptance_length": round(measured.mean_acceptance_length, 4),
+            "per_position": [round(r, 4) for r in measured.per_position],
+            "per_position_basis": BASIS_BENCH,
+            "note": "counted by vLLM on the bench's prompts, not on the prompts replayed",
+        }
+    }
 
 
 def _weak(

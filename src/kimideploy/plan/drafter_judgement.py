@@ -19,8 +19,9 @@ from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.drafter_files import Expected
 from kimideploy.plan.acceptance import Evidence, all_evidence
-from kimideploy.plan.calibration import CostModel, DefaultCost, drafter_speedup, speedup
+from kimideploy.plan.calibration import CostModel, drafter_speedup, speedup
 from kimideploy.plan.inputs import drafter_path
+from kimideploy.plan.step_cost import uncalibrated
 
 
 def serving_image(project: Project, cluster: str | None = None) -> Image:
@@ -93,7 +94,7 @@ def method_findings(
             f"{image_name} carries Arctic Inference {image.arctic_inference}"
             if carried
             else f"{image_name} has no Arctic Inference: vLLM refuses suffix decoding",
-            f"serve with --image {' or '.join(having)}"
+            f"set clusters.{cluster_name}.images.serve: {' or '.join(having)}"
             if having
             else "set images.<name>.arctic_inference on a serve image and rebuild it",
         )
@@ -107,7 +108,7 @@ def method_findings(
     k = method.num_speculative_tokens
     found = all_evidence(method, k)
     if not found:
-        costs = costs or DefaultCost(profile.step_cost_per_token, cluster_name)
+        costs = costs or uncalibrated(project, cluster_name)
         even = costs.cost(k, concurrency)
         return [
             image_finding,
@@ -125,7 +126,7 @@ def method_findings(
                 blocking=False,
             ),
         ]
-    costs = costs or DefaultCost(profile.step_cost_per_token, cluster_name)
+    costs = costs or uncalibrated(project, cluster_name)
     shown = CheckResult("acceptance", True, f"{found[0].label()} at k={k}", "", blocking=False)
     return [image_finding, shown, *_speedup_findings(found[0], k, costs, concurrency)]
 
@@ -220,7 +221,6 @@ def _token_findings(
     held-out, then a published prior), each figure shown with its label. Measured and held-out
     acceptance below break-even block `up` (a prior does not: it was measured elsewhere)."""
     k = drafter.num_speculative_tokens
-    cluster = project.clusters[project.cluster_name(cluster_name)]
     found = all_evidence(drafter, k, held_out)
     if not found:
         return [
@@ -232,7 +232,7 @@ def _token_findings(
                 blocking=False,
             )
         ]
-    costs = costs or DefaultCost(cluster.step_cost_per_token, project.cluster_name(cluster_name))
+    costs = costs or uncalibrated(project, project.cluster_name(cluster_name))
     shown = CheckResult(
         "acceptance",
         True,
@@ -281,9 +281,37 @@ def _speedup_findings(best: Evidence, k: int, costs: CostModel, at: int) -> list
         if best.source == "held-out"
         else "measure it here (`kimideploy run bench`) before relying on the prior"
     )
+    if best.interval is not None and best.source == "held-out":
+        findings.append(_interval_finding(best, k, even, describe))
+        return findings
     findings.append(
         CheckResult(
             "predicted speedup", chosen > 1, describe, fix, blocking=best.source != "published"
         )
     )
     return findings
+
+
+def _interval_finding(best: Evidence, k: int, even: float, describe: str) -> CheckResult:
+    """Held-out figures with their interval: refuse only when even its upper bound is below
+    break-even; when the interval straddles break-even, say serving may not pay (a warning)."""
+    assert best.interval is not None
+    low, high = best.interval
+    where = f"its 95% interval {low:.2f}-{high:.2f} at k={k} against break-even {even:.2f}"
+    if high < even:
+        return CheckResult(
+            "predicted speedup",
+            False,
+            f"{describe}; {where}: below break-even however the held-out turns are sampled",
+            "train it further or on more data, or pass --force to measure it anyway",
+        )
+    if low < even:
+        return CheckResult(
+            "predicted speedup",
+            False,
+            f"{describe}; {where}: it may not pay",
+            "measure it where it will serve (`kimideploy run bench`, or `drafter check --replay` "
+            "on your prompts) before relying on it",
+            blocking=False,
+        )
+    return CheckResult("predicted speedup", True, f"{describe}; {where}", "", blocking=False)

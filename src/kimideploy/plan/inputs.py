@@ -15,12 +15,14 @@ from kimideploy.config.project import Project
 from kimideploy.config.specs import LayerSelection, TargetRef
 from kimideploy.config.target import TargetModel
 from kimideploy.errors import UsageError
-from kimideploy.plan.calibration import CostModel, DefaultCost
+from kimideploy.plan.calibration import CostModel
+from kimideploy.plan.step_cost import uncalibrated
 
 MODELS_MOUNT = "/models"
 DATASETS_MOUNT = "/data"
 HIDDEN_STATES_MOUNT = "/hidden-states"
 CHECKPOINTS_MOUNT = "/checkpoints"
+COMPILE_CACHE_MOUNT = "/cache"
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class PlanInputs:
 
     @property
     def cost_model(self) -> CostModel:
-        return self.costs or DefaultCost(self.cluster.step_cost_per_token, self.cluster_name)
+        return self.costs or uncalibrated(self.project, self.cluster_name, self.image_name)
 
     @property
     def model(self) -> TargetModel:

@@ -9,19 +9,21 @@ from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
 from kimideploy.config.drafters import Drafter
 from kimideploy.config.specs import (
     API_KEY_ENV,
-    SPEC_FILE_NAME,
     SPEC_PATH,
     BenchSpec,
     DatagenSpec,
     ExtractSpec,
+    NetworkCheck,
     SyntheticSweep,
     TrainSpec,
     VocabSpec,
+    WeightsSpec,
+    WeightsTarget,
     WorkloadExit,
     WorkloadSpec,
 )
 from kimideploy.config.workloads import WorkloadSettings
-from kimideploy.errors import UsageError
+from kimideploy.errors import ConfigError, UsageError
 from kimideploy.plan import online, pods, publish, replay
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
 from kimideploy.plan.data_layout import data_dirs, dataset_fingerprints, published_conversations
@@ -29,6 +31,7 @@ from kimideploy.plan.inputs import (
     DATASETS_MOUNT,
     PlanInputs,
     drafter_path,
+    target_model_path,
     trained_path,
 )
 from kimideploy.plan.model import ObjectPlan
@@ -80,6 +83,69 @@ def datagen_spec(ctx: PlanInputs, run_id: str) -> DatagenSpec:
         output_dir=data_dirs(ctx)["conversations"],
         endpoint=endpoint,
         fingerprint=dataset_fingerprints(ctx)["conversations"],
+        concurrency=datagen_concurrency(ctx),
+    )
+
+
+DATAGEN_OWN_ENDPOINT_CONCURRENCY = 32
+"""Per shard, for an endpoint kimideploy does not size (not the serve release)."""
+
+
+def datagen_concurrency(ctx: PlanInputs) -> int:
+    """Requests in flight per shard: what the serve release holds at once (replicas x
+    max_num_seqs) shared over the shards. More would only queue in vLLM, where the wait counts
+    against each request's timeout: the tail times out, is retried, and is dropped."""
+    settings, serve = ctx.cluster.workloads.datagen, ctx.cluster.workloads.serve
+    if settings.endpoint != "serve":
+        return settings.concurrency or DATAGEN_OWN_ENDPOINT_CONCURRENCY
+    capacity = serve.replicas * serve.max_num_seqs
+    share = max(1, capacity // settings.shards)
+    if settings.concurrency is None:
+        return share
+    if settings.concurrency * settings.shards > capacity:
+        where = f"clusters.{ctx.cluster_name}.workloads"
+        raise ConfigError(
+            f"{where}.datagen.concurrency: {settings.shards} shards x {settings.concurrency} = "
+            f"{settings.shards * settings.concurrency} requests in flight, but the serve release "
+            f"holds {capacity} at once ({serve.replicas} replicas x max_num_seqs "
+            f"{serve.max_num_seqs}); the rest would wait in vLLM's queue and time out",
+            hint=f"leave datagen.concurrency unset (it is then {share}), lower it to {share}, or "
+            "serve more replicas",
+        )
+    return settings.concurrency
+
+
+def weights_spec(ctx: PlanInputs, run_id: str) -> WeightsSpec:
+    """The cluster's pinned checkpoint (its model variant) and the hub drafters, each into the
+    folder of the models claim the pods read it from."""
+    if ctx.cluster.weights_via != "job":
+        raise UsageError(
+            f"cluster {ctx.cluster_name}: its models volume is its hosts' "
+            f"host_setup.model_path (workloads.weights.via resolves to host), which `host "
+            "sync-model` fills over SSH; a download Job is for a shared models claim",
+            hint=f"`kimideploy host sync-model {ctx.cluster_name}`, or set "
+            f"clusters.{ctx.cluster_name}.workloads.weights.via: job",
+        )
+    model = ctx.model
+    targets = [WeightsTarget(repo=model.repo, revision=model.revision,
+                             dest=target_model_path(model))]  # fmt: skip
+    for name, drafter in sorted(ctx.project.eagle_drafters.items()):
+        hub = drafter.source.hub
+        if hub is not None:
+            targets.append(
+                WeightsTarget(
+                    repo=hub.repo, revision=hub.revision, dest=drafter_path(name, drafter)
+                )
+            )
+    settings = ctx.cluster.workloads.weights
+    return WeightsSpec(
+        run_id=run_id,
+        cluster=ctx.cluster_name,
+        target=ctx.target_ref(),
+        targets=targets,
+        endpoint=settings.endpoint,
+        streams=settings.streams,
+        token_file=f"{HF_TOKEN_MOUNT}/token" if ctx.model.hf_token else None,
     )
 
 
@@ -98,7 +164,23 @@ def extract_spec(ctx: PlanInputs, run_id: str, estimate: HiddenStateEstimate) ->
         tensor_parallel_size=settings.gpus_per_shard,
         expected_bytes=estimate.total_bytes,
         fingerprint=dataset_fingerprints(ctx)["hidden_states"],
+        max_model_len=ctx.model.max_model_len,
+        scratch_dir=EXTRACT_SCRATCH_MOUNT,
     )
+
+
+HF_TOKEN_MOUNT = "/var/run/secrets/kimideploy/hub"
+"""The weights download reads the hub token here: a Secret as a file, never an environment
+variable (whatever the pod prints or dumps, its environment included, leaks no token)."""
+EXTRACT_SCRATCH_MOUNT = "/scratch/hidden-states"
+EXTRACT_SCRATCH_VOLUME = "hidden-states-scratch"
+
+
+def extract_scratch_volume(ctx: PlanInputs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The node-local folder the extraction engine's connector writes to."""
+    size = ctx.cluster.workloads.extract.scratch_size
+    volume = {"name": EXTRACT_SCRATCH_VOLUME, "emptyDir": {"sizeLimit": size}}
+    return volume, {"name": EXTRACT_SCRATCH_VOLUME, "mountPath": EXTRACT_SCRATCH_MOUNT}
 
 
 def vocab_spec(ctx: PlanInputs, run_id: str) -> VocabSpec:
@@ -155,6 +237,11 @@ def train_spec(ctx: PlanInputs, run_id: str) -> TrainSpec:
             "conversations" if online_spec else "hidden_states"
         ],
         conversations_dir=dirs["conversations"],
+        network_check=(
+            NetworkCheck(min_bus_gbps=ctx.cluster.network.min_bus_gbps)
+            if settings.nodes > 1
+            else None
+        ),
     )
 
 
@@ -227,20 +314,26 @@ DISRUPTED = [{"type": "DisruptionTarget", "status": "True"}]
 def pod_failure_rules(container: str, gang: bool) -> list[dict[str, Any]]:
     """How the Job controller treats a failed pod.
 
-    A gang (multi-node training: every rank in one collective) fails whole and at once: a rank
-    that died or was evicted cannot rejoin, and the others would wait out the NCCL timeout and
+    A gang (multi-node training: every rank in one collective) fails whole and at once when a
+    rank died or was evicted: it cannot rejoin, and the others would wait out the NCCL timeout and
     the start-up budget on rented GPUs; the next run resumes from the last checkpoint
-    (train.resume_run). Independent indexes retry alone (backoffLimitPerIndex); an eviction and
+    (train.resume_run). The retry code is the exception: a rank exits with it when its target
+    server dropped and did not come back in its budget, and the others when their collective with
+    it fails, so every index starts again and they resume together. Independent indexes retry
+    alone (backoffLimitPerIndex); an eviction and
     a checkpoint-then-exit on SIGTERM (RESUMABLE_EXIT_CODE) do not count as failures; a
     workload that exits BAD_INPUT_EXIT_CODE (bad spec, data or credentials: a retry would fail
     the same way) fails its index at once instead of spending the retries' back-off."""
+    resumable = {"containerName": container, "operator": "In", "values": [RESUMABLE_EXIT_CODE]}
     if gang:
         any_failure = {"containerName": container, "operator": "NotIn", "values": [0]}
         return [
             {"action": "FailJob", "onPodConditions": DISRUPTED},
+            # Every rank exits with the retry code when one of them (its server, its peers)
+            # stopped for a reason a restart mends: all indexes start again and resume together.
+            {"action": "Ignore", "onExitCodes": resumable},
             {"action": "FailJob", "onExitCodes": any_failure},
         ]
-    resumable = {"containerName": container, "operator": "In", "values": [RESUMABLE_EXIT_CODE]}
     bad_input = {"containerName": container, "operator": "In", "values": [BAD_INPUT_EXIT_CODE]}
     return [
         {"action": "Ignore", "onPodConditions": DISRUPTED},
@@ -272,20 +365,35 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         init_containers = []
         registry = publish.require_registry(ctx, "a published drafter is pulled")
         mounts = [*mounts, *publish.secret_volumes(registry, registry.pull_secret)[1]]
+    token = ctx.model.hf_token
+    if ctx.workload == "weights" and token is not None:
+        # The one pod that downloads from the hub is the one that gets the token.
+        secret = {"secretName": token.name, "items": [{"key": token.key, "path": "token"}]}
+        volumes = [*volumes, {"name": "hub-token", "secret": secret}]
+        mounts = [*mounts, {"name": "hub-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True}]
+    if ctx.workload == "extract":
+        scratch_vol, scratch_mount = extract_scratch_volume(ctx)
+        volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
     if online.is_online(ctx):
         scratch_vol, scratch_mount = online.scratch_volume(ctx)
         volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
         init_containers.append(online.server_container(ctx, online.check(ctx)))
-    if ctx.workload == "replay":
-        # The serving engine captures first (GPUs, the extraction shape); the judgement follows.
-        capture_env = pods.env(
-            ctx, ctx.cluster.workloads.extract.gpus_per_shard, {"KIMIDEPLOY_SPEC": SPEC_PATH}
-        )
-        init_containers.append(replay.capture_container(ctx, mounts, capture_env))
     if ctx.workload == "publish":
         registry = publish.require_registry(ctx, "publishing")
         auth_vols, auth_mounts = publish.secret_volumes(registry, registry.push_secret)
         volumes, mounts = [*volumes, *auth_vols], [*mounts, *auth_mounts]
+    security_context = pods.container_hardening()
+    pod_annotations = dict(_settings(ctx).pod_annotations)
+    resources = pods.resources(shape.cpu, shape.memory, shape.gpus)
+    env = _job_env(ctx, shape.gpus)
+    host_network = False
+    if shape.subdomain:  # ranks on several nodes: NCCL crosses the fabric
+        crossing = pods.multi_node_pod(ctx)
+        security_context = pods.container_hardening(tuple(crossing["capabilities"]))
+        pod_annotations.update(crossing["annotations"])
+        resources = pods.resources(shape.cpu, shape.memory, shape.gpus, crossing["resources"])
+        env += [{"name": k, "value": v} for k, v in sorted(crossing["env"].items())]
+        host_network = crossing["host_network"]
     job = {
         **common,
         "labels": {**labels, **queue},
@@ -298,7 +406,8 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         "ttl_s": FINISHED_JOB_TTL_S,
         "subdomain": shape.subdomain,
         "pod_labels": labels,
-        "pod_annotations": dict(_settings(ctx).pod_annotations),
+        "pod_annotations": pod_annotations,
+        "host_network": host_network,
         "node_selector": pods.node_selector(ctx, shape.gpus),
         "tolerations": pods.tolerations(ctx),
         "security": pods.pod_security(ctx),
@@ -306,20 +415,67 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         "image": ctx.image.reference,
         "command": shape.command,
         "args": shape.args,
-        "env": _job_env(ctx, shape.gpus),
-        "resources": pods.resources(shape.cpu, shape.memory, shape.gpus),
+        "env": env,
+        "resources": resources,
         "volumes": volumes,
         "volume_mounts": mounts,
-        "security_context": pods.container_hardening(),
+        "security_context": security_context,
         "init_containers": init_containers,
     }
-    spec_map = {**common, "name": f"{ctx.object_name}-spec", "data": {SPEC_FILE_NAME: spec_json}}
+    spec_map = {**common, "name": f"{ctx.object_name}-spec", "data": pods.spec_data(ctx, spec_json)}
     objects = [ObjectPlan("configmap-spec", spec_map), ObjectPlan(f"job-{ctx.workload}", job)]
+    if ctx.workload == "replay":
+        objects = [objects[0], *_replay_jobs(ctx, job)]
     if shape.subdomain:
         objects.append(ObjectPlan("service-train", {**common, "port": shape.port}))
     if ctx.cluster.network_policy.enabled:
-        objects.append(ObjectPlan("networkpolicy", _job_policy(ctx, bool(shape.subdomain))))
+        for one in (o for o in objects if o.template.startswith("job-")):
+            policy = _job_policy(ctx, one.values["name"], bool(shape.subdomain))
+            objects.append(ObjectPlan("networkpolicy", policy))
     return objects
+
+
+ENGINE_SHM = "64Gi"
+"""/dev/shm of a pod whose vLLM engine spans the node's GPUs (NCCL's shared-memory transport)."""
+AFTER_ANNOTATION = f"{pods.LABEL_PREFIX}/after"
+"""On a Job of a run that is created only once the named Job of the same run has succeeded."""
+STAGE_LABEL = f"{pods.LABEL_PREFIX}/stage"
+
+
+def _replay_jobs(ctx: PlanInputs, judge: dict[str, Any]) -> list[ObjectPlan]:
+    """The replay as two Jobs, each holding only what it uses: the capture on the serving engine
+    (the extraction shape's GPUs) and, created once it has succeeded, the judgement on one GPU.
+    One pod with the capture as an init container would hold all the capture's GPUs for the
+    judgement too: an init container's request counts for the whole pod."""
+    name, image = f"{ctx.object_name}-capture", replay.capture_image(ctx)[1]
+    gpus = ctx.cluster.workloads.extract.gpus_per_shard
+    capture_env = pods.env(
+        ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH, **pods.compile_cache_env(image)}
+    )
+    container = replay.capture_container(ctx, judge["volume_mounts"], capture_env)
+    shm, _ = pods.shm_volume(ENGINE_SHM)
+    capture = {
+        **judge,
+        "name": name,
+        "volumes": [shm if v["name"] == shm["name"] else v for v in judge["volumes"]],
+        "labels": {**judge["labels"], STAGE_LABEL: "capture"},
+        "pod_labels": {**judge["pod_labels"], STAGE_LABEL: "capture"},
+        "node_selector": pods.node_selector(ctx, gpus),
+        "image": container["image"],
+        "command": container["command"],
+        "args": [],
+        "env": container["env"],
+        "resources": container["resources"],
+    }
+    judged = {
+        **judge,
+        "labels": {**judge["labels"], STAGE_LABEL: "judge"},
+        "pod_labels": {**judge["pod_labels"], STAGE_LABEL: "judge"},
+        "annotations": {**judge["annotations"], AFTER_ANNOTATION: name},
+        # The capture's init containers pulled what both read onto the models volume.
+        "init_containers": [],
+    }
+    return [ObjectPlan("job-replay", capture), ObjectPlan("job-replay", judged)]
 
 
 def _settings(ctx: PlanInputs) -> Any:
@@ -334,16 +490,18 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 """Set by the Job controller on every pod of a Job."""
 
 
-def _job_policy(ctx: PlanInputs, multi_node: bool) -> dict[str, Any]:
+def _job_policy(ctx: PlanInputs, job: str, multi_node: bool) -> dict[str, Any]:
     """No pod reaches a batch pod, except the ranks of one multi-node training Job each other
-    (the rendezvous and NCCL's sockets, whose ports are not fixed)."""
-    own = {JOB_NAME_LABEL: ctx.object_name}
+    (the rendezvous and NCCL's sockets, whose ports are not fixed). One per Job of the run."""
+    own = {JOB_NAME_LABEL: job}
     ingress = [{"from": [{"podSelector": {"matchLabels": own}}]}] if multi_node else []
-    return pods.network_policy(ctx, own, ingress)
+    return {**pods.network_policy(ctx, own, ingress), "name": job}
 
 
 def _job_env(ctx: PlanInputs, gpus: int) -> list[dict[str, Any]]:
-    entries = pods.env(ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH})
+    caches = pods.compile_cache_env(ctx.image) if "compile_cache" in workload_claims(ctx) else {}
+    entries = pods.env(ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH, **caches})
+
     calls_serve = ctx.workload == "bench" or (
         ctx.workload == "datagen" and ctx.cluster.workloads.datagen.endpoint == "serve"
     )
@@ -366,7 +524,15 @@ def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
         res = w.extract.resources
         parallelism = min(spec.shards, copies)
         return JobShape(
-            res.cpu, res.memory, command, args, spec.shards, parallelism, 3, gpus=gpus, shm="64Gi"
+            res.cpu,
+            res.memory,
+            command,
+            args,
+            spec.shards,
+            parallelism,
+            3,
+            gpus=gpus,
+            shm=ENGINE_SHM,
         )
     if ctx.workload == "replay":
         # The judgement: the drafters and the target's head on one GPU (the capture container
@@ -374,6 +540,10 @@ def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
         res = w.train.resources
         args = ["replay-judge", "--spec", SPEC_PATH]
         return JobShape(res.cpu, res.memory, command, args, 1, 1, 1, gpus=1, shm="16Gi")
+    if ctx.workload == "weights":
+        # Retried like a pull: the downloader resumes every piece from its journal.
+        res = w.weights.resources
+        return JobShape(res.cpu, res.memory, command, args, 1, 1, 3)
     if ctx.workload == "pull":
         # Retried like a push: ORAS resumes from the blobs already there; bad input fails at once.
         return JobShape(

@@ -86,6 +86,12 @@ class Plan:
     drafter_findings: tuple[CheckResult, ...] = ()
     """Speculative serve plans: the registry judgement of the drafter on this cluster."""
     inputs: dict[str, Any] = field(default_factory=dict)
+    preflight: tuple[ObjectPlan, ...] = ()
+    """Objects run to their end before the plan's own are applied (the weights probe): not part
+    of the rendered release, so GitOps trees never carry them."""
+    gpu_probe: ObjectPlan | None = None
+    """Serve plans: the all-reduce probe Job `host check --allreduce` runs on one node's GPUs
+    (plan.node_probe); never part of the release."""
     break_even: dict[str, Any] = field(default_factory=dict)
     """Speculative serve plans: {"source": which cost model, "measured": bool, "rate": {c: vLLM
     acceptance rate at break-even}, "length": {c: acceptance length}} at the gated levels."""

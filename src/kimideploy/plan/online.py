@@ -170,7 +170,7 @@ def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
         storage=SCRATCH_MOUNT,
     )
     period = 10
-    _, claim_mounts = pods.claim_volumes(ctx, {"models": True})
+    _, claim_mounts = pods.claim_volumes(ctx, {"models": True, "compile_cache": False})
     _, scratch_mount = scratch_volume(ctx)
     _, shm_mount = pods.shm_volume(train.shm_size)
     return {
@@ -180,7 +180,9 @@ def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
         "restartPolicy": "Always",
         "command": ["vllm", "serve", target_model_path(ctx.model)],
         "args": args,
-        "env": pods.env(ctx, split.server_gpus, {"HF_HUB_OFFLINE": "1"}),
+        "env": pods.env(
+            ctx, split.server_gpus, {"HF_HUB_OFFLINE": "1", **pods.compile_cache_env(image)}
+        ),
         "ports": [{"name": "http", "containerPort": online.port, "protocol": "TCP"}],
         "resources": pods.resources(
             online.server_resources.cpu, online.server_resources.memory, split.server_gpus

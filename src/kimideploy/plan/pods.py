@@ -5,22 +5,47 @@ from __future__ import annotations
 from typing import Any
 
 from kimideploy import __version__
-from kimideploy.config.specs import SPEC_MOUNT_DIR
+from kimideploy.config.images import Image
+from kimideploy.config.specs import SPEC_FILE_NAME, SPEC_MOUNT_DIR
 from kimideploy.plan.inputs import (
     CHECKPOINTS_MOUNT,
+    COMPILE_CACHE_MOUNT,
     DATASETS_MOUNT,
     HIDDEN_STATES_MOUNT,
     MODELS_MOUNT,
     PlanInputs,
 )
+from kimideploy.plan.model import ObjectPlan
 
 CLAIM_MOUNTS = {
     "models": MODELS_MOUNT,
     "datasets": DATASETS_MOUNT,
     "hidden_states": HIDDEN_STATES_MOUNT,
     "checkpoints": CHECKPOINTS_MOUNT,
+    "compile_cache": COMPILE_CACHE_MOUNT,
 }
+
+
+def compile_cache_env(image: Image) -> dict[str, str]:
+    """Where torch.compile, Triton, vLLM and FlashInfer keep what they compile: the compile-cache
+    claim, in a folder of this image's digest (kernels compiled by one image's torch, Triton and
+    CUDA are never loaded by another; a rollback to an older image finds its own again)."""
+    root = f"{COMPILE_CACHE_MOUNT}/{image.digest.removeprefix('sha256:')[:16]}"
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor",
+        "TRITON_CACHE_DIR": f"{root}/triton",
+        "VLLM_CACHE_ROOT": f"{root}/vllm",
+        "FLASHINFER_WORKSPACE_BASE": f"{root}/flashinfer",
+    }
+
+
+def compile_cache_mount() -> dict[str, Any]:
+    return {"name": "compile-cache", "mountPath": COMPILE_CACHE_MOUNT, "readOnly": False}
+
+
 LABEL_PREFIX = "kimideploy.io"
+PROBE_TTL_S = 300
+"""A probe Job's pod stays this long after it ends, for `kubectl logs` when its command failed."""
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
@@ -118,8 +143,11 @@ def tolerations(ctx: PlanInputs) -> list[dict[str, Any]]:
     return [t.model_dump(exclude_none=True) for t in ctx.cluster.tolerations]
 
 
-def resources(cpu: str, memory: str, gpus: int) -> dict[str, dict[str, str]]:
-    """Requests equal limits for GPU pods: extended resources cannot be overcommitted."""
+def resources(
+    cpu: str, memory: str, gpus: int, devices: dict[str, str] | None = None
+) -> dict[str, dict[str, str]]:
+    """Requests equal limits for GPU pods: extended resources (GPUs, RDMA devices) cannot be
+    overcommitted."""
     requests = {"cpu": cpu, "memory": memory}
     limits = {"memory": memory}
     if gpus:
@@ -131,17 +159,24 @@ def resources(cpu: str, memory: str, gpus: int) -> dict[str, dict[str, str]]:
         # throttled period stalls all eight GPUs; the node is theirs anyway (a documented
         # exception to the CPU-limit policy, see docs/reference/security.md).
         limits["cpu"] = cpu
+    for name, count in (devices or {}).items():
+        requests[name] = count
+        limits[name] = count
     return {"requests": requests, "limits": limits}
 
 
-def container_hardening(**first: Any) -> dict[str, Any]:
+def container_hardening(added: tuple[str, ...] = (), **first: Any) -> dict[str, Any]:
     """Every container's securityContext, after what a container sets first (its user, say):
-    no privilege escalation, no capabilities, and a read-only root filesystem (what vLLM, torch
-    and the workloads write goes to the volumes and to the emptyDirs of writable_volumes)."""
+    no privilege escalation, no capabilities but `added` (IPC_LOCK for NCCL over RDMA), and a
+    read-only root filesystem (what vLLM, torch and the workloads write goes to the volumes and
+    to the emptyDirs of writable_volumes)."""
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if added:
+        capabilities["add"] = list(added)
     return {
         **first,
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": capabilities,
         "readOnlyRootFilesystem": True,
     }
 
@@ -180,11 +215,57 @@ def env(ctx: PlanInputs, gpus: int, extra: dict[str, str] | None = None) -> list
     """GPU pods get the cluster's NCCL settings; every value is literal (no `$(` expansion)."""
     plain = {"KIMIDEPLOY_CLUSTER": ctx.cluster_name, "PYTHONUNBUFFERED": "1", "HOME": HOME_DIR}
     if gpus:
+        plain.update(nccl_env(ctx))
+        if ctx.cluster.network.nccl_topology:
+            plain["NCCL_TOPO_FILE"] = f"{SPEC_MOUNT_DIR}/{NCCL_TOPOLOGY_FILE_NAME}"
         plain.update(ctx.cluster.env)
     plain.update(extra or {})
-    # No HF_TOKEN: no pod downloads (weights and drafters come from `host sync-model`, and serve
-    # runs with HF_HUB_OFFLINE=1), so none gets a credential it does not use.
+    # No HF_TOKEN: only the weights download gets one (jobs._job_env); serve runs with
+    # HF_HUB_OFFLINE=1, and no other pod gets a credential it does not use.
     return [{"name": k, "value": literal(v)} for k, v in sorted(plain.items())]
+
+
+def nccl_env(ctx: PlanInputs) -> dict[str, str]:
+    """NCCL's view of the machines from clusters.X.network: the compute HCAs exactly (a bare
+    prefix also matches front-end and storage NICs), the bootstrap interface, the protocol."""
+    network = ctx.cluster.network
+    found = {}
+    if network.ib_hcas:
+        found["NCCL_IB_HCA"] = "=" + ",".join(network.ib_hcas)
+    if network.socket_ifname:
+        found["NCCL_SOCKET_IFNAME"] = network.socket_ifname
+    if network.nccl_protocol:
+        found["NCCL_PROTO"] = network.nccl_protocol
+    return found
+
+
+NCCL_LOG_ENV = {
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p.log",
+}
+"""Multi-node pods log NCCL's transport choice to a file (not their output), which the
+pre-training all-reduce reads to tell InfiniBand from a fall-back to sockets."""
+
+
+def multi_node_pod(ctx: PlanInputs) -> dict[str, Any]:
+    """What a pod whose NCCL crosses nodes needs from clusters.X.network: the RDMA device, the
+    node's network or an SR-IOV attachment, and IPC_LOCK (NCCL registers GPU and host memory
+    with the HCA; the capability lifts the locked-memory limit for that)."""
+    network = ctx.cluster.network
+    rdma = {network.rdma_resource: str(network.rdma_per_pod)} if network.rdma_resource else {}
+    annotations = (
+        {"k8s.v1.cni.cncf.io/networks": ",".join(network.network_attachments)}
+        if network.network_attachments
+        else {}
+    )
+    return {
+        "resources": rdma,
+        "host_network": network.host_network,
+        "annotations": annotations,
+        "capabilities": ["IPC_LOCK"],
+        "env": NCCL_LOG_ENV,
+    }
 
 
 def claim_volumes(ctx: PlanInputs, claims: dict[str, bool]) -> tuple[list[Any], list[Any]]:
@@ -205,6 +286,82 @@ def shm_volume(size: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return volume, {"name": "dshm", "mountPath": "/dev/shm"}
 
 
+NCCL_TOPOLOGY_FILE_NAME = "nccl-topology.xml"
+"""network.nccl_topology travels beside spec.json in the spec ConfigMap (NCCL_TOPO_FILE)."""
+
+
+def spec_data(ctx: PlanInputs, spec_json: str) -> dict[str, str]:
+    """The spec ConfigMap's files: spec.json, and the cluster's NCCL topology where it has one
+    (every pod of the workload mounts it; only GPU pods' NCCL_TOPO_FILE points at it)."""
+    data = {SPEC_FILE_NAME: spec_json}
+    if ctx.cluster.network.nccl_topology:
+        data[NCCL_TOPOLOGY_FILE_NAME] = ctx.cluster.network.nccl_topology
+    return data
+
+
 def spec_volume(config_map: str) -> tuple[dict[str, Any], dict[str, Any]]:
     volume = {"name": "spec", "configMap": {"name": config_map}}
     return volume, {"name": "spec", "mountPath": SPEC_MOUNT_DIR, "readOnly": True}
+
+
+def gpu_check_command(ctx: PlanInputs, probes: list[str], timeout_s: int) -> list[str]:
+    """The GPU check (workloads/gpucheck.py) as the serve pod's init container and `host check
+    --allreduce`'s probe both run it: the image's architectures and CUDA against the node's, the
+    probes asked for, and the cluster's all-reduce floor where the all-reduce is probed."""
+    check = [
+        "python",
+        "-m",
+        "kimideploy.workloads.gpucheck",
+        "--archs",
+        ",".join(ctx.image.cuda_archs),
+        "--cuda",
+        ctx.image.cuda or "",
+        "--gpus",
+        str(ctx.cluster.gpu.per_node),
+        "--probes",
+        ",".join(probes),
+        "--timeout-s",
+        str(timeout_s),
+    ]
+    floor = ctx.cluster.network.min_node_bus_gbps
+    if floor is not None and "allreduce" in probes:
+        check += ["--min-bus-gbps", f"{floor:g}"]
+    return check
+
+
+def probe_job(
+    ctx: PlanInputs,
+    *,
+    component: str,
+    fail_at_once: dict[str, Any],
+    pod_annotations: dict[str, str],
+    container: dict[str, Any],
+) -> ObjectPlan:
+    """A one-pod probe Job (job-probe template) that a command applies, follows and deletes:
+    never retried (the exit codes in `fail_at_once` fail it at once), gone after 5 minutes.
+    `container` holds the pod's own parts: node_selector, image, command, args, env, resources,
+    volumes and volume_mounts."""
+    labels = standard_labels(ctx, component=component)
+    labels.pop(f"{LABEL_PREFIX}/run-id", None)
+    values: dict[str, Any] = {
+        "name": f"{ctx.release}-{component}",
+        "namespace": ctx.namespace,
+        "labels": labels,
+        "annotations": object_annotations(ctx),
+        "completions": 1,
+        "parallelism": 1,
+        "backoff_limit_per_index": 0,
+        "pod_failure_rules": [{"action": "FailIndex", "onExitCodes": fail_at_once}],
+        "suspend": False,
+        "ttl_s": PROBE_TTL_S,
+        "subdomain": "",
+        "pod_labels": labels,
+        "pod_annotations": dict(pod_annotations),
+        "tolerations": tolerations(ctx),
+        "security": pod_security(ctx),
+        "priority_class": "",
+        "security_context": container_hardening(),
+        "init_containers": [],
+        **container,
+    }
+    return ObjectPlan("job-probe", values)

@@ -129,6 +129,8 @@ def replay_spec(ctx: PlanInputs, run_id: str) -> ReplaySpec:
         dtype=settings.dtype,
         tensor_parallel_size=settings.gpus_per_shard,
         max_seq_len=ctx.cluster.workloads.train.max_seq_len,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
     )
 
 

@@ -20,10 +20,14 @@ from kimideploy.plan import (
     calibration,
     data_layout,
     jobs,
+    memory,
+    node_probe,
     online,
     publish,
     replay,
     serve,
+    stack,
+    weights,
 )
 from kimideploy.plan.calibration import CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
@@ -49,7 +53,10 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
     estimate = estimate_hidden_states(ctx.project, ctx)
     spec = _spec(ctx, estimate)
     spec_json = json.dumps(spec.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-    spec_sha256 = hashlib.sha256(spec_json.encode()).hexdigest()
+    # Everything the spec ConfigMap holds: a changed NCCL topology rolls the serve pods too.
+    spec_sha256 = hashlib.sha256(
+        (spec_json + (ctx.cluster.network.nccl_topology or "")).encode()
+    ).hexdigest()
     if ctx.workload == "serve":
         objects = serve.serve_objects(ctx, spec_json, spec_sha256)
     else:
@@ -72,6 +79,8 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
         warnings=tuple(_warnings(ctx, estimate)),
         inputs=_inputs(ctx, request),
         break_even=_break_even(ctx),
+        preflight=tuple(p for p in (weights.probe(ctx),) if p is not None),
+        gpu_probe=node_probe.allreduce_job(ctx) if ctx.workload == "serve" else None,
     )
 
 
@@ -126,6 +135,7 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         pull_drafters=request.pull_drafters,
     )
     _check_method_on_image(ctx)
+    _check_capacity(ctx)
     if request.synthetic is not None:
         ctx = _with_synthetic(ctx, request)
     costs, note = _cost_model(ctx, request)
@@ -151,6 +161,8 @@ def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
             return images.train  # the judgement; the capture container names its own image
         if request.workload == "pull":
             return images.serve  # what the serve pod's own artifact-pull runs on
+        if request.workload == "weights":
+            return images.publish or images.vocab  # a CPU image: the downloader is stdlib
         return str(getattr(images, request.workload))
     serving = sorted(n for n, image in project.images.items() if image.role == "serve")
     if request.workload != "serve" or request.image not in serving:
@@ -195,6 +207,30 @@ MLA_DRAFTER_MIN_VLLM = (0, 32)
 """The first vLLM whose model registry maps Eagle3DeepseekV2ForCausalLM (MLA EAGLE-3 drafters)."""
 
 
+def _check_capacity(ctx: PlanInputs) -> None:
+    """What the cluster's nodes can never hold, refused before any cluster is contacted: the
+    replicas would stay Pending (train.nodes is checked with the config)."""
+    cluster, gpus = ctx.cluster, ctx.cluster.gpu.per_node
+    where = f"cluster {ctx.cluster_name} has {cluster.nodes} node(s) of {gpus} GPUs"
+    if ctx.workload == "serve":
+        replicas = cluster.workloads.serve.replicas
+        if replicas * gpus > cluster.total_gpus:
+            raise UsageError(
+                f"serve.replicas {replicas} needs {replicas * gpus} GPUs ({gpus} each); {where}",
+                hint=f"at most serve.replicas={cluster.total_gpus // gpus} there, or raise "
+                f"clusters.{ctx.cluster_name}.nodes if it has more",
+            )
+
+
+def _serve_image_hint(ctx: PlanInputs, having: list[str]) -> str:
+    """The fix, in the option every command has: `up` takes no --image (a release serves its
+    cluster's image); `run bench` and `run calibrate` do."""
+    return (
+        f"set clusters.{ctx.cluster_name}.images.serve: {' or '.join(having)} "
+        "(`run bench` and `run calibrate` also take --image)"
+    )
+
+
 def _check_method_on_image(ctx: PlanInputs) -> None:
     """What the serve image must carry for the method named: refused here, not after a load."""
     if ctx.workload != "serve":
@@ -206,7 +242,7 @@ def _check_method_on_image(ctx: PlanInputs) -> None:
         raise MethodNotServedError(
             f"--drafter {ctx.drafter_name}: suffix decoding needs Arctic Inference and {where} "
             "has none",
-            hint=f"serve with --image {' or '.join(having)}"
+            hint=_serve_image_hint(ctx, having)
             if having
             else "set images.<name>.arctic_inference on a serve image and rebuild it",
         )
@@ -222,7 +258,7 @@ def _check_method_on_image(ctx: PlanInputs) -> None:
         raise MethodNotServedError(
             f"--drafter {ctx.drafter_name}: an MLA EAGLE-3 drafter needs vLLM >= 0.32 "
             f"(Eagle3DeepseekV2ForCausalLM); {where} has vLLM {vllm}",
-            hint=f"serve with --image {' or '.join(having)}"
+            hint=_serve_image_hint(ctx, having)
             if having
             else "add a serve image with vLLM >= 0.32",
         )
@@ -277,6 +313,8 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
     pipeline = request.workload in (*PIPELINE_WORKLOADS, "publish", "replay")
     if request.workload == "pull":
         return _pulled_drafters(project, request)[0]
+    if request.workload == "weights":
+        return NO_DRAFTER
     default = project.clusters[cluster].workloads.train.drafter if pipeline else NO_DRAFTER
     name = request.drafter or default
     valid = [NO_DRAFTER, *sorted(project.drafters)]
@@ -338,6 +376,7 @@ def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
         "publish": lambda: publish.publish_spec(ctx, run_id, ctx.publish_to),
         "replay": lambda: replay.replay_spec(ctx, run_id),
         "pull": lambda: PullSpec(run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref()),
+        "weights": lambda: jobs.weights_spec(ctx, run_id),
     }
     spec: WorkloadSpec = builders[ctx.workload]()
     # What the pod's artifact-pull init container fetches (the same list it mounts volumes for).
@@ -360,6 +399,10 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
         facts.append(("GPUs", f"{gpu.per_node} x {gpu.product} ({gpu.arch}) per pod"))
     if ctx.workload == "serve":
         facts += _serve_facts(ctx)
+    facts += [("memory", found.describe()) for found in memory.memory_plans(ctx)]
+    serves = ctx.workload == "serve" and ctx.image.vllm is not None
+    if serves or (ctx.workload in ("train", "datagen") and ctx.drafter is not None):
+        facts.append(("kernels", stack.kernels_fact(ctx)))
     if online.is_online(ctx):
         scratch = ctx.cluster.workloads.train.online.scratch_size
         facts += [
@@ -458,6 +501,20 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
             "bench (calibration revisions only)"
         )
         return [*facts, ("calibration", what)]
+    judged = ctx.drafter or ctx.model_free
+    found = acceptance.evidence(judged, k) if judged is not None else None
+    if found is not None:
+        below = [
+            c
+            for c in gated
+            if calibration.speedup(ctx.cost_model, k, found.length, c) < gate.min_speedup
+        ]
+        if below:
+            policy += (
+                f"; predicted below {gate.min_speedup:.2f}x at c={','.join(map(str, below))}: "
+                "the gate would roll it back there (speculation loses as the batch grows; gate "
+                "where it can pay: gate.concurrency)"
+            )
     return [*facts, *prediction_facts(ctx, k, gated), ("gate", policy)]
 
 
@@ -518,17 +575,18 @@ def _drafter_findings(ctx: PlanInputs) -> tuple[CheckResult, ...]:
     plan predicts with; none for a calibration, whose acceptance is synthetic."""
     if ctx.workload != "serve" or ctx.synthetic_k is not None:
         return ()
+    on_stack = [f for f in (stack.stack_finding(ctx),) if f is not None]
     if ctx.model_free is not None:
         found = method_findings(
             ctx.project, ctx.drafter_name, ctx.model_free, ctx.cluster_name, ctx.cost_model
         )
-        return tuple(found)
+        return (*on_stack, *found)
     if ctx.drafter is None:
         return ()
     found = registry_findings(
         ctx.project, ctx.drafter_name, ctx.drafter, ctx.cluster_name, ctx.cost_model
     )
-    return tuple(found)
+    return (*on_stack, *found)
 
 
 def _warnings(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[str]:
@@ -542,6 +600,9 @@ def _warnings(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[str]:
         _, _, impossible = _training_target_fact(ctx)
         if impossible:
             warnings.append(impossible)
+        why = stack.cannot_pay(ctx)
+        if why:
+            warnings.append(f"a drafter trained for {ctx.cluster_name} would be wasted: {why}")
     stores = ctx.workload == "extract" or (ctx.workload == "train" and not online.is_online(ctx))
     if stores and estimate.claim_bytes < estimate.total_bytes:
         warnings.append(

@@ -15,15 +15,15 @@ from kimideploy.config.drafters import (
     NgramMethod,
     SuffixMethod,
 )
-from kimideploy.config.images import SUFFIX_SELFCHECK
+from kimideploy.config.images import SUFFIX_SELFCHECK, Image
 from kimideploy.config.specs import (
-    SPEC_FILE_NAME,
     SPEC_PATH,
     SYNTHETIC_CONTROL_EXTENSION,
     ServeSpec,
 )
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import pods, publish
+from kimideploy.plan.claims import workload_claims
 from kimideploy.plan.dashboard import dashboard_object
 from kimideploy.plan.inputs import PlanInputs, drafter_path, is_speculative, target_model_path
 from kimideploy.plan.k_schedule import KSchedule, choose_schedule
@@ -136,6 +136,14 @@ def vllm_args(ctx: PlanInputs) -> list[str]:
         trust_remote_code=model.trust_remote_code,
     )
     args = base_args(server, "--max-num-seqs", str(serve.max_num_seqs))
+    if serve.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", serve.kv_cache_dtype]
+    if serve.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
+    if model.multimodal:
+        args += ["--mm-encoder-tp-mode", serve.mm_encoder_tp_mode]
+    if serve.attention_backend is not None:
+        args += ["--attention-backend", serve.attention_backend]
     if model.reasoning_parser:
         args += ["--reasoning-parser", model.reasoning_parser]
     if model.tool_call_parser:
@@ -222,6 +230,20 @@ def serve_spec(ctx: PlanInputs) -> ServeSpec:
 
 
 MODEL_MARKER = ".kimideploy-complete"
+GPU_CHECK_ALLREDUCE_TIMEOUT_S = 60
+"""A healthy all-reduce of 256 MiB over 8 GPUs takes well under a second once NCCL has set up
+its connections (seconds); a blocked peer-to-peer path hangs for ever."""
+
+
+def gpu_probes(image: Image, gpus: int) -> list[str]:
+    """The GPU check's device probes for this image: fused MoE where vLLM is, the all-reduce
+    where there is more than one GPU to reduce across."""
+    probes = ["torch-arch", "triton"]
+    if image.vllm:
+        probes.append("moe")
+    if gpus > 1:
+        probes.append("allreduce")
+    return probes
 
 
 def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
@@ -233,18 +255,11 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
         f'test -f "$MODEL_DIR/{MODEL_MARKER}" || {{ echo "model not synced: $MODEL_DIR has no '
         f'{MODEL_MARKER}; run: kimideploy host sync-model {ctx.cluster_name}" >&2; exit 1; }}'
     )
-    gpu_check = [
-        "python",
-        "-m",
-        "kimideploy.workloads.gpucheck",
-        "--archs",
-        ",".join(ctx.image.cuda_archs),
-        "--cuda",
-        ctx.image.cuda or "",
-        "--gpus",
-        str(gpus),
-    ]
+    gpu_check = pods.gpu_check_command(
+        ctx, gpu_probes(ctx.image, gpus), GPU_CHECK_ALLREDUCE_TIMEOUT_S
+    )
     small = pods.resources("100m", "256Mi", 0)
+    _, shm_mount = pods.shm_volume(ctx.cluster.workloads.serve.shm_size)
     _, spec_mount = pods.spec_volume(ctx.object_name)
     _, writable = pods.writable_volumes()
     drafter_check = (
@@ -291,8 +306,11 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
             "name": "gpu-check",
             "image": ctx.image.reference,
             "command": gpu_check,
-            "resources": pods.resources("1", "1Gi", gpus),
-            "volumeMounts": writable,
+            # The probes run one process per GPU (torch, NCCL) with the cluster's NCCL settings;
+            # an init container's request only sets a floor under the serve container's.
+            "env": pods.env(ctx, gpus, pods.compile_cache_env(ctx.image)),
+            "resources": pods.resources(str(gpus), f"{4 * gpus}Gi", gpus),
+            "volumeMounts": [*writable, shm_mount, pods.compile_cache_mount()],
             "securityContext": hardened,
         },
         {
@@ -314,7 +332,7 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
 def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[ObjectPlan]:
     serve, gpus = ctx.cluster.workloads.serve, ctx.cluster.gpu.per_node
     labels = pods.standard_labels(ctx)
-    claim_vols, claim_mounts = pods.claim_volumes(ctx, {"models": True})
+    claim_vols, claim_mounts = pods.claim_volumes(ctx, workload_claims(ctx))
     shm_vol, shm_mount = pods.shm_volume(serve.shm_size)
     spec_vol, spec_mount = pods.spec_volume(ctx.object_name)
     writable_vols, writable_mounts = pods.writable_volumes()
@@ -341,7 +359,11 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
             *pods.env(
                 ctx,
                 gpus,
-                {"HF_HUB_OFFLINE": "1", **(DEV_MODE_ENV if ctx.synthetic_k is not None else {})},
+                {
+                    "HF_HUB_OFFLINE": "1",
+                    **pods.compile_cache_env(ctx.image),
+                    **(DEV_MODE_ENV if ctx.synthetic_k is not None else {}),
+                },
             ),
             *pods.api_key_env(ctx, "VLLM_API_KEY"),
         ],
@@ -360,7 +382,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
         "security_context": pods.container_hardening(),
     }
     service = {**common, "selector": pods.selector_labels(ctx), "port": serve.port}
-    config_map = {**common, "data": {SPEC_FILE_NAME: spec_json}}
+    config_map = {**common, "data": pods.spec_data(ctx, spec_json)}
     objects = [
         ObjectPlan("configmap-serve", config_map),
         ObjectPlan("service-serve", service),

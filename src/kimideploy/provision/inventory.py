@@ -22,6 +22,13 @@ from kimideploy.errors import UsageError
 from kimideploy.paths import repository_root
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+IOMMU_KERNEL_ARGS = {
+    "passthrough": "iommu=pt",
+    "off": "amd_iommu=off intel_iommu=off",
+    "unchanged": "",
+}
+"""host_setup.peer_to_peer.iommu -> the kernel parameters the gpu_host role adds (`host check`
+reads the running command line for the same words)."""
 
 
 def require_hosts(project: Project, cluster_name: str) -> Cluster:
@@ -94,6 +101,12 @@ def host_vars(host: SshHost) -> dict[str, Any]:
     return found
 
 
+def pod_uid(project: Project, cluster: Cluster) -> int:
+    """The user the pods that write drafters run as: training (after hours of GPU time) and the
+    serve pod's pull. Both images run as 10001 unless a config says otherwise."""
+    return project.images[cluster.images.train].run_as_user
+
+
 def role_vars(project: Project, cluster: Cluster) -> dict[str, Any]:
     setup = cluster.host_setup
     assert setup is not None
@@ -105,11 +118,13 @@ def role_vars(project: Project, cluster: Cluster) -> dict[str, Any]:
             "nvl8_node_fabric_manager": setup.fabric_manager,
             "nvl8_node_infiniband": setup.infiniband,
             "nvl8_node_expected_gpus": cluster.gpu.per_node,
+            "nvl8_node_ib_hcas": list(cluster.network.ib_hcas),
         }
     base = sorted(str(p) for p in (repository_root() / "k8s" / "base").glob("*.yaml"))
     labels = {**cluster.node_selector, GPU_PRODUCT_LABEL: cluster.gpu.product}
     return {
         "gpu_host_model_path": setup.model_path,
+        "gpu_host_pod_uid": pod_uid(project, cluster),
         "gpu_host_storage_path": setup.storage_path or f"{setup.model_path}/k3s-storage",
         "gpu_host_nvidia_driver_version": setup.nvidia_driver_version,
         "gpu_host_container_toolkit_version": setup.container_toolkit_version,
@@ -124,6 +139,9 @@ def role_vars(project: Project, cluster: Cluster) -> dict[str, Any]:
         "gpu_host_cuda_repo": setup.mirrors.cuda_repo,
         "gpu_host_toolkit_repo": setup.mirrors.container_toolkit_repo,
         "gpu_host_k3s_release_url": setup.mirrors.k3s_releases,
+        "gpu_host_iommu_args": IOMMU_KERNEL_ARGS[setup.peer_to_peer.iommu],
+        "gpu_host_uvm_disable_hmm": setup.peer_to_peer.uvm_disable_hmm,
+        "gpu_host_disable_acs": setup.peer_to_peer.disable_acs,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shlex
@@ -171,6 +172,10 @@ def _consume(
             return
         status = "fatal" if status == "failed" else status  # Ansible's word for a failed task
         on_line(status, f"{status}: [{host}]")
+        for text in _diffs(response):
+            on_line("diff", text)
+        if data.get("task_action") in DEBUG_ACTIONS and response.get("msg"):
+            on_line("message", f"[{host}] {response['msg']}")
         if status in ("fatal", "failed", "unreachable"):
             task = tasks.get(data.get("task_uuid", ""), data.get("task", "?"))
             result.failures.append(f"{status}: [{host}]: {task}: {_reason(response)}")
@@ -179,6 +184,31 @@ def _consume(
             result.recap[host] = {
                 word: int((data.get(key) or {}).get(host, 0)) for key, word in RECAP_KEYS.items()
             }
+
+
+DEBUG_ACTIONS = {"debug", "ansible.builtin.debug"}
+"""Tasks whose message is for the operator (a pending reboot): passed on as they arrive."""
+
+
+def _diffs(response: dict[str, Any]) -> list[str]:
+    """`--diff`'s before/after of a changed file as unified diffs (what check mode would write)."""
+    found = response.get("diff") or []
+    entries = found if isinstance(found, list) else [found]
+    texts = []
+    for entry in entries:
+        if not isinstance(entry, dict) or "after" not in entry:
+            continue
+        before, after = str(entry.get("before", "")), str(entry.get("after", ""))
+        if before == after:
+            continue
+        lines = difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=str(entry.get("before_header", "before")),
+            tofile=str(entry.get("after_header", "after")),
+        )
+        texts.append("".join(lines).rstrip("\n"))
+    return texts
 
 
 def _reason(response: dict[str, Any]) -> str:

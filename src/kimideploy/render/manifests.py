@@ -12,7 +12,7 @@ import yaml
 from kimideploy.config.safe_yaml import COMPOSER
 from kimideploy.errors import ManifestError
 from kimideploy.paths import templates_dir
-from kimideploy.plan.model import Plan
+from kimideploy.plan.model import ObjectPlan, Plan
 from kimideploy.render.environment import environment
 from kimideploy.render.validate import validate_objects
 
@@ -43,6 +43,18 @@ def render(plan: Plan, templates: Path | None = None) -> list[Manifest]:
         objects.extend(_render_one(env, obj.template, obj.values))
     validate_objects(objects, plan.kubernetes_version)
     return sort_for_apply(objects)
+
+
+def render_objects(
+    objects: tuple[ObjectPlan, ...], kubernetes_version: str, templates: Path | None = None
+) -> list[Manifest]:
+    """Objects outside a plan's release (its preflight), rendered and validated the same way."""
+    env = environment(templates or templates_dir())
+    rendered: list[Manifest] = []
+    for obj in objects:
+        rendered.extend(_render_one(env, obj.template, obj.values))
+    validate_objects(rendered, kubernetes_version)
+    return rendered
 
 
 def _render_one(env: jinja2.Environment, template: str, values: dict[str, Any]) -> list[Manifest]:

@@ -7,8 +7,13 @@ release would sit with no pods, or pods in CreateContainerConfigError, until the
 
 from __future__ import annotations
 
+import copy
+import secrets
+import time
 from typing import Any
 
+from kimideploy.cluster.apply import ObjectRef
+from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
 from kimideploy.errors import UsageError
@@ -35,24 +40,34 @@ def require_prerequisites(
             "a cluster admin runs `kubectl apply -f k8s/base/priorityclasses.yaml`, or remove "
             f"clusters.{cluster}.priority_classes"
         )
-    for name, key in sorted(_secret_keys(specs)):
+    for name, key, variable in sorted(_secret_keys(specs)):
+        setting = SECRET_SETTINGS.get(variable, "").format(cluster=cluster) or "a Secret reference"
         data = session.secret_keys(name)
         if data is None:
             problems.append(
-                f"Secret {name} (clusters.{cluster}.workloads.serve.api_key) does not "
-                f"exist in namespace {session.namespace}"
+                f"Secret {name} ({setting}) does not exist in namespace {session.namespace}"
             )
         elif key not in data:
             problems.append(
-                f"Secret {name} has no key {key} (clusters.{cluster}.workloads.serve."
-                f"api_key.key; it has: {', '.join(sorted(data)) or 'none'})"
+                f"Secret {name} has no key {key} ({setting}.key; it has: "
+                f"{', '.join(sorted(data)) or 'none'})"
             )
         else:
             continue
         hints.append(
             f"`kubectl -n {session.namespace} create secret generic {name} "
-            f"--from-literal={key}=...`, or fix workloads.serve.api_key"
+            f"--from-literal={key}=...`, or fix {setting}"
         )
+    asked = _extended_resources(specs)
+    offered = session.node_resources() if asked else None
+    for name, count in sorted(asked.items()):
+        if offered is not None and offered.get(name, 0) < count:
+            most = offered.get(name, 0)
+            problems.append(
+                f"a pod asks for {count} {name} and no node of the cluster offers that many "
+                f"(the most on one node: {most})"
+            )
+            hints.append(RESOURCE_HINTS.get(name, RESOURCE_HINT).format(cluster=cluster))
     queues = sorted(_queues(objects))
     version = session.local_queue_version() if queues else None
     for queue in queues:
@@ -77,6 +92,29 @@ def require_prerequisites(
         )
 
 
+RESOURCE_HINTS = {
+    "nvidia.com/gpu": "check clusters.{cluster}.gpu.per_node against `kubectl describe node` "
+    "(the NVIDIA device plugin advertises nvidia.com/gpu)",
+}
+RESOURCE_HINT = (
+    "install the device plugin that advertises it (an RDMA device plugin for "
+    "clusters.{cluster}.network.rdma_resource), or set the resource name `kubectl describe node` "
+    "shows"
+)
+
+
+def _extended_resources(specs: list[dict[str, Any]]) -> dict[str, int]:
+    """The most of each extended resource one container limits itself to: what one node must
+    offer (a GPU or RDMA device that no node advertises leaves the pod Pending for ever)."""
+    asked: dict[str, int] = {}
+    for spec in specs:
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            for name, quantity in ((container.get("resources") or {}).get("limits") or {}).items():
+                if "/" in name and str(quantity).isdigit():
+                    asked[name] = max(asked.get(name, 0), int(quantity))
+    return asked
+
+
 def _queues(objects: list[dict[str, Any]]) -> set[str]:
     return {
         queue
@@ -85,12 +123,104 @@ def _queues(objects: list[dict[str, Any]]) -> set[str]:
     }
 
 
-def _secret_keys(specs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+SECRET_SETTINGS = {
+    "VLLM_API_KEY": "clusters.{cluster}.workloads.serve.api_key",
+    "KIMIDEPLOY_API_KEY": "clusters.{cluster}.workloads.serve.api_key",
+    "volume:hub-token": "model.hf_token",
+}
+"""The setting each Secret-backed variable comes from, for the refusal to name."""
+
+
+def _secret_keys(specs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(Secret, key, what uses it): environment references and mounted Secret files."""
     found = set()
     for spec in specs:
         for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
             for entry in container.get("env", []):
                 ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
                 if ref:
-                    found.add((ref["name"], ref["key"]))
+                    found.add((ref["name"], ref["key"], entry["name"]))
+        for volume in spec.get("volumes", []):
+            secret = volume.get("secret") if f"volume:{volume['name']}" in SECRET_SETTINGS else None
+            if not secret:
+                continue
+            for item in secret.get("items", []):
+                found.add((secret["secretName"], item["key"], f"volume:{volume['name']}"))
     return found
+
+
+PROBE_TIMEOUT_S = 300.0
+"""A probe pod on a CPU node: seconds, or an image pull; a probe that does not finish by then
+is reported as such (the weights' state is then unknown, and nothing is applied)."""
+
+
+def require_weights(
+    session: ClusterSession, probes: tuple[dict[str, Any], ...], cluster: str, poll_s: float = 1.0
+) -> None:
+    """Run the weights probe (plan.weights): the models claim mounted read-only, exactly as the
+    pods mount it, each completion marker tested. A missing one is a refusal before anything of
+    the release or run is applied, naming the folder and the command that fills it."""
+    for probe in probes:
+        claims = session.list_claims()
+        mounted = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in probe["spec"]["template"]["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        ]
+        missing_claims = [c for c in mounted if c not in claims]
+        if missing_claims:
+            raise UsageError(
+                f"nothing was applied: the models claim {', '.join(missing_claims)} does not exist "
+                f"in namespace {session.namespace}, so no weights were downloaded into it",
+                hint=f"`kimideploy host sync-model {cluster}` creates it and downloads the pinned "
+                "revision into it (a Job)",
+            )
+        _run_probe(session, probe, cluster, poll_s)
+
+
+def run_probe_job(
+    session: ClusterSession, probe: dict[str, Any], timeout_s: float, poll_s: float
+) -> JobSnapshot:
+    """Apply a probe Job under a fresh name, follow it to its end (or the timeout), delete it:
+    its last snapshot, logs included. A pod the scheduler cannot place ends the wait early
+    (the snapshot's waiting says why)."""
+    named = copy.deepcopy(probe)
+    named["metadata"]["name"] = f"{probe['metadata']['name']}-{secrets.token_hex(3)}"
+    name = named["metadata"]["name"]
+    session.apply([named])
+    try:
+        deadline = time.monotonic() + timeout_s
+        snapshot = session.job(name)
+        while not snapshot.done and time.monotonic() < deadline:
+            if any(w.startswith("unschedulable") for w in snapshot.waiting.values()):
+                break
+            time.sleep(poll_s)
+            snapshot = session.job(name)
+    finally:
+        session.delete(ObjectRef("Job", session.namespace, name))
+    return snapshot
+
+
+def _run_probe(session: ClusterSession, probe: dict[str, Any], cluster: str, poll_s: float) -> None:
+    snapshot = run_probe_job(session, probe, PROBE_TIMEOUT_S, poll_s)
+    name = snapshot.name
+    if not snapshot.done:
+        held = "; ".join(snapshot.waiting.values())
+        why = held or f"{snapshot.phase}: {snapshot.message or 'no message'}"
+        raise UsageError(
+            f"nothing was applied: the weights probe {name} did not finish ({why})",
+            hint="a CPU pod could not start in the namespace: `kubectl describe` its pod, or "
+            "check the cluster's tools image can be pulled",
+        )
+    if snapshot.phase == "failed":
+        log = snapshot.logs.get(0, "")
+        missing = [
+            line.split(" ", 1)[1] for line in log.splitlines() if line.startswith("missing ")
+        ]
+        what = ", ".join(missing) if missing else "a completion marker (the probe's log is empty)"
+        raise UsageError(
+            f"nothing was applied: the models volume, as the pods mount it, has no {what}: the "
+            "download has not finished there (or went to a node's own disk)",
+            hint=f"`kimideploy host sync-model {cluster}` downloads it into the models claim "
+            "(a resumable Job); run it, then this command again",
+        )

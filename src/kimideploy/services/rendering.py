@@ -12,12 +12,12 @@ from typing import Any
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
-from kimideploy.config.workload_names import PULL, WORKLOAD_NAMES
+from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
 from kimideploy.errors import KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
-from kimideploy.render.manifests import Manifest, file_name, render, to_yaml
+from kimideploy.render.manifests import Manifest, file_name, render, render_objects, to_yaml
 from kimideploy.render.schema import schema_version_for
 
 GOLDEN_DIR = Path("k8s") / "rendered"
@@ -28,6 +28,8 @@ SCHEMA_FILE = Path("schema") / "kimideploy.schema.json"
 class Rendered:
     plan: Plan
     objects: list[Manifest]
+    preflight: tuple[Manifest, ...] = ()
+    """Run to their end before `objects` are applied (the weights probe); never rendered out."""
 
     @property
     def yaml(self) -> str:
@@ -37,7 +39,8 @@ class Rendered:
 def render_workload(loaded: LoadedProject, request: PlanRequest) -> Rendered:
     """Resolve and render one workload; raises before anything is written when invalid."""
     plan = resolve(loaded, request)
-    return Rendered(plan=plan, objects=render(plan))
+    preflight = tuple(render_objects(plan.preflight, plan.kubernetes_version))
+    return Rendered(plan=plan, objects=render(plan), preflight=preflight)
 
 
 def write_objects(rendered: Rendered, directory: Path) -> list[Path]:
@@ -65,6 +68,8 @@ def golden_files(config: Path) -> dict[Path, str]:
     for cluster in sorted(loaded.project.clusters):
         for workload in WORKLOAD_NAMES:
             if workload == PULL and not published:
+                continue
+            if workload == WEIGHTS and loaded.project.clusters[cluster].weights_via != "job":
                 continue
             drafters = (
                 [NO_DRAFTER, *sorted(loaded.project.drafters)] if workload == "serve" else [None]
@@ -211,10 +216,12 @@ def kustomize_files(
     drafter: str | None,
     overrides: tuple[str, ...],
     clusters: list[str],
-) -> dict[PurePosixPath, str]:
+) -> tuple[dict[PurePosixPath, str], list[str]]:
     """The Kustomize tree of `workload` over `clusters` (the first is the base); every cluster's
-    render is validated as `render` validates it, and a cluster that cannot render it stops all."""
-    renders = []
+    render is validated as `render` validates it, and a cluster that cannot render it stops all.
+    With it, each cluster's plan warnings ("CLUSTER: ..."), the judgement `render` and `up` give,
+    for a GitOps pipeline to read."""
+    renders, warnings = [], []
     for cluster in clusters:
         if cluster not in loaded.project.clusters:
             known = ", ".join(sorted(loaded.project.clusters))
@@ -224,12 +231,13 @@ def kustomize_files(
         except KimiDeployError as exc:
             raise exc.restated(f"overlay {cluster}: {exc.message}") from exc
         renders.append(ClusterRender(cluster, rendered.plan.namespace, rendered.objects))
+        warnings += [f"{cluster}: {warning}" for warning in rendered.plan.warnings]
     what = f"{workload}" + (f" --drafter {drafter}" if drafter else "")
     note = (
         f"Written by `kimideploy render {what} --kustomize` from {loaded.path.name} "
         f"(sha256 {loaded.sha256[:12]}); base: {clusters[0]}. Render again instead of editing."
     )
-    return kustomize_tree(renders, note)
+    return kustomize_tree(renders, note), warnings
 
 
 def _links_in(directory: Path) -> list[str]:

@@ -33,7 +33,11 @@ def run(spec: WorkloadSpec) -> int:
             log(f"error: {what}: {exc}")
             log(f"hint: {exc.hint}")
             return exc.exit_code
-        done = "pulled and verified" if fetched else "already on the volume (same digest)"
+        done = (
+            "pulled and verified"
+            if fetched
+            else "already on the volume (same digest), every file re-verified against the pins"
+        )
         log(f"{what}: {artifact.reference} {done} at {artifact.dest}")
         state = "pulled" if fetched else "present"
         pulled.append(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
-from kimideploy.formats.prompts import load_prompts
+from kimideploy.formats.prompts import PromptFileError, load_prompts
 from kimideploy.formats.vllm_metrics import acceptance, from_requests, parse_with_client
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
@@ -58,7 +58,7 @@ def spec_prompts(spec: BenchSpec, prompt_set: str) -> list[list[dict[str, Any]]]
         return make_prompts(prompt_set, spec.num_prompts)
     try:
         found = load_prompts(Path(path))
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, PromptFileError) as exc:
         raise BadInputError(
             f"bench.prompt_files.{prompt_set}: cannot read {path} ({exc})",
             hint="copy the prompt file onto the datasets volume first",

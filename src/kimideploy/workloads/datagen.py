@@ -11,13 +11,14 @@ sample already in a chunk, so nothing is lost or duplicated; SIGTERM flushes and
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import random
 import re
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from kimideploy.config.specs import DatagenSpec
 from kimideploy.formats.bounded_io import CHUNK_LIMIT, UnreadableFileError, read_bytes
 from kimideploy.formats.chat_template import SAMPLE_FORMAT
-from kimideploy.formats.prompts import Prompt, load_prompts
+from kimideploy.formats.prompts import Prompt, PromptFileError, load_prompts
 from kimideploy.workloads import dataset_record
 from kimideploy.workloads.runtime import (
     EXIT_FAILED,
@@ -53,7 +54,9 @@ class RequestFailedError(Exception):
 
 
 def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
-    """One streamed chat completion; reasoning and answer collected from the deltas."""
+    """One streamed chat completion; reasoning and answer collected from the deltas. The first
+    chunk may take `request_timeout_s` (queued behind other requests, then prefilled); after it,
+    each chunk must follow the one before within `token_timeout_s`."""
     body: dict[str, Any] = {
         "model": spec.target.served_name,
         "messages": prompt.messages,
@@ -65,34 +68,24 @@ def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
     }
     if prompt.tools:
         body["tools"] = prompt.tools
-    request = urllib.request.Request(
-        spec.endpoint.rstrip("/") + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers=json_request_headers(),
-    )
     reasoning: list[str] = []
     answer: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     finish: str | None = None
     usage: dict[str, Any] = {}
     try:
-        with urllib.request.urlopen(request, timeout=spec.request_timeout_s) as response:
-            for raw in response:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
-                    answer.append(delta.get("content") or "")
-                    for part in delta.get("tool_calls") or []:
-                        _add_tool_call_delta(calls, part)
-                    finish = choice.get("finish_reason") or finish
-    except urllib.error.HTTPError as exc:
-        raise RequestFailedError(f"HTTP {exc.code}", exc.code in RETRYABLE_STATUS) from exc
-    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        for chunk in _stream(spec, body):
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+                answer.append(delta.get("content") or "")
+                for part in delta.get("tool_calls") or []:
+                    _add_tool_call_delta(calls, part)
+                finish = choice.get("finish_reason") or finish
+    except TimeoutError as exc:
+        raise RequestFailedError(str(exc), True) from exc
+    except (http.client.HTTPException, ConnectionError, OSError, ValueError) as exc:
         raise RequestFailedError(f"{type(exc).__name__}: {exc}", True) from exc
     return {
         "reasoning": "".join(reasoning),
@@ -101,6 +94,48 @@ def completion(spec: DatagenSpec, prompt: Prompt) -> dict[str, Any]:
         "finish_reason": finish,
         "usage": usage,
     }
+
+
+def _stream(spec: DatagenSpec, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The server-sent events of one streamed request, with the first-token and the between-token
+    time limits on the socket."""
+    url = urllib.parse.urlsplit(spec.endpoint.rstrip("/") + "/v1/chat/completions")
+    connection_type = (
+        http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    )
+    connection = connection_type(url.netloc, timeout=spec.request_timeout_s)
+    try:
+        connection.request("POST", url.path, json.dumps(body).encode(), json_request_headers())
+        # The response may take the socket over from the connection (a closing stream): keep it.
+        sock = connection.sock
+        try:
+            response = connection.getresponse()
+        except TimeoutError as exc:
+            raise TimeoutError(f"no answer within {spec.request_timeout_s} s") from exc
+        if response.status >= 400:
+            raise RequestFailedError(f"HTTP {response.status}", response.status in RETRYABLE_STATUS)
+        started = False
+        while True:
+            try:
+                raw = response.readline()
+            except TimeoutError as exc:
+                limit = spec.token_timeout_s if started else spec.request_timeout_s
+                what = "next chunk" if started else "first token"
+                raise TimeoutError(f"no {what} within {limit} s") from exc
+            if not raw:
+                return
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            if not started:
+                if sock is not None:
+                    sock.settimeout(spec.token_timeout_s)
+                started = True
+            if line == "data: [DONE]":
+                return
+            yield json.loads(line[5:])
+    finally:
+        connection.close()
 
 
 def _add_tool_call_delta(calls: dict[int, dict[str, Any]], part: dict[str, Any]) -> None:
@@ -181,7 +216,13 @@ def chunk_ids(chunk: Path) -> list[str]:
 
 def run(spec: DatagenSpec) -> int:
     index = shard_index()
-    prompts = load_prompts(Path(spec.prompts))
+    try:
+        prompts = load_prompts(Path(spec.prompts))
+    except (OSError, UnicodeDecodeError, PromptFileError) as exc:
+        raise BadInputError(
+            f"datagen.prompts: cannot read {spec.prompts} ({exc})",
+            hint="copy the prompt file onto the datasets volume first",
+        ) from exc
     if not prompts.prompts:
         raise BadInputError(f"{spec.prompts}: no usable prompts ({len(prompts.bad)} bad rows)")
     quota = math.ceil(min(spec.samples, len(prompts.prompts)) / spec.shards)
@@ -296,4 +337,12 @@ def _finish(
             "completion_tokens": tokens,
         }
     )
+    if failed > spec.max_failed_share * len(mine):
+        log(
+            f"shard {index}: {failed} of {len(mine)} prompts failed after their retries "
+            f"({failed / max(len(mine), 1):.1%}, above datagen.max_failed_share "
+            f"{spec.max_failed_share:.1%}): the dataset would shrink silently. The samples made "
+            "are kept; run again to retry the failed prompts (the run resumes)"
+        )
+        return EXIT_FAILED
     return EXIT_OK if len(ids) + failed >= len(mine) and len(ids) > 0 else EXIT_FAILED

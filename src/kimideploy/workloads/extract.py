@@ -96,7 +96,8 @@ def _extract(
 
     dtype = getattr(torch, spec.dtype)
     tokenizer = load_tokenizer(spec.target.path)
-    model = AutoModelForCausalLM.from_pretrained(spec.target.path, torch_dtype=dtype).eval()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(spec.target.path, dtype=dtype).to(device).eval()
     positions = hidden_state_indexes(spec.layers.ids, spec.layers.convention)
     final_norm_input = _final_norm_input(model)
     shard = ShardWriter(spec, index, out, samples, todo)
@@ -105,16 +106,16 @@ def _extract(
             return EXIT_INTERRUPTED
         ids, mask = sample_tokens(tokenizer, sample)
         with torch.no_grad():
-            states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+            states = model(torch.tensor([ids], device=device), output_hidden_states=True)
         tensors = {
             "input_ids": torch.tensor(ids, dtype=torch.int64),
             "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-            "aux_hidden_states": torch.stack([states[p][0] for p in positions])
-            .to(dtype)
+            "aux_hidden_states": torch.stack([states.hidden_states[p][0] for p in positions])
+            .to("cpu", dtype)
             .contiguous(),
             # HF's last hidden state is after the final norm; the drafter's training target
             # (speculators: lm_head(norm(last))) and vLLM's layer id num_layers want it before.
-            "last_hidden_state": final_norm_input.pop()[0].to(dtype).contiguous(),
+            "last_hidden_state": final_norm_input.pop()[0].to("cpu", dtype).contiguous(),
         }
         shard.add(sample["id"], tensors, len(ids))
     return shard.finish()

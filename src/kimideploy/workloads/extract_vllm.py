@@ -21,6 +21,7 @@ connector's layout; `scripts/gpu-check-extract` compares it with the reference p
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from kimideploy.formats import extraction_engine
 from kimideploy.formats.chat_template import load_tokenizer
 from kimideploy.workloads import connector_files
 from kimideploy.workloads.conversations import sample_tokens
-from kimideploy.workloads.runtime import EXIT_INTERRUPTED
+from kimideploy.workloads.runtime import EXIT_INTERRUPTED, BadInputError, log
 from kimideploy.workloads.shards import ShardWriter
 
 BATCH = 64
@@ -46,10 +47,20 @@ def aux_layer_ids(spec: ExtractSpec) -> list[int]:
     return extraction_engine.aux_layer_ids(spec.layers.vllm_ids, spec.target.num_hidden_layers)
 
 
-def engine_kwargs(spec: ExtractSpec, storage: Path) -> dict[str, Any]:
+def engine_kwargs(spec: ExtractSpec, storage: Path, longest_sample: int) -> dict[str, Any]:
     """vllm.LLM(**these): checked against the pinned vLLM's own config builder by the tests."""
+    size = extraction_engine.EngineSize(
+        max_model_len=extraction_engine.sized_for(longest_sample, spec.max_model_len),
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+    )
     return extraction_engine.llm_kwargs(
-        spec.target, spec.tensor_parallel_size, spec.dtype, list(spec.layers.vllm_ids), str(storage)
+        spec.target,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        dtype=spec.dtype,
+        vllm_ids=list(spec.layers.vllm_ids),
+        storage=str(storage),
+        size=size,
     )
 
 
@@ -77,6 +88,19 @@ def convert(
     }
 
 
+def too_long(spec: ExtractSpec, encoded: list[tuple[str, int]]) -> None:
+    """Refuse, before the engine loads, samples the model cannot hold (plus the sampled token)."""
+    over = [(sample_id, n) for sample_id, n in encoded if n + 1 > spec.max_model_len]
+    if over:
+        listed = ", ".join(f"{sample_id} ({n} tokens)" for sample_id, n in over[:5])
+        raise BadInputError(
+            f"{len(over)} conversations are longer than the model's max_model_len "
+            f"{spec.max_model_len} allows: {listed}",
+            hint="raise model.max_model_len if the model supports it, or drop those "
+            "conversations (datagen's max_tokens bounds new ones)",
+        )
+
+
 def extract(
     spec: ExtractSpec,
     index: int,
@@ -89,21 +113,28 @@ def extract(
     from vllm.inputs import TokensPrompt
 
     dtype = getattr(torch, spec.dtype)
-    storage = out / ".vllm-hidden-states"
-    storage.mkdir(exist_ok=True)
+    storage = Path(spec.scratch_dir) if spec.scratch_dir else out / ".vllm-hidden-states"
+    storage.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(spec.target.path)
-    llm = LLM(**engine_kwargs(spec, storage))
+    encoded = [sample_tokens(tokenizer, s) for s in todo]
+    too_long(spec, [(s["id"], len(ids)) for s, (ids, _) in zip(todo, encoded, strict=True)])
+    longest = max((len(ids) for ids, _ in encoded), default=1)
+    kwargs = engine_kwargs(spec, storage, longest)
+    log(
+        f"engine: max_model_len {kwargs['max_model_len']} (longest sample {longest} tokens), "
+        f"gpu_memory_utilization {kwargs['gpu_memory_utilization']}, "
+        f"max_num_batched_tokens {kwargs['max_num_batched_tokens']}, connector to {storage}"
+    )
+    llm = LLM(**kwargs)
     once = SamplingParams(max_tokens=1, temperature=0.0)
     aux_count = len(spec.layers.vllm_ids)
     shard = ShardWriter(spec, index, out, samples, todo)
-    for first in range(0, len(todo), BATCH):
-        if shard.stopper.stopping:
-            return EXIT_INTERRUPTED
-        batch = todo[first : first + BATCH]
-        encoded = [sample_tokens(tokenizer, s) for s in batch]
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids, _ in encoded]
-        outputs = llm.generate(prompts, once, use_tqdm=False)
-        for sample, (ids, mask), output in zip(batch, encoded, outputs, strict=True):
+
+    def save_batch(first: int, outputs: list[Any]) -> None:
+        """Read each request's file from the scratch folder, check and convert it, write the
+        sample to the shared volume once, delete the scratch file."""
+        for offset, output in enumerate(outputs):
+            sample, (ids, mask) = todo[first + offset], encoded[first + offset]
             path = Path((output.kv_transfer_params or {}).get("hidden_states_path") or "")
             if not path.name or not connector_files.exists(path):
                 raise ExtractionMismatchError(
@@ -112,4 +143,24 @@ def extract(
             saved = connector_files.read(path)
             shard.add(sample["id"], convert(saved, ids, mask, aux_count, dtype), len(ids))
             connector_files.remove(path)
+
+    # The conversion of one batch runs while the engine prefills the next: the GPUs do not wait
+    # on the filesystem. One batch converts at a time, so at most two batches of files are in
+    # the scratch folder.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert") as converter:
+        pending: Future[None] | None = None
+        for first in range(0, len(todo), BATCH):
+            if shard.stopper.stopping:
+                break
+            prompts = [
+                TokensPrompt(prompt_token_ids=ids) for ids, _ in encoded[first : first + BATCH]
+            ]
+            outputs = llm.generate(prompts, once, use_tqdm=False)
+            if pending is not None:
+                pending.result()  # a failed conversion stops the run here, with its error
+            pending = converter.submit(save_batch, first, outputs)
+        if pending is not None:
+            pending.result()
+    if shard.stopper.stopping:
+        return EXIT_INTERRUPTED
     return shard.finish()

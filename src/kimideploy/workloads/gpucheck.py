@@ -1,8 +1,17 @@
-"""A seconds-long start-up check: the GPUs' architecture and driver suit this image.
+"""A start-up check, under a minute, that the GPUs can run this image's kernels.
 
-Runs as the serve pod's first init container (`python -m kimideploy.workloads.gpucheck`), before a
-25-minute weight load: an sm_120 RTX PRO 6000 with an image built only for sm_100/sm_103 (or a
-driver too old for the image's CUDA) fails here with the reason, not deep inside vLLM.
+Runs as the serve pod's init container (`python -m kimideploy.workloads.gpucheck`), before a
+25-minute weight load. First what nvidia-smi says (how many GPUs, which architecture, which
+driver) against what the image declares; then the device itself, because a declaration is not a
+kernel:
+- `torch-arch`: torch's compiled machine code runs on each visible device's architecture;
+- `triton`: one Triton kernel compiles (launcher against Python.h with the image's C compiler,
+  PTX with ptxas for this device) and adds two vectors correctly;
+- `moe`: one call of vLLM's fused-MoE Triton kernel (what every decode step of Kimi's 384 experts
+  runs) agrees with the same experts computed in plain torch;
+- `allreduce`: an NCCL all-reduce across the pod's GPUs completes within the timeout (a blocked
+  peer-to-peer path hangs here, not in the first forward pass) and reports its bus bandwidth.
+Each failure names what broke; exit 1 when anything did.
 """
 
 from __future__ import annotations
@@ -10,9 +19,20 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 from kimideploy.config.images import MIN_DRIVER_FOR_CUDA
-from kimideploy.formats.gpuinfo import QUERY_FIELDS, arch_of, parse_query, version_tuple
+from kimideploy.formats.gpuinfo import (
+    QUERY_FIELDS,
+    arch_of,
+    parse_query,
+    uncovered,
+    version_tuple,
+)
+from kimideploy.workloads import allreduce_probe
+
+PROBES = ("torch-arch", "triton", "moe", "allreduce")
 
 
 def problems(rows: list[dict[str, str]], archs: list[str], cuda: str, expected: int) -> list[str]:
@@ -33,29 +53,159 @@ def problems(rows: list[dict[str, str]], archs: list[str], cuda: str, expected: 
     return found
 
 
+def torch_arch() -> str:
+    """torch's compiled architectures cover every visible device."""
+    import torch
+
+    compiled = torch.cuda.get_arch_list()
+    devices = {
+        arch_of("{}.{}".format(*torch.cuda.get_device_capability(i))): torch.cuda.get_device_name(i)
+        for i in range(torch.cuda.device_count())
+    }
+    if not devices:
+        raise RuntimeError("torch sees no CUDA device")
+    missing = uncovered(sorted(devices), compiled)
+    if missing:
+        names = ", ".join(f"{devices[a]} ({a})" for a in missing)
+        raise RuntimeError(
+            f"torch {torch.__version__} has no kernels for {names}: compiled for "
+            f"{' '.join(compiled)}"
+        )
+    return f"torch's kernels ({' '.join(compiled)}) run on {', '.join(sorted(devices))}"
+
+
+def triton() -> str:
+    """Compile and launch one Triton kernel; its sum must be exact."""
+    import torch
+
+    from kimideploy.workloads.triton_kernel import add_kernel
+
+    n = 1 << 20
+    x = torch.arange(n, device="cuda", dtype=torch.float32)
+    y = torch.full_like(x, 2.0)
+    out = torch.empty_like(x)
+    started = time.monotonic()
+    add_kernel[((n + 1023) // 1024,)](x, y, out, n, BLOCK=1024)
+    torch.cuda.synchronize()
+    if not torch.equal(out, x + 2.0):
+        raise RuntimeError("the Triton kernel ran but computed the wrong sum")
+    return f"a Triton kernel compiled and ran in {time.monotonic() - started:.1f} s"
+
+
+def moe() -> str:
+    """One fused-MoE call (vLLM's Triton kernel, bf16, top-2 of 8 experts) against plain torch."""
+    import torch
+    from vllm.model_executor.layers.fused_moe import fused_experts
+
+    torch.manual_seed(0)
+    tokens, hidden, inner, experts, top = 16, 256, 512, 8, 2
+    dtype, device = torch.bfloat16, "cuda"
+    x = torch.randn(tokens, hidden, dtype=dtype, device=device) / 4
+    w1 = torch.randn(experts, 2 * inner, hidden, dtype=dtype, device=device) / 16
+    w2 = torch.randn(experts, hidden, inner, dtype=dtype, device=device) / 16
+    scores = torch.randn(tokens, experts, device=device).softmax(-1)
+    weights, ids = scores.topk(top, dim=-1)
+    fused = fused_experts(x, w1, w2, weights.float(), ids.to(torch.int32))
+    reference = torch.zeros(tokens, hidden, dtype=torch.float32, device=device)
+    for slot in range(top):
+        for token in range(tokens):
+            expert = int(ids[token, slot])
+            gate, up = (w1[expert].float() @ x[token].float()).chunk(2)
+            inner_out = torch.nn.functional.silu(gate) * up
+            reference[token] += weights[token, slot] * (w2[expert].float() @ inner_out)
+    error = (fused.float() - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    if error > 0.05 * max(scale, 1e-3):
+        raise RuntimeError(
+            f"fused MoE differs from torch by {error:.3g} (outputs up to {scale:.3g})"
+        )
+    return f"vLLM's fused-MoE kernel agrees with torch (max error {error:.2g} of {scale:.2g})"
+
+
+class SlowAllReduceError(RuntimeError):
+    """The all-reduce completed below the cluster's network.min_node_bus_gbps."""
+
+
+def allreduce(gpus: int, timeout_s: float, min_bus_gbps: float | None = None) -> str:
+    result = allreduce_probe.local(gpus, timeout_s=timeout_s)
+    timing = f"{result.bytes >> 20} MiB in {result.seconds * 1e3:.1f} ms"
+    if gpus == 1:
+        return f"NCCL initialised and reduced on 1 GPU ({timing}; nothing crossed a link)"
+    figure = (
+        f"NCCL all-reduce over {gpus} GPUs: {result.bus_gbps:.1f} GB/s bus bandwidth ({timing})"
+    )
+    if min_bus_gbps is not None and result.bus_gbps < min_bus_gbps:
+        raise SlowAllReduceError(
+            f"{figure}, below network.min_node_bus_gbps {min_bus_gbps:g}: peer-to-peer between "
+            "the GPUs is off or crosses the CPU (`kimideploy host check` shows the topology, "
+            "IOMMU, ACS and BAR1)"
+        )
+    return figure
+
+
+def run_probes(
+    names: list[str], gpus: int, timeout_s: float, min_bus_gbps: float | None = None
+) -> list[tuple[str, bool, str]]:
+    """(probe, ok, message) for each probe; an exception is that probe's failure."""
+    probes: dict[str, Callable[[], str]] = {
+        "torch-arch": torch_arch,
+        "triton": triton,
+        "moe": moe,
+        "allreduce": lambda: allreduce(gpus, timeout_s, min_bus_gbps),
+    }
+    results = []
+    for name in names:
+        try:
+            results.append((name, True, probes[name]()))
+        except Exception as exc:  # every failure is reported, the others still run
+            results.append((name, False, f"{type(exc).__name__}: {exc}"))
+    return results
+
+
+def _smi_rows() -> list[dict[str, str]]:
+    output = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return parse_query(output)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--archs", required=True, help="Comma-separated, e.g. sm_100,sm_103")
     parser.add_argument("--cuda", required=True, help="The image's CUDA version, e.g. 12.9")
     parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument(
+        "--probes", default="", help=f"Comma-separated device probes: {', '.join(PROBES)}"
+    )
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="For the all-reduce")
+    parser.add_argument(
+        "--min-bus-gbps", type=float, default=None, help="The all-reduce fails below this"
+    )
     args = parser.parse_args(argv)
+    names = [p for p in args.probes.split(",") if p]
+    unknown = sorted(set(names) - set(PROBES))
+    if unknown:
+        parser.error(f"unknown probes {', '.join(unknown)} (known: {', '.join(PROBES)})")
     try:
-        output = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        rows = _smi_rows()
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"gpu-check: nvidia-smi failed: {exc}", file=sys.stderr)
         return 1
-    found = problems(parse_query(output), args.archs.split(","), args.cuda, args.gpus)
+    found = problems(rows, args.archs.split(","), args.cuda, args.gpus)
     for problem in found:
         print(f"gpu-check: {problem}", file=sys.stderr)
-    if not found:
-        print("gpu-check: GPUs, architecture and driver suit this image", file=sys.stderr)
-    return 1 if found else 0
+    if found:
+        return 1  # the probes would fail for the same reason, only later
+    print("gpu-check: GPUs, architecture and driver suit this image", file=sys.stderr)
+    failed = False
+    for name, ok, message in run_probes(names, args.gpus, args.timeout_s, args.min_bus_gbps):
+        print(f"gpu-check: {'ok  ' if ok else 'FAIL'} {name}: {message}", file=sys.stderr)
+        failed = failed or not ok
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

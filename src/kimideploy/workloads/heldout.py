@@ -180,12 +180,40 @@ def paired_difference(
     }
 
 
-def figures(walks: dict[int, Walk], samples: int) -> dict[str, Any]:
-    """What is printed, stored with the checkpoint and written into the lineage."""
+def interval(
+    per_turn: list[list[int]], k: int, resamples: int = BOOTSTRAP_RESAMPLES
+) -> list[float]:
+    """A 95% interval of the mean acceptance length at k from a bootstrap over turns (the unit
+    that is independent: positions within a turn are not, as paired_difference says), seeded so
+    that the same judgement prints the same interval everywhere."""
+    counts = [(one.accepted, one.drafts) for one in (walk(lengths, k) for lengths in per_turn)]
+    if not counts:
+        return [1.0, 1.0]
+    draw = random.Random(BOOTSTRAP_SEED)
+    spread = []
+    for _ in range(resamples):
+        chosen = [counts[draw.randrange(len(counts))] for _ in counts]
+        spread.append(mean_length(sum(a for a, _ in chosen), sum(d for _, d in chosen)))
+    spread.sort()
+    low, high = spread[int(0.025 * resamples)], spread[int(0.975 * resamples) - 1]
+    return [round(low, 4), round(high, 4)]
+
+
+def figures(
+    walks: dict[int, Walk], samples: int, per_turn: list[list[int]] | None = None
+) -> dict[str, Any]:
+    """What is printed, stored with the checkpoint and written into the lineage: per k the counts
+    and, from the turns themselves, how far the mean can be from what serving the same
+    distribution will count (a 95% bootstrap interval over the judged turns)."""
     by_k = {str(k): w.figures() for k, w in sorted(walks.items())}
+    if per_turn is not None:
+        for k, one in by_k.items():
+            one["ci95"] = interval(per_turn, int(k))
+            one["turns"] = len(per_turn)
     return {
         "depth": max(walks),
         "samples": samples,
+        "turns": len(per_turn) if per_turn is not None else None,
         "by_k": by_k,
         "mean_acceptance_length": {k: f["mean_acceptance_length"] for k, f in by_k.items()},
     }
@@ -224,14 +252,35 @@ class TargetHead:
 def load_drafter(path: str, attention: str, verifier: str) -> Any:
     """A speculators EAGLE-3 checkpoint with the attention implementation chosen here (the model
     fixes it, and its mask builder, when it is built) and `verifier` as its target: the path its
-    config recorded is a folder of the cluster that trained it, and speculators reads it on load."""
+    config recorded is a folder of the cluster that trained it, and speculators reads it on load.
+
+    Always in fp32, whatever the files hold: transformers 5 loads a checkpoint in its own dtype
+    by default, and a bf16 base drafter would then meet fp32 features at the first step (or be
+    trained without fp32 master weights); bf16 compute comes from autocast, not the weights."""
+    import torch
     from speculators.models.eagle3.config import Eagle3SpeculatorConfig
     from speculators.models.eagle3.core import Eagle3DraftModel
 
     config = Eagle3SpeculatorConfig.from_pretrained(path)
     config.transformer_layer_config._attn_implementation = attention
     config.speculators_config.verifier.name_or_path = verifier
-    return Eagle3DraftModel.from_pretrained(path, config=config)
+    return Eagle3DraftModel.from_pretrained(path, config=config, dtype=torch.float32)
+
+
+def autocast(device: Any, precision: str) -> Any:
+    """The forward passes' precision: bf16 autocast over fp32 weights (as speculators' trainer
+    runs), or plain fp32."""
+    import torch
+
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def feature_dtype(precision: str) -> Any:
+    """The dtype features are packed in: bf16 stays bf16 (autocast computes in it anyway, at half
+    the memory of an fp32 copy), fp32 training gets fp32."""
+    import torch
+
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 PACKED_KEYS = (
@@ -244,20 +293,42 @@ PACKED_KEYS = (
 )
 
 
-def pack(saved: list[dict[str, Any]], max_seq_len: int, device: Any) -> dict[str, Any]:
+FLEX_BLOCK = 128
+"""FlexAttention's block size. A packed sequence whose length is not a multiple of it fails at the
+first step on a GPU with torch 2.11 ("block_mask was created for block_mask.shape=(1, 1, 7808,
+15616) but got q_len=7739", seen on an H200; bench/MEASUREMENTS.md): the block mask is built for
+the rounded-up length. speculators' own trainer packs to a fixed length for the same reason."""
+
+
+def pack_multiple(device: Any) -> int:
+    """What packed lengths are rounded up to: FlexAttention's block on a GPU (the drafter attends
+    through it there), nothing on a CPU (eager attention takes any length)."""
+    return FLEX_BLOCK if str(device).startswith("cuda") else 1
+
+
+def pack(
+    saved: list[dict[str, Any]],
+    max_seq_len: int,
+    device: Any,
+    dtype: Any = None,
+    multiple: int = 1,
+) -> dict[str, Any]:
     """Samples (input_ids, loss_mask, aux_hidden_states [layers, T, H], last_hidden_state) packed
-    into one sequence as speculators trains on it (document ids keep attention within a sample)."""
+    into one sequence as speculators trains on it (document ids keep attention within a sample),
+    the features in `dtype` (default fp32), padded to a multiple of `multiple` positions with a
+    document of its own that nothing is trained or judged on."""
     import torch
     from speculators.models.eagle3.data import shift_batch
 
+    dtype = dtype or torch.float32
     parts = []
     for doc, one in enumerate(saved):
-        aux = one["aux_hidden_states"].float()  # [layers, T, H]
+        aux = one["aux_hidden_states"].to(dtype)  # [layers, T, H]
         length = min(int(one["input_ids"].shape[0]), max_seq_len + 1)
         sample = {
             "input_ids": one["input_ids"][:length],
             "hidden_states": aux.permute(1, 0, 2).reshape(aux.shape[1], -1)[:length],
-            "verifier_last_hidden_states": one["last_hidden_state"].float()[:length],
+            "verifier_last_hidden_states": one["last_hidden_state"].to(dtype)[:length],
             "loss_mask": one["loss_mask"][:length].bool(),
             "lengths": torch.tensor([length]),
             "position_ids": torch.arange(length),
@@ -265,7 +336,30 @@ def pack(saved: list[dict[str, Any]], max_seq_len: int, device: Any) -> dict[str
         shifted = shift_batch(sample)
         shifted["document_ids"] = torch.full_like(shifted["input_ids"], doc)
         parts.append(shifted)
-    return {k: torch.cat([p[k] for p in parts])[None].to(device) for k in PACKED_KEYS}
+    total = sum(int(p["input_ids"].shape[0]) for p in parts)
+    padding = -total % multiple
+    if padding:
+        parts.append(_padding(parts[0], padding, len(parts)))
+    cuda = torch.device(device).type == "cuda"
+    return {
+        k: torch.cat([p[k] for p in parts])[None].to(device, non_blocking=cuda) for k in PACKED_KEYS
+    }
+
+
+def _padding(like: dict[str, Any], length: int, document: int) -> dict[str, Any]:
+    """`length` positions shaped like a packed sample: zeros, no loss, its own document."""
+    import torch
+
+    return {
+        "input_ids": torch.zeros(length, dtype=like["input_ids"].dtype),
+        "hidden_states": like["hidden_states"].new_zeros(length, like["hidden_states"].shape[-1]),
+        "verifier_last_hidden_states": like["verifier_last_hidden_states"].new_zeros(
+            length, like["verifier_last_hidden_states"].shape[-1]
+        ),
+        "loss_mask": torch.zeros(length, dtype=like["loss_mask"].dtype),
+        "position_ids": torch.arange(length, dtype=like["position_ids"].dtype),
+        "document_ids": torch.full((length,), document, dtype=like["document_ids"].dtype),
+    }
 
 
 def judge_batch(model: Any, head: TargetHead, batch: dict[str, Any], depth: int) -> list[list[int]]:

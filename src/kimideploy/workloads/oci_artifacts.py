@@ -233,13 +233,19 @@ def pull(
     access: RegistryAccess,
     check: FolderCheck | None = None,
 ) -> bool:
-    """The artifact into `dest` (False: it was there already, by digest). ORAS verifies every
-    blob against the manifest; each file is then checked against the published sha256 (and by
-    `check`, which raises) and only then renamed into place, so `dest` is either complete and
-    verified or absent."""
-    marker = dest / PULLED_MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("reference") == reference:
+    """The artifact into `dest` (False: it was there already, and every file still is what
+    was pinned). ORAS verifies every blob against the manifest; each file is then checked against
+    the published sha256 (and by `check`, which raises) and only then renamed into place, so
+    `dest` is either complete and verified or absent. A folder already there is trusted by its
+    content, never by its marker: it is hashed against the pins at every start (seconds, against
+    a 25-minute load) and pulled again into a fresh folder on any difference."""
+    why = _present_and_intact(dest, reference, files)
+    if why is None:
+        if check is not None:
+            check(dest)
         return False
+    if (dest / PULLED_MARKER).exists() or dest.is_symlink():
+        log(f"{dest}: pulling again: {why}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.parent / f".{dest.name}.pull-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
@@ -250,7 +256,9 @@ def pull(
         if check is not None:
             check(partial)
         (partial / PULLED_MARKER).write_text(json.dumps({"reference": reference, "files": files}))
-        if dest.exists():
+        if dest.is_symlink() or dest.is_file():
+            dest.unlink()
+        elif dest.exists():
             shutil.rmtree(dest)
         partial.rename(dest)
     finally:
@@ -258,10 +266,53 @@ def pull(
     return True
 
 
-def _verify(folder: Path, files: dict[str, str], reference: str) -> None:
-    got = {name: file_sha256(folder / name) for name in artifact_files(folder)}
+def _present_and_intact(dest: Path, reference: str, files: dict[str, str]) -> str | None:
+    """None when `dest` holds exactly the pinned files of `reference`, else why it does not."""
+    if dest.is_symlink() or not dest.is_dir():
+        return "not there" if not dest.is_symlink() else "it is a symbolic link"
+    marker = dest / PULLED_MARKER
+    try:
+        recorded = json.loads(marker.read_text()) if marker.is_file() else None
+    except (OSError, ValueError):
+        return "its marker cannot be read (a marker that does not parse means not pulled)"
+    if not isinstance(recorded, dict) or recorded.get("reference") != reference:
+        return "it was pulled from another reference, or never completed"
     if not files:
+        return "kimideploy.yaml pins no sha256 for its files, so what is there cannot be checked"
+    try:
+        got = _every_file_sha256(dest)
+    except BadInputError as exc:
+        return str(exc)
+    wrong = sorted(n for n in set(files) | set(got) if files.get(n) != got.get(n))
+    if wrong:
+        return f"files {', '.join(wrong[:5])} differ from the sha256 pinned in kimideploy.yaml"
+    return None
+
+
+def _every_file_sha256(folder: Path) -> dict[str, str]:
+    """Every file in the folder but kimideploy's marker, dot-names included: a file the pin does
+    not list is a difference (a planted `.py` beside a config.json with an auto_map would run in
+    a trust_remote_code pod). A link or anything not a regular file is refused."""
+    found: dict[str, str] = {}
+    for path in sorted(folder.rglob("*")):
+        relative = str(path.relative_to(folder))
+        if relative == PULLED_MARKER:
+            continue
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            raise BadInputError(f"{relative} is a link or a special file")
+        if path.is_file():
+            found[relative] = file_sha256(path)
+    return found
+
+
+def _verify(folder: Path, files: dict[str, str], reference: str) -> None:
+    if not files:
+        artifact_files(folder)  # links refused
         return  # a record without checksums (written by hand): ORAS's blob digests stand
+    try:
+        got = _every_file_sha256(folder)
+    except BadInputError as exc:
+        raise RegistryError(f"{reference}: {exc}", "publish the drafter again", 2) from exc
     wrong = sorted(n for n in set(files) | set(got) if files.get(n) != got.get(n))
     if wrong:
         raise RegistryError(

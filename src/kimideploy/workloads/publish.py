@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from kimideploy.config.drafters import held_out_from_lineage
 from kimideploy.config.specs import PublishSpec
 from kimideploy.formats.bounded_io import UnreadableFileError, read_json_object
 from kimideploy.formats.drafter_files import LINEAGE_FILE
@@ -107,10 +108,19 @@ def _lineage(folder: Path) -> dict[str, Any]:
     """The drafter's kimideploy-lineage.json; a drafter without one is published without its
     training facts (said in the log)."""
     try:
-        return read_json_object(folder / LINEAGE_FILE)
+        lineage = read_json_object(folder / LINEAGE_FILE)
     except UnreadableFileError as exc:
         log(f"no readable lineage ({exc}): publishing without training facts")
         return {}
+    try:
+        held_out_from_lineage(lineage)  # before the push: after it, nothing can be undone
+    except ValueError as exc:
+        raise BadInputError(
+            f"{folder / LINEAGE_FILE}: {exc}; nothing was pushed",
+            hint="the lineage was edited after training wrote it: restore it, or remove its "
+            "held_out to publish the drafter without held-out figures",
+        ) from exc
+    return lineage
 
 
 def _lineage_annotations(lineage: dict[str, Any]) -> dict[str, str]:

@@ -164,10 +164,19 @@ def _first_difference(first: tuple[dict[str, Any], list[int]], tokenizer: Any) -
 def engine_kwargs(spec: ReplaySpec, storage: Path) -> dict[str, Any]:
     """The extraction engine (extract_vllm.engine_kwargs) over the replay's layers, long enough
     for a prompt and its answer."""
-    kwargs = extraction_engine.llm_kwargs(
-        spec.target, spec.tensor_parallel_size, spec.dtype, list(spec.layer_ids), str(storage)
+    size = extraction_engine.EngineSize(
+        max_model_len=spec.max_seq_len + spec.max_tokens,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
     )
-    return {**kwargs, "max_model_len": spec.max_seq_len + spec.max_tokens}
+    return extraction_engine.llm_kwargs(
+        spec.target,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        dtype=spec.dtype,
+        vllm_ids=list(spec.layer_ids),
+        storage=str(storage),
+        size=size,
+    )
 
 
 def run(spec: ReplaySpec) -> int:

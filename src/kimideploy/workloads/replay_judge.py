@@ -219,7 +219,12 @@ class Judge:
                     one = load_file(str(self.root / f"{key}.safetensors"))
                     one["aux_hidden_states"] = one["aux_hidden_states"][rows]
                     saved.append(one)
-                batch = heldout.pack(saved, self.spec.max_seq_len, self.device)
+                batch = heldout.pack(
+                    saved,
+                    self.spec.max_seq_len,
+                    self.device,
+                    multiple=heldout.pack_multiple(self.device),
+                )
                 targets = self.head.greedy(batch["verifier_last_hidden_states"][0])
                 if agreement is not None:
                     _agree(batch, targets, agreement)

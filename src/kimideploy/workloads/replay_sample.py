@@ -55,7 +55,11 @@ def read(folder: Path) -> list[dict[str, Any]] | None:
             hint="copy the drafter again (its files are checked against their sha256 on pull)",
         ) from exc
     for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise BadInputError(f"{path}:{number}: a {type(row).__name__}, not an object")
         ids, mask = row.get("input_ids"), row.get("loss_mask")
         if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
             raise BadInputError(f"{path}:{number}: no token ids with a loss mask of their length")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise BadInputError(f"{path}:{number}: token ids that are not token ids")
     return rows

@@ -147,3 +147,51 @@ def remove_dead_temporaries(folder: Path) -> list[str]:
             leftover.unlink(missing_ok=True)
             removed.append(leftover.name)
     return removed
+
+
+WRITE_PROBE = ".kimideploy-write-probe"
+
+
+def require_writable(folders: list[str]) -> None:
+    """Create each folder and a file in it, then remove the file: a folder the pod's user cannot
+    write (a host path created root-owned, a read-only volume) is a refusal before any work,
+    naming the folder, its owner and this process's user."""
+    for folder in folders:
+        path = Path(folder)
+        probe = path / f"{WRITE_PROBE}-{os.getpid()}"
+        # The folders made only to probe go again: a run refused later leaves nothing behind.
+        made = [p for p in (path, *path.parents) if not p.exists()]
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.close(descriptor)
+            probe.unlink()
+            for created in made:
+                created.rmdir()
+        except OSError as exc:
+            raise BadInputError(
+                f"{folder} cannot be written by uid {os.getuid()} ({exc.strerror}; "
+                f"{_owner(path)}): everything this run makes would be lost at the first write",
+                hint="give the folder to the pods' user (on the PCIe host `kimideploy host "
+                "provision` makes the models volume's drafters/ theirs), or mount a writable "
+                "volume there",
+            ) from exc
+
+
+def _owner(path: Path) -> str:
+    """Who owns the nearest folder that exists, as the refusal shows it."""
+    for candidate in (path, *path.parents):
+        try:
+            found = candidate.stat()
+        except OSError:
+            continue
+        read_only = ", read-only filesystem" if _read_only(candidate) else ""
+        return f"{candidate} is uid {found.st_uid}, mode {found.st_mode & 0o7777:o}{read_only}"
+    return "no part of the path exists"
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -26,13 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from kimideploy.config.fingerprints import fingerprint_id
-from kimideploy.config.specs import TrainSpec
+from kimideploy.config.specs import NetworkCheck, TrainSpec
 from kimideploy.workloads import (
+    allreduce_probe,
     dataset_record,
     heldout,
     replay_sample,
     train_checkpoints,
     train_data,
+    train_loader,
 )
 from kimideploy.workloads.runtime import (
     EXIT_BAD_INPUT,
@@ -87,7 +89,13 @@ def _ranks() -> Ranks:
 
 def run(spec: TrainSpec) -> int:
     ranks = _ranks()
-    features = open_features(spec)
+    try:
+        features = open_features(spec)
+    except ServerUnavailableError as exc:
+        # A server that never loaded is counted against the Job's retries (exit 1); one that
+        # loaded and dropped later is waited for, then retried without counting (below).
+        log(f"error: {exc}")
+        return EXIT_FAILED
     try:
         ids = [features.sample_id(i) for i in range(features.samples)]
         split = heldout.split_samples(ids, spec.held_out_fraction, spec.held_out_max_samples)
@@ -109,9 +117,22 @@ def run(spec: TrainSpec) -> int:
         return Trainer(spec, features, ranks, d2t, t2d, split, steps).train()
     except ServerUnavailableError as exc:
         log(f"error: {exc}")
-        return EXIT_FAILED
+        log(
+            f"exit {EXIT_INTERRUPTED}: the Job starts this pod again, which waits for its server "
+            "and resumes from the last checkpoint"
+        )
+        return EXIT_INTERRUPTED
+    except PeerRankStoppedError as exc:
+        log(f"error: {exc}")
+        return EXIT_INTERRUPTED
     finally:
         features.close()
+
+
+class PeerRankStoppedError(Exception):
+    """A collective failed: another rank left (its server gone for good, its node lost). Every
+    rank exits with the retry code, the Job starts them all again, and they resume together from
+    the last checkpoint."""
 
 
 def _same_conversations(spec: TrainSpec) -> None:
@@ -162,20 +183,63 @@ class Trainer:
                 timedelta(seconds=spec.online.server_wait_s) if spec.online else timedelta()
             )
             dist.init_process_group(backend, timeout=join)
-            self.group = dist.new_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+            # Online, a rank whose server dropped waits for it to reload (up to its budget)
+            # before its next collective; the others wait for it rather than time out.
+            self.group = dist.new_group(backend=backend, timeout=join)
+            if spec.network_check is not None:
+                self._check_network(spec.network_check)
         torch.manual_seed(spec.seed)
-        self.model = build_model(spec, d2t, t2d).to(self.device)
+        # fp32 master weights whatever the base drafter was saved in; bf16 comes from autocast.
+        self.model = build_model(spec, d2t, t2d).to(self.device, dtype=torch.float32)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=spec.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, spec)
         self.position = Position()
-        self.loss_config = _loss_config()
+        self.loss_config = _loss_config(spec.loss_implementation)
         self.stopper = Stopper()
         self.best: dict[str, Any] | None = None
         self.head: heldout.TargetHead | None = None
+        self.last_step_s = 0.0
+
+    def _check_network(self, check: NetworkCheck) -> None:
+        """An all-reduce across every rank before the first step: its bus bandwidth and the
+        transport NCCL took on each rank; sockets or too little bandwidth stop the run here,
+        named, instead of training for days over one TCP stream per rank."""
+        import torch.distributed as dist
+
+        seconds, size = allreduce_probe.measure(self.group, self.device, check.bytes, 5)
+        bus = allreduce_probe.bus_bandwidth_gbps(size, seconds, self.ranks.world)
+        transports: list[str | None] = [None] * self.ranks.world
+        dist.all_gather_object(transports, allreduce_probe.own_transport(), group=self.group)
+        if self.ranks.leader:
+            emit(
+                {
+                    "event": "network",
+                    "stage": "train",
+                    "ranks": self.ranks.world,
+                    "bus_gbps": round(bus, 2),
+                    "transports": transports,
+                }
+            )
+        problem = allreduce_probe.verdict(transports, bus, check.min_bus_gbps)
+        if problem is not None:
+            raise BadInputError(problem)
+        log(f"all-reduce across {self.ranks.world} ranks: {bus:.1f} GB/s bus bandwidth")
 
     # -- the loop ------------------------------------------------------------------------------
     def train(self) -> int:
+        import torch.distributed as dist
+
+        try:
+            return self._train()
+        except dist.DistError as exc:
+            raise PeerRankStoppedError(
+                f"a collective with the other ranks failed ({type(exc).__name__}: "
+                f"{str(exc)[:300]}); exit {EXIT_INTERRUPTED}: every rank is started again and "
+                "resumes from the last checkpoint"
+            ) from exc
+
+    def _train(self) -> int:
         import torch
 
         self._resume()
@@ -196,18 +260,24 @@ class Trainer:
             )
             batches = list(train_data.batches(order, self.spec.batch_size))
             todo = batches[self.position.step_in_epoch :]
-            for number, batch_ids in enumerate(todo):
-                # Online, the next batch is prefilled on the target server while this one trains.
-                upcoming = todo[number + 1] if number + 1 < len(todo) else []
-                self.features.prefetch(batch_ids + upcoming)
-                batch = self._batch(batch_ids)
+            packed = train_loader.packed_batches(
+                self.features,
+                todo,
+                max_seq_len=self.spec.max_seq_len,
+                dtype=heldout.feature_dtype(self.spec.precision),
+                device=self.device,
+                workers=self.spec.loader_workers,
+            )
+            for batch in packed:
+                step_started = time.perf_counter()
                 model.train()
-                _, loss, metrics = model(
-                    **batch,
-                    ttt_steps=self.spec.ttt_steps,
-                    ttt_step_loss_decay=self.spec.ttt_step_loss_decay,
-                    loss_config=self.loss_config,
-                )
+                with heldout.autocast(self.device, self.spec.precision):
+                    _, loss, metrics = model(
+                        **batch,
+                        ttt_steps=self.spec.ttt_steps,
+                        ttt_step_loss_decay=self.spec.ttt_step_loss_decay,
+                        loss_config=self.loss_config,
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -219,12 +289,13 @@ class Trainer:
                 self.position.step_in_epoch += 1
                 self.position.tokens += tokens
                 start_tokens += tokens
-                last = self._report(
-                    float(loss.detach()), lr, metrics, started, start_step, start_tokens
-                )
+                loss_value = float(loss.detach())  # waits for the step on a GPU
+                self.last_step_s = time.perf_counter() - step_started
+                last = self._report(loss_value, lr, metrics, started, start_step, start_tokens)
                 if self.position.step % self.spec.checkpoint_every_steps == 0:
                     self._checkpoint(last)
                 if self._should_stop():
+                    packed.close()  # stops the loader's workers before the checkpoint
                     self._checkpoint(last)
                     log(f"stopped at step {self.position.step}; a restarted pod resumes there")
                     return EXIT_INTERRUPTED
@@ -239,7 +310,9 @@ class Trainer:
     def _batch(self, sample_ids: list[int]) -> dict[str, Any]:
         """Samples packed into one sequence (document ids keep attention within a sample)."""
         saved = [self.features.load(index) for index in sample_ids]
-        return heldout.pack(saved, self.spec.max_seq_len, self.device)
+        dtype = heldout.feature_dtype(self.spec.precision)
+        multiple = heldout.pack_multiple(self.device)
+        return heldout.pack(saved, self.spec.max_seq_len, self.device, dtype, multiple)
 
     def _report(
         self,
@@ -260,6 +333,9 @@ class Trainer:
             "lr": float(f"{lr:.6g}"),
             "accuracy_per_position": [round(a, 4) for a in accuracy],
             "tokens_per_s": round(start_tokens / elapsed, 1),
+            # The last step alone (forward, backward, optimizer; not the wait for its batch):
+            # comparable across precisions and data sources where the rate above is not.
+            "step_s": round(self.last_step_s, 4),
         }
         if self.best is not None:
             figures["held_out_length"] = self.best["latest_length"]
@@ -312,26 +388,25 @@ class Trainer:
         per_turn: list[list[int]] = []
         was_training = self.model.training
         self.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), heldout.autocast(self.device, self.spec.precision):
             for start in range(0, len(mine), self.spec.batch_size):
                 ids = mine[start : start + self.spec.batch_size]
                 self.features.prefetch(ids)
                 per_turn += heldout.judge_batch(self.model, self.head, self._batch(ids), depth)
         self.model.train(was_training)
-        walks = heldout.judge_turns(per_turn, depth)
         if self.ranks.world > 1:
-            self._sum_walks(walks)
-        return heldout.figures(walks, len(self.split.held_out))
+            per_turn = self._all_turns(per_turn)
+        walks = heldout.judge_turns(per_turn, depth)
+        return heldout.figures(walks, len(self.split.held_out), per_turn)
 
-    def _sum_walks(self, walks: dict[int, heldout.Walk]) -> None:
-        import torch
+    def _all_turns(self, mine: list[list[int]]) -> list[list[int]]:
+        """Every rank's judged turns, in rank order: the interval resamples turns, so the
+        counts of each turn travel, not only their sums."""
         import torch.distributed as dist
 
-        for k, one in walks.items():
-            counts = torch.tensor([one.drafts, one.accepted, *one.at_position], device=self.device)
-            dist.all_reduce(counts, group=self.group)
-            values = [int(v) for v in counts.tolist()]
-            walks[k] = heldout.Walk(k, values[0], values[1], values[2:])
+        gathered: list[list[list[int]] | None] = [None] * self.ranks.world
+        dist.all_gather_object(gathered, mine, group=self.group)
+        return [turn for part in gathered for turn in (part or [])]
 
     def _consider(self, judged: dict[str, Any] | None) -> None:
         """Keep track of the best checkpoint by held-out acceptance length at the serving k
@@ -590,12 +665,13 @@ def per_position_accuracy(metrics: dict[str, Any], positions: int) -> list[float
     return out
 
 
-def _loss_config() -> Any:
-    # The fused implementation needs a GPU kernel; the eager one is the same loss on CPU.
+def _loss_config(implementation: str) -> Any:
+    """speculators' KL loss; its fused kernels need a GPU (and a compiler that takes them)."""
     import torch
     from speculators.losses import resolve_loss_config
 
-    return resolve_loss_config("kl_div", "fused" if torch.cuda.is_available() else "eager")
+    fused = implementation == "fused" and torch.cuda.is_available()
+    return resolve_loss_config("kl_div", "fused" if fused else "eager")
 
 
 def build_model(spec: TrainSpec, d2t: Any, t2d: Any) -> Any:

@@ -35,7 +35,13 @@ from kimideploy.workloads.runtime import BadInputError, log
 
 
 class ServerUnavailableError(Exception):
-    """The target server did not answer within the retries; the pod fails and is retried."""
+    """The target server did not come back within its startup budget; the pod exits with the
+    retry code and resumes from its last checkpoint."""
+
+
+SERVER_RETURNS = 3
+"""How often one sample waits for a dropped server to come back before the pod gives up: a
+server that answers /v1/models and then drops every prefill is broken, not reloading."""
 
 
 class Features(Protocol):
@@ -265,33 +271,41 @@ class OnlineFeatures:
             }
         ).encode()
         last = ""
-        for attempt in range(self.online.max_retries + 1):
-            if attempt:
-                time.sleep(min(2.0**attempt, 60.0))
-            request = urllib.request.Request(
-                f"{self.online.endpoint}/completions",
-                data=body,
-                headers={"Content-Type": "application/json"},
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=self.online.request_timeout_s) as r:
-                    reply: dict[str, Any] = json.loads(r.read())
-                    return reply
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode(errors="replace")[:300]
-                if exc.code < 500:
-                    raise BadInputError(
-                        f"the server at {self.online.endpoint} refused sample {sample_id} "
-                        f"({len(ids)} tokens): HTTP {exc.code} {detail}"
-                    ) from exc
-                last = f"HTTP {exc.code} {detail}"
-            except (OSError, ValueError) as exc:
-                last = str(exc)
+        for returned in range(SERVER_RETURNS + 1):
+            if returned:
+                # A dropped server is restarted by the kubelet and reloads the target (~25
+                # minutes for Kimi): wait for it within its startup budget, as at the start.
+                log(f"the target server dropped sample {sample_id} ({last}); waiting for it")
+                self._wait_for_server()
+            for attempt in range(self.online.max_retries + 1):
+                if attempt:
+                    time.sleep(min(2.0**attempt, 60.0))
+                try:
+                    return self._post(body)
+                except urllib.error.HTTPError as exc:
+                    detail = exc.read().decode(errors="replace")[:300]
+                    if exc.code < 500:
+                        raise BadInputError(
+                            f"the server at {self.online.endpoint} refused sample {sample_id} "
+                            f"({len(ids)} tokens): HTTP {exc.code} {detail}"
+                        ) from exc
+                    last = f"HTTP {exc.code} {detail}"
+                except (OSError, ValueError) as exc:
+                    last = str(exc)
         raise ServerUnavailableError(
-            f"the target server at {self.online.endpoint} failed sample {sample_id} "
-            f"{self.online.max_retries + 1} times ({last}); the pod is retried and resumes from "
-            "its last checkpoint"
+            f"the target server at {self.online.endpoint} failed sample {sample_id} after "
+            f"coming back {SERVER_RETURNS} times ({last})"
         )
+
+    def _post(self, body: bytes) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.online.endpoint}/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=self.online.request_timeout_s) as reply:
+            answer: dict[str, Any] = json.loads(reply.read())
+            return answer
 
     def lineage(self) -> dict[str, Any]:
         layers = self.spec.layers

@@ -18,14 +18,24 @@ Verified: each file's sha256 (LFS) or git blob id is checked before it is rename
 and the completion marker is written only when every file is verified. A response is read only
 up to the size the listing gives; a body longer than that is refused (exit 3).
 
+Links: whoever can write the destination (pods, once it is writable to their uid) must not
+choose which file of the syncing user is written. Every file the downloader writes (`.part`, its
+journal, the verified list, the completion marker, the lock) is opened without following a link
+(O_NOFOLLOW, or removed first and created with O_EXCL); a link found where one of them belongs is
+removed (the link, never what it points at) and that file starts over; a finished file that is a
+link counts as absent. One sync holds the destination at a time (an flock on its lock file).
+
 Exit codes: 0 done, 2 refused (token, unknown revision), 3 verification failed (a file's hash or
-size, or a listing that names a path outside the destination or a file without a hash: refused
-before anything is written), 4 network error (run again to resume).
+size, or a listing that names a path outside the destination, a file without a hash or a size
+that is not a byte count: refused before anything is written), 4 network error (run again to
+resume), 5 another sync is writing the destination.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import hashlib
 import http.client
 import json
@@ -100,11 +110,54 @@ def expected_hash(entry: dict[str, Any]) -> tuple[str, str]:
 
 
 def entry_size(entry: dict[str, Any]) -> int:
-    return int((entry.get("lfs") or {}).get("size") or entry.get("size") or 0)
+    lfs: dict[str, Any] = entry["lfs"] if isinstance(entry.get("lfs"), dict) else {}
+    raw = lfs.get("size") if lfs.get("size") is not None else entry.get("size", 0)
+    size = byte_count(raw)
+    if size is None:
+        raise ValueError(f"size {raw!r} is not a byte count")
+    return size
 
 
 OWN_SUFFIXES = (".part", ".part.journal")
-OWN_FILES = (MARKER, VERIFIED)
+LOCK = ".kimideploy-sync.lock"
+OWN_FILES = (MARKER, VERIFIED, LOCK)
+MAX_FILE_BYTES = 1 << 45
+"""32 TiB: a listed size beyond it (or 1e400, or negative) is no byte count of a real file."""
+
+
+class BusyError(Exception):
+    """Another sync holds the destination."""
+
+
+def drop_link(path: Path) -> None:
+    """A link where a downloader file belongs: removed (the link itself); the file starts over."""
+    if path.is_symlink():
+        path.unlink()
+
+
+def write_new(path: Path, text: str) -> None:
+    """Write `path` as a new regular file: never through a link planted where it was."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def replace_with(path: Path, text: str) -> None:
+    """`path` replaced whole by a new file: written beside it, then renamed over it (a rename
+    replaces a link, never what it points at)."""
+    partial = path.with_name(path.name + ".tmp")
+    write_new(partial, text)
+    partial.replace(path)
+
+
+def byte_count(value: Any) -> int | None:
+    """A JSON number that is a real byte count, else None (1e400, -1, "x", true)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (value.is_integer() and 0 <= value <= MAX_FILE_BYTES):
+        return None
+    return int(value) if 0 <= value <= MAX_FILE_BYTES else None
 
 
 def listing_problems(dest: Path, files: list[dict[str, Any]]) -> list[str]:
@@ -113,7 +166,10 @@ def listing_problems(dest: Path, files: list[dict[str, Any]]) -> list[str]:
     to be checked against."""
     root = dest.resolve()
     problems = []
-    for entry in files:
+    for number, entry in enumerate(files):
+        if not isinstance(entry, dict):
+            problems.append(f"entry {number} of the listing is a {type(entry).__name__}")
+            continue
         name = entry.get("rfilename")
         parts = PurePosixPath(name).parts if isinstance(name, str) else ()
         if (
@@ -124,7 +180,9 @@ def listing_problems(dest: Path, files: list[dict[str, Any]]) -> list[str]:
             or PurePosixPath(name).is_absolute()
             or ".." in parts
             or "." in parts
-            or not (root / name).resolve().is_relative_to(root)
+            # The folders it goes in (a link among them leads out); a link in the file's own
+            # place is removed before the file is written, never followed.
+            or not (root / name).parent.resolve().is_relative_to(root)
         ):
             problems.append(f"{name!r}: not a relative path inside {dest}")
             continue
@@ -133,10 +191,9 @@ def listing_problems(dest: Path, files: list[dict[str, Any]]) -> list[str]:
         if not expected_hash(entry)[1]:
             problems.append(f"{name!r}: the listing gives no hash (lfs.sha256 or blobId)")
         try:
-            if entry_size(entry) < 0:
-                raise ValueError
-        except (TypeError, ValueError):
-            problems.append(f"{name!r}: the listing gives no usable size")
+            entry_size(entry)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"{name!r}: the listing gives no usable size ({exc})")
     return problems
 
 
@@ -220,20 +277,28 @@ class Target:
         return {"size": self.size, "hash": self.want, "piece": self.piece}
 
     def load(self) -> None:
-        """The recorded offsets, or a fresh start when the journal is of another file."""
+        """The recorded offsets, or a fresh start when the journal is of another file (or holds
+        what no journal of this file can: a piece or offset out of range, not a number)."""
         self.offsets = {}
+        drop_link(self.part)
+        drop_link(self.journal)
         if self.journal.is_file() and self.part.is_file():
             lines = self.journal.read_text().splitlines()
             try:
                 if lines and json.loads(lines[0]) == self.header():
-                    for line in lines[1:]:
-                        piece, done = json.loads(line)
-                        self.offsets[int(piece)] = max(self.offsets.get(int(piece), 0), int(done))
+                    for number, line in enumerate(lines[1:], 2):
+                        try:
+                            raw = json.loads(line)
+                        except ValueError:
+                            if number == len(lines):
+                                return  # cut mid-line by a kill: the earlier lines stand
+                            raise
+                        piece, done = self._entry(raw)
+                        self.offsets[piece] = max(self.offsets.get(piece, 0), done)
                     return
-            except (ValueError, TypeError):
-                pass  # a journal cut mid-line by a kill: its earlier lines were read above
-            if self.offsets:
-                return
+            except (ValueError, TypeError, OverflowError):
+                pass  # an impossible journal: nothing it records can be trusted
+            self.offsets = {}
         elif self.part.is_file() and not self.journal.exists():
             # A .part from the one-stream downloader: its bytes are a valid prefix.
             self._adopt_prefix(self.part.stat().st_size)
@@ -241,19 +306,31 @@ class Target:
         self.part.unlink(missing_ok=True)
         self.journal.unlink(missing_ok=True)
 
+    def _entry(self, raw: Any) -> tuple[int, int]:
+        if not isinstance(raw, list) or len(raw) != 2:
+            raise ValueError(f"journal entry {raw!r}")
+        piece, done = raw
+        pieces = self.pieces()
+        if isinstance(piece, bool) or not isinstance(piece, int) or not 0 <= piece < len(pieces):
+            raise ValueError(f"journal piece {piece!r}")
+        start, end = pieces[piece]
+        if byte_count(done) is None or done > end - start:
+            raise ValueError(f"journal offset {done!r} for piece {piece}")
+        return piece, int(done)
+
     def _adopt_prefix(self, have: int) -> None:
         have = min(have, self.size)
-        self.journal.write_text(json.dumps(self.header()) + "\n")
+        write_new(self.journal, json.dumps(self.header()) + "\n")
         for number, (start, end) in enumerate(self.pieces()):
             if have > start:
                 self.record(number, min(have, end) - start, sync=False)
 
     def open(self) -> int:
-        fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         if os.fstat(fd).st_size != self.size:
             os.ftruncate(fd, self.size)
-        if not self.journal.is_file():
-            self.journal.write_text(json.dumps(self.header()) + "\n")
+        if not self.journal.is_file() or self.journal.is_symlink():
+            write_new(self.journal, json.dumps(self.header()) + "\n")
         return fd
 
     def record(self, piece: int, done: int, fd: int | None = None, sync: bool = True) -> None:
@@ -262,7 +339,8 @@ class Target:
             os.fdatasync(fd)
         with self.lock:
             self.offsets[piece] = done
-            with self.journal.open("a") as journal:
+            fd_journal = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            with os.fdopen(fd_journal, "a") as journal:
                 journal.write(json.dumps([piece, done]) + "\n")
                 journal.flush()
                 if sync:
@@ -290,7 +368,12 @@ class Sync:
         with request(target.url, self.token, headers) as response:
             if response.status != 206:
                 raise NoRanges(target.name)
-            self._check_total(target, response.headers.get("Content-Range"))
+            content_range = response.headers.get("Content-Range")
+            self._check_total(target, content_range)
+            if not self._starts_at(content_range, start + done):
+                # A range answered from elsewhere: one stream for this file rather than bytes
+                # in the wrong place (the hash would refuse them, on every run).
+                raise NoRanges(target.name)
             recorded = done
             while done < end - start and not self.stop.is_set():
                 chunk = response.read(min(CHUNK, end - start - done))
@@ -307,6 +390,13 @@ class Sync:
             raise ConnectionError(f"{target.name}: the connection ended at byte {start + done}")
 
     @staticmethod
+    def _starts_at(content_range: str | None, offset: int) -> bool:
+        """Whether `bytes START-END/TOTAL` starts at the byte asked for."""
+        unit, _, span = (content_range or "").partition(" ")
+        first = span.partition("-")[0]
+        return unit == "bytes" and first.isdigit() and int(first) == offset
+
+    @staticmethod
     def _check_total(target: Target, content_range: str | None) -> None:
         total = (content_range or "").rpartition("/")[2]
         if total.isdigit() and int(total) != target.size:
@@ -319,7 +409,7 @@ class Sync:
         """One stream from byte 0 for a server without ranges, never past the listed size."""
         target.offsets = {}
         os.ftruncate(fd, target.size)
-        target.journal.write_text(json.dumps(target.header()) + "\n")
+        write_new(target.journal, json.dumps(target.header()) + "\n")
         done = 0
         with request(target.url, self.token) as response:
             while done < target.size:
@@ -350,9 +440,7 @@ class Sync:
         target.journal.unlink(missing_ok=True)
         with self.verified_lock:
             verified[target.name] = target.want
-            partial = self.dest / (VERIFIED + ".tmp")
-            partial.write_text(json.dumps(verified, indent=1, sort_keys=True))
-            partial.replace(self.dest / VERIFIED)
+            replace_with(self.dest / VERIFIED, json.dumps(verified, indent=1, sort_keys=True))
 
     def run_file(self, target: Target, progress: Progress, verified: dict[str, str]) -> None:
         """Every remaining piece of one file, `streams` at a time across all files."""
@@ -382,6 +470,8 @@ class Sync:
 
     def run(self) -> int:
         files = listing(self.args.endpoint, self.args.repo, self.args.revision, self.token)
+        if not isinstance(files, list):
+            files = [files]  # named as a bad entry below, before anything is written
         problems = listing_problems(self.dest, files)
         if problems:
             for problem in problems:
@@ -392,17 +482,45 @@ class Sync:
             )
             return 3
         self.dest.mkdir(parents=True, exist_ok=True)
+        lock = self._hold_destination()
+        try:
+            return self._sync(files)
+        finally:
+            os.close(lock)
+
+    def _hold_destination(self) -> int:
+        path = self.dest / LOCK
+        drop_link(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BusyError(
+                    f"another sync is writing {self.dest}: wait for it (or stop it) and run "
+                    "this again; nothing was changed"
+                ) from exc
+            raise
+        return fd
+
+    def _sync(self, files: list[dict[str, Any]]) -> int:
         verified_file = self.dest / VERIFIED
-        verified: dict[str, str] = (
-            json.loads(verified_file.read_text()) if verified_file.exists() else {}
-        )
+        drop_link(verified_file)
+        try:
+            verified = json.loads(verified_file.read_text()) if verified_file.exists() else {}
+        except ValueError:
+            verified = {}
+        if not isinstance(verified, dict):
+            verified = {}  # files are checked again rather than trusted
         progress = Progress(sum(entry_size(f) for f in files))
         targets = []
         for entry in files:
             name, size = entry["rfilename"], entry_size(entry)
             kind, want = expected_hash(entry)
             path = self.dest / name
-            if verified.get(name) == want and path.exists() and path.stat().st_size == size:
+            drop_link(path)  # a finished file that is a link is not the file
+            if verified.get(name) == want and path.is_file() and path.stat().st_size == size:
                 progress.present(size)
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -429,7 +547,7 @@ class Sync:
             "bytes": progress.total,
             "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        (self.dest / MARKER).write_text(json.dumps(marker, indent=1))
+        replace_with(self.dest / MARKER, json.dumps(marker, indent=1))
         emit({"event": "result", "stage": "sync-model", **marker})
         return 0
 
@@ -452,6 +570,9 @@ def main() -> int:
     except Refused as exc:
         print(f"{exc}", file=sys.stderr)
         return 3
+    except BusyError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 5
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             print(

@@ -17,7 +17,7 @@ from kimideploy.formats import chat_template
 from kimideploy.formats.bounded_io import (
     CHUNK_LIMIT,
     UnreadableFileError,
-    read_bytes,
+    json_lines,
     read_json_object,
 )
 from kimideploy.formats.safetensors_files import read_header, read_integers, safetensors_problem
@@ -60,19 +60,14 @@ def inspect(path: Path) -> Inspection:
     for chunk in chunks:
         result.files += 1
         try:
-            data = read_bytes(chunk, CHUNK_LIMIT)
+            for line in json_lines(chunk, CHUNK_LIMIT):
+                if line.problem is None:
+                    result.samples += 1
+                else:
+                    result.problems.append(f"{chunk}:{line.number}: {line.problem}")
+            result.bytes += chunk.lstat().st_size
         except UnreadableFileError as exc:
             result.problems.append(str(exc))
-            continue
-        result.bytes += len(data)
-        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            try:
-                json.loads(line)
-                result.samples += 1
-            except ValueError:
-                result.problems.append(
-                    f"{chunk}:{number}: not a complete JSON line (truncated write?)"
-                )
     for tensor in tensors:
         result.files += 1
         result.bytes += tensor.lstat().st_size
@@ -187,9 +182,10 @@ def _sample_view(path: Path, number: int, model: Path | None) -> dict[str, Any]:
 
 
 def _conversation_samples(path: Path) -> list[dict[str, Any]]:
+    """Every readable sample; a cut or corrupt line is skipped (`data inspect` lists it)."""
     return [
-        json.loads(line)
+        line.value
         for chunk in sorted(path.rglob("chunk-*.jsonl"))
-        for line in read_bytes(chunk, CHUNK_LIMIT).decode("utf-8").splitlines()
-        if line
+        for line in json_lines(chunk, CHUNK_LIMIT)
+        if line.problem is None and isinstance(line.value, dict)
     ]

@@ -12,6 +12,7 @@ from typing import Any
 
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config import yaml_edit
+from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError
 from kimideploy.plan.model import PlanRequest
@@ -52,13 +53,24 @@ def pin_dataset(config: Path, name: str, cluster: str, result: dict[str, Any]) -
             "the publish pod reported no dataset fingerprint; kimideploy.yaml was not changed",
             hint="publish conversations a kimideploy datagen run wrote",
         )
+    made_from = dataset.get("made_from")
+    if not isinstance(made_from, dict) or fingerprint_id(made_from) != dataset["fingerprint"]:
+        # The id comes from fingerprint.json on the volume, which any pod that can write the
+        # datasets volume can rewrite: what is pinned must be the hash of the fields it names.
+        raise KimiDeployError(
+            f"the published dataset's fingerprint id {str(dataset['fingerprint'])[:40]!r} is not "
+            "the fingerprint of the fields it says it was made from; kimideploy.yaml was not "
+            "changed",
+            hint="its fingerprint.json was edited after datagen wrote it: regenerate the "
+            "conversations (`kimideploy run datagen`) and publish again",
+        )
     repository, _, digest = str(result["reference"]).rpartition("@")
     # No per-file checksums here (a dataset is thousands of chunk files): the manifest digest
     # pins every blob's digest, and ORAS checks each blob against it on the pull.
     values: dict[str, Any] = {
         "oci": {"repository": repository, "digest": digest},
         "fingerprint": dataset["fingerprint"],
-        "made_from": dataset.get("made_from") or {},
+        "made_from": made_from,
         "samples": int(dataset.get("samples") or 0),
         "made_on": cluster,
     }

@@ -11,7 +11,7 @@ from typing import Any
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import KimiDeployError, UsageError
-from kimideploy.formats.prompts import load_prompts
+from kimideploy.formats.prompts import PromptFileError, load_prompts
 from kimideploy.formats.vllm_metrics import BASIS_BY_LENGTH, conditional_rates
 from kimideploy.plan.drafter_doctor import Diagnosis, DoctorInputs, Measured, diagnose
 from kimideploy.plan.model import PlanRequest
@@ -34,7 +34,7 @@ def read_prompts(path: Path) -> tuple[dict[str, Any], ...]:
     ShareGPT or OpenAI conversations); an unusable file is a usage error naming its rows."""
     try:
         found = load_prompts(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, PromptFileError) as exc:
         raise UsageError(f"--prompts {path}: cannot be read ({exc})") from exc
     if not found.prompts:
         problems = "; ".join(found.bad[:3]) or "the file is empty"
@@ -63,11 +63,18 @@ def run_replay(
     sets = ((USER_PROMPTS, prompts),) if prompts else ()
     request = PlanRequest("replay", cluster, names[0], replay_drafters=names, replay_prompts=sets)
     started = batch_runs.start_run(session, loaded, request, reporter)
-    snapshot = batch_runs.follow_run(session, started.job, started.run_id, reporter, poll_s)
+    # The capture on the serving engine, then the judgement on one GPU: two Jobs in turn.
+    job = started.job
+    while True:
+        snapshot = batch_runs.follow_run(session, job, started.run_id, reporter, poll_s)
+        following = batch_runs.next_job(session, started, job, reporter)
+        if following is None:
+            break
+        job = following
     result = batch_runs.run_results(snapshot).get("0")
     if not result or not isinstance(result.get("drafters"), dict):
         raise KimiDeployError(
-            f"the replay Job {started.job} ended without a judgement",
+            f"the replay Job {job} ended without a judgement",
             hint=f"`kimideploy logs {started.run_id}` shows what its containers did",
         )
     return ReplayOutcome(started.run_id, dict(result))

@@ -28,20 +28,34 @@ def held_out_lines(
             " set train.held_out_fraction > 0 to know its acceptance before serving"
         ]
     lengths = {int(k): float(v) for k, v in judged["mean_acceptance_length"].items()}
+    spreads = {
+        int(n): one["ci95"]
+        for n, one in (judged.get("by_k") or {}).items()
+        if isinstance(one, dict) and one.get("ci95")
+    }
     k = int(result.get("num_speculative_tokens") or max(lengths))
-    shown = ", ".join(f"k={n} {v:.2f}" for n, v in sorted(lengths.items()))
+    shown = ", ".join(
+        f"k={n} {v:.2f}" + (f" [{spreads[n][0]:.2f}-{spreads[n][1]:.2f}]" if n in spreads else "")
+        for n, v in sorted(lengths.items())
+    )
+    turns = f", {judged['turns']} turns" if judged.get("turns") else ""
     lines = [
         f"held-out mean acceptance length of {drafter} ({judged.get('samples')} samples never "
-        f"trained on): {shown}",
+        f"trained on{turns}{'; [95% interval]' if spreads else ''}): {shown}",
+        "  these stand for conversations like the training data's; on other prompts "
+        f"`kimideploy drafter check {drafter} --replay FILE` predicts",
         f"written: {selected.get('reason', 'step ' + str(selected.get('step')))}",
     ]
     length = lengths.get(k)
     if length is None:
         return lines
+    low, high = spreads.get(k, (length, length))
     for cluster in sorted(loaded.project.clusters):
         costs, source, level = serve_cost_model(loaded, cluster, calibrations.get(cluster, ()))
         even = calibration.break_even_length(costs, k, level)
-        verdict = "pays" if length > even else "does NOT pay"
+        verdict = (
+            "pays" if low > even else "does NOT pay" if high < even else "may not pay (straddles)"
+        )
         lines.append(
             f"  {cluster}: break-even acceptance length {even:.2f} at k={k}, c={level} -> "
             f"{verdict} ({length:.2f}); step cost: {source}"

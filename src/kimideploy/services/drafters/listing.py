@@ -80,7 +80,9 @@ def _held_out(drafter: Drafter) -> str | None:
     k = drafter.num_speculative_tokens
     length = held_out_length(judged, k)
     run = f", run {judged.run}" if judged.run else ""
-    return None if length is None else f"{length:.2f} @k={k} (held-out{run})"
+    spread = judged.ci95.get(k)
+    within = f" [95% {spread[0]:.2f}-{spread[1]:.2f}, {judged.turns} turns]" if spread else ""
+    return None if length is None else f"{length:.2f}{within} @k={k} (held-out{run})"
 
 
 def _measured(acceptance: list[float], k: int) -> str | None:

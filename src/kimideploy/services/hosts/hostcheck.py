@@ -15,6 +15,7 @@ from kimideploy.config.images import MIN_DRIVER_FOR_CUDA, Image
 from kimideploy.config.project import Project
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.gpuinfo import arch_of, parse_query, version_tuple
+from kimideploy.services.hosts import peer_to_peer
 
 SECTION = re.compile(r"^### (\S+)$", re.M)
 
@@ -49,12 +50,23 @@ def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> l
     checks = _gpu_checks(cluster, image, found)
     # The checkpoint this cluster serves: its model_variant's weights, else model's.
     served = project.model_variants.get(cluster.model_variant or "") or project.model
-    checks += _disk_checks(served.weights_gb, setup.model_path, found)
+    if cluster.weights_via == "host":
+        # A shared models claim is not this host's disk: `host check` reads it from a pod.
+        checks += _disk_checks(served.weights_gb, setup.model_path, found)
     if setup.role == "gpu_host":
         checks += _k3s_checks(cluster, found)
+        checks += peer_to_peer.checks(setup.peer_to_peer, found)
     else:
-        checks += _fabric_checks(setup.fabric_manager, setup.infiniband, found)
+        checks += _fabric_checks(setup.fabric_manager, found)
+        if setup.infiniband:
+            checks += _infiniband_checks(cluster.network.ib_hcas, found)
+    if gpus_found(found):
+        checks += peer_to_peer.topology_checks(found)
     return checks
+
+
+def gpus_found(found: dict[str, str]) -> bool:
+    return parse_gpus(found.get("gpus", "")) is not None
 
 
 def _gpu_checks(cluster: Cluster, image: Image, found: dict[str, str]) -> list[CheckResult]:
@@ -258,45 +270,117 @@ def _k3s_checks(cluster: Cluster, found: dict[str, str]) -> list[CheckResult]:
     return checks
 
 
-def _fabric_checks(
-    fabric_manager: bool, infiniband: bool, found: dict[str, str]
-) -> list[CheckResult]:
-    checks = []
-    if fabric_manager:
-        state = found.get("fabricmanager", "").strip() or "unknown"
-        checks.append(
-            CheckResult(
-                "fabric manager",
-                state == "active",
-                state,
-                "NVSwitch needs nvidia-fabricmanager at the driver's version; ask the provider",
-            )
+def _fabric_checks(fabric_manager: bool, found: dict[str, str]) -> list[CheckResult]:
+    """The fabric manager runs, and every GPU registered with the NVLink fabric: a GPU whose
+    registration failed runs, but NCCL finds no NVLink to it."""
+    if not fabric_manager:
+        return []
+    state = found.get("fabricmanager", "").strip() or "unknown"
+    checks = [
+        CheckResult(
+            "fabric manager",
+            state == "active",
+            state,
+            "NVSwitch needs nvidia-fabricmanager at the driver's version; ask the provider",
         )
-    if infiniband:
-        ports = [
-            line
-            for line in found.get("infiniband", "").splitlines()
-            if line and not line.startswith("rc=")
+    ]
+    if gpus_found(found):
+        registrations = parse_fabric(found.get("fabric", ""))
+        unregistered = [
+            f"{bus} {state}/{status}"
+            for bus, state, status in registrations
+            if (state, status) != ("Completed", "Success")
         ]
-        active = [p for p in ports if "ACTIVE" in p]
         checks.append(
             CheckResult(
-                "InfiniBand",
-                bool(ports) and len(active) == len(ports),
-                f"{len(active)}/{len(ports)} ports ACTIVE",
-                "ask the provider; multi-node NCCL needs them",
+                "GPU fabric registration",
+                bool(registrations) and not unregistered,
+                "; ".join(unregistered)
+                if unregistered
+                else f"{len(registrations)} GPUs Completed/Success"
+                if registrations
+                else "nvidia-smi -q shows no Fabric section",
+                "ask the provider: the GPU's NVLink fabric registration failed (restart "
+                "nvidia-fabricmanager, reset the GPU); NCCL would route around it over PCIe",
             )
         )
-        loaded = found.get("peermem", "0").strip() not in ("", "0")
+    return checks
+
+
+def parse_fabric(text: str) -> list[tuple[str, str, str]]:
+    """(bus id, state, status) per GPU from the probe's fabric section."""
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) == 3:
+            rows.append((parts[0], parts[1], parts[2]))
+    return rows
+
+
+def parse_ports(text: str) -> list[tuple[str, str, str, str]]:
+    """(device, port, state, link layer) per InfiniBand port from the probe."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            rows.append((parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else ""))
+    return rows
+
+
+def _infiniband_checks(ib_hcas: list[str], found: dict[str, str]) -> list[CheckResult]:
+    """The compute HCAs NCCL is told to use, and nothing else: front-end, storage and BlueField
+    ports may be down, or Ethernet, on a healthy node."""
+    ports = parse_ports(found.get("infiniband", ""))
+    if ib_hcas:
+        wanted = []
+        missing = []
+        for hca in ib_hcas:
+            device, _, port = hca.partition(":")
+            matched = [p for p in ports if p[0] == device and (not port or p[1] == port)]
+            wanted += matched
+            if not matched:
+                missing.append(hca)
+        scope = "compute HCA"
+    else:
+        wanted = [p for p in ports if p[3] == "InfiniBand"]
+        missing = []
+        scope = "InfiniBand"
+    down = [f"{d}/{p} {state}" for d, p, state, _ in wanted if state != "ACTIVE"]
+    problems = down + [f"{hca} not on this node" for hca in missing]
+    detail = (
+        "; ".join(problems)
+        if problems
+        else f"{len(wanted)}/{len(wanted)} {scope} ports ACTIVE"
+        if wanted
+        else "no InfiniBand port found"
+    )
+    fix = (
+        "an HCA network.ib_hcas names is not on this node: correct the list (`ibstat -l`)"
+        if missing
+        else "ask the provider; multi-node NCCL needs them"
+    )
+    checks = [CheckResult("InfiniBand", bool(wanted) and not problems, detail, fix)]
+    if not ib_hcas:
         checks.append(
             CheckResult(
-                "nvidia_peermem",
-                loaded,
-                "loaded" if loaded else "not loaded",
-                "`kimideploy host provision` loads it (GPUDirect RDMA)",
+                "compute HCAs named",
+                False,
+                "network.ib_hcas is empty: every InfiniBand port is checked and NCCL chooses "
+                "among all HCAs",
+                "name the compute HCAs in clusters.<name>.network.ib_hcas",
                 blocking=False,
             )
         )
+    loaded = found.get("peermem", "0").strip() not in ("", "0")
+    checks.append(
+        CheckResult(
+            "nvidia_peermem",
+            loaded,
+            "loaded" if loaded else "not loaded",
+            "`kimideploy host provision` loads it (GPUDirect RDMA)",
+            blocking=False,
+        )
+    )
     return checks
 
 

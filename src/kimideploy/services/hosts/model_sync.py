@@ -10,12 +10,16 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from kimideploy.cluster.session import ClusterSession
+from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.errors import KimiDeployError
+from kimideploy.plan.model import PlanRequest
 from kimideploy.provision.inventory import require_hosts
 from kimideploy.remote.runner import Runner
 from kimideploy.services.hosts.connect import Connect, hosts_of, ssh_connect
 from kimideploy.services.reporting import Reporter
+from kimideploy.services.runs import batch_runs
 from kimideploy.services.runs.progress import duration, parse_events
 
 HUB_ENDPOINT_ENV = "HF_ENDPOINT"
@@ -123,3 +127,25 @@ class _HostSync:
         summary = json.dumps(done[-1]) if done else "done"
         where = f"{self.host}: {target.repo}@{target.revision[:12]}"
         self.reporter.info(f"{where} verified in {target.dest} ({summary})")
+
+
+def sync_weights_job(
+    session: ClusterSession, loaded: LoadedProject, reporter: Reporter, poll_s: float = 2.0
+) -> list[dict[str, str]]:
+    """The download Job into the cluster's shared models claim, followed to its end; what it
+    synced (repo, revision, the folder the pods read)."""
+    request = PlanRequest("weights", session.cluster)
+    started = batch_runs.start_run(session, loaded, request, reporter)
+    snapshot = batch_runs.follow_run(session, started.job, started.run_id, reporter, poll_s)
+    result = batch_runs.run_results(snapshot).get("0") or {}
+    synced = [dict(one) for one in result.get("synced") or [] if isinstance(one, dict)]
+    if not synced:
+        raise KimiDeployError(
+            f"the weights Job {started.job} ended without reporting what it downloaded",
+            hint=f"`kimideploy logs {started.run_id}` shows what the pod did",
+        )
+    for one in synced:
+        reporter.info(
+            f"{one.get('repo')}@{str(one.get('revision'))[:12]} verified in {one.get('dest')}"
+        )
+    return synced

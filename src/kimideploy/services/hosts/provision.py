@@ -51,6 +51,10 @@ def provision(
             reporter.status(f"task: {text}")
         elif kind in ("changed", "fatal", "failed", "unreachable"):
             reporter.info(f"{text} ({task})")
+        elif kind == "diff":
+            reporter.info(text)
+        elif kind == "message":
+            reporter.info(f"note: {text} ({task})")
 
     result = run_playbook(
         playbook_for(cluster), inventory(project, cluster_name), check, tags, on_line

@@ -17,6 +17,7 @@ from kimideploy.formats import extraction_engine
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.images import build as building
+from kimideploy.images import kernel_derive as kernels
 from kimideploy.images import verify as checks
 from kimideploy.images.build_context import build_context, write_context
 from kimideploy.images.cpu_vllm import engine_python
@@ -25,6 +26,7 @@ from kimideploy.images.lock import lock_digest
 from kimideploy.paths import cache_root, repository_root
 from kimideploy.plan.calibration import DEFAULT_LENGTHS, lengths_for
 from kimideploy.plan.inputs import drafter_path, target_model_path
+from kimideploy.plan.kernel_plan import KERNEL_PLANS
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
 from kimideploy.remote import connect as ssh_connect
@@ -69,20 +71,33 @@ def serve_cases(
 ) -> list[dict[str, Any]]:
     """The exact serve arguments rendered for every cluster using this image, per drafter; and
     for every cluster serving an older vLLM this image could run on, the same as they would be
-    after the one-line move `images.serve: NAME` (so moving a host forward is verified first)."""
+    after the one-line move `images.serve: NAME` (so moving a host forward is verified first).
+    A serve image no cluster uses (a stack kept to reproduce, as vllm-0.16-kimi) is checked on
+    the default cluster as if it served it there, so it stays verified."""
     project = loaded.project
     cases = []
     for cluster_name, cluster in sorted(project.clusters.items()):
         if cluster.images.serve == name:
             cases += _serve_cases_for(loaded, cluster_name, "", target, drafters)
         elif _could_move(project, cluster_name, name):
-            images = cluster.images.model_copy(update={"serve": name})
-            moved = cluster.model_copy(update={"images": images})
-            clusters = {**project.clusters, cluster_name: moved}
-            copy = replace(loaded, project=project.model_copy(update={"clusters": clusters}))
-            label = f" (after images.serve: {name})"
-            cases += _serve_cases_for(copy, cluster_name, label, target, drafters)
+            cases += _moved_cases(loaded, cluster_name, name, "after", target, drafters)
+    image, default = project.images[name], project.default_cluster
+    kept = image.role == "serve" and image.vllm is not None
+    if kept and not cases and project.clusters[default].gpu.arch in image.cuda_archs:
+        cases += _moved_cases(loaded, default, name, "if", target, drafters)
     return cases
+
+
+def _moved_cases(
+    loaded: LoadedProject, cluster_name: str, name: str, word: str, target: Path, drafters: Path
+) -> list[dict[str, Any]]:
+    project = loaded.project
+    cluster = project.clusters[cluster_name]
+    moved = cluster.model_copy(update={"images": cluster.images.model_copy(update={"serve": name})})
+    clusters = {**project.clusters, cluster_name: moved}
+    copy = replace(loaded, project=project.model_copy(update={"clusters": clusters}))
+    label = f" ({word} images.serve: {name})"
+    return _serve_cases_for(copy, cluster_name, label, target, drafters)
 
 
 def _could_move(project: Project, cluster_name: str, name: str) -> bool:
@@ -242,15 +257,21 @@ def verify_image(
     return steps
 
 
-def _engine_steps(
-    loaded: LoadedProject, name: str, image: Any, reporter: Reporter
-) -> list[CheckResult]:
+def _prepared_engine(name: str, image: Any, reporter: Reporter) -> tuple[Path, Path | None]:
+    """The pinned vLLM's interpreter on this CPU and its patched sources (None: no patches)."""
     reporter.status(f"{name}: preparing vLLM {image.vllm} (first run downloads and installs it)")
     try:
         python = engine_python(image.vllm)
         overlay = checks.patched_overlay(image, python) if image.patches else None
     except (RuntimeError, OSError) as exc:
         raise cannot_prepare(name, image.vllm, exc) from exc
+    return python, overlay
+
+
+def _engine_steps(
+    loaded: LoadedProject, name: str, image: Any, reporter: Reporter
+) -> list[CheckResult]:
+    python, overlay = _prepared_engine(name, image, reporter)
     with tempfile.TemporaryDirectory() as tmp:
         target, drafters = write_tiny_models(loaded.project, Path(tmp))
         cases = serve_cases(loaded, name, target, drafters)
@@ -269,10 +290,41 @@ def _engine_steps(
                 hint=f"run `{python} {Path(checks.__file__).with_name('engine_check.py')}` "
                 "by hand to see vLLM's own output",
             ) from exc
-    return [
+    steps = [
         CheckResult(f"vLLM accepts: {r['name']}", r["ok"], r["error"] or "engine config built")
         for r in results
     ]
+    return [*steps, _kernel_step(loaded, name, image, python, overlay, reporter)]
+
+
+def _kernel_step(
+    loaded: LoadedProject,
+    name: str,
+    image: Any,
+    python: Path,
+    overlay: Path | None,
+    reporter: Reporter,
+) -> CheckResult:
+    """The kernel plan derived again from the pinned sources, against the stored one."""
+    reporter.status(f"{name}: deriving the kernel plan from vLLM {image.vllm}'s selection code")
+    derived = kernels.derive(loaded.project, name, python, overlay)
+    same = kernels.is_stored(name, image, derived)
+    fix = f"`kimideploy image kernels {name} --write` stores what the sources select now"
+    detail = "the stored plan is what the pinned sources select" if same else (
+        f"the pinned sources select otherwise than {KERNEL_PLANS}: {fix}")  # fmt: skip
+    return CheckResult("kernel plan", same, detail)
+
+
+def kernel_plans(loaded: LoadedProject, name: str, write: bool, reporter: Reporter) -> Any:
+    """`image kernels NAME`: derive the image's kernel plan, store it with --write."""
+    image = get_image(loaded.project, name)
+    if image.vllm is None:
+        raise UsageError(f"image {name} has no vLLM: it has no kernel plan")
+    python, overlay = _prepared_engine(name, image, reporter)
+    derived = kernels.derive(loaded.project, name, python, overlay)
+    if write:
+        kernels.store(name, image, derived)
+    return derived
 
 
 def build_image(

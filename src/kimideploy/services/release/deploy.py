@@ -21,7 +21,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
-from kimideploy.services.preflight import require_prerequisites
+from kimideploy.services.preflight import require_prerequisites, require_weights
 from kimideploy.services.release import lifecycle
 from kimideploy.services.release.lifecycle import RevisionStatus
 from kimideploy.services.rendering import Rendered, render_workload
@@ -82,6 +82,8 @@ class Revision:
     overrides: list[str]
     note: str = ""
     source_revision: int | None = None
+    preflight: tuple[dict[str, Any], ...] = ()
+    """The weights probe of a fresh render (a rollback re-applies what was served: none)."""
 
 
 def _now() -> str:
@@ -101,6 +103,7 @@ def revision_from_render(loaded: LoadedProject, rendered: Rendered, note: str = 
         config_text=loaded.text,
         overrides=list(plan.inputs["overrides"]),
         note=note,
+        preflight=rendered.preflight,
     )
 
 
@@ -125,7 +128,7 @@ def plan_up(
     rendered = render_workload(
         loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
     )
-    _refuse_failing_drafter(rendered.plan, force)
+    refuse_failing_drafter(rendered.plan, force)
     return rendered
 
 
@@ -147,7 +150,7 @@ def apply_up(
     return deploy(session, revision_from_render(loaded, rendered), options, reporter, "up")
 
 
-def _refuse_failing_drafter(plan: Plan, force: bool) -> None:
+def refuse_failing_drafter(plan: Plan, force: bool) -> None:
     """The plan's judgement of its drafter on the cluster deployed to (the same the plan's
     warnings and predicted speedup come from); --force deploys anyway."""
     blocking = [f for f in plan.drafter_findings if not f.ok and f.blocking]
@@ -202,6 +205,7 @@ class _Transaction:
         for note in notes:
             reporter.info(f"note: {note}")
         require_prerequisites(session, revision.manifests, revision.cluster)
+        require_weights(session, revision.preflight, revision.cluster)
         session.validate(revision.manifests, force=change.force)
         live, existing = _existing(session, revision)
         if not self._confirm(revision, number, live, existing):

@@ -20,7 +20,7 @@ from kimideploy.formats.vllm_metrics import acceptance, summed
 from kimideploy.plan.calibration import Calibration
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
-from kimideploy.plan.speedup import break_even_rate
+from kimideploy.plan.step_cost import uncalibrated
 from kimideploy.services.release import deploy, lifecycle
 from kimideploy.services.reporting import Reporter
 
@@ -51,8 +51,8 @@ def serving_facts(
     deployment = next(o for o in record.manifests if o["kind"] == "Deployment")
     ports = deployment["spec"]["template"]["spec"]["containers"][0].get("ports") or [{}]
     k = drafter.num_speculative_tokens
-    even = break_even_rate(k, project.project.clusters[record.cluster].step_cost_per_token)
-    source = "default constant step_cost_per_token"
+    costs = uncalibrated(project.project, record.cluster)
+    even, source = (costs.cost(k, 1) - 1) / k, costs.source
     with contextlib.suppress(KimiDeployError, KeyError, ValueError):
         request = PlanRequest(
             "serve",

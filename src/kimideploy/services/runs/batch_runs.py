@@ -12,8 +12,9 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import release_name
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.plan.jobs import AFTER_ANNOTATION
 from kimideploy.plan.model import PlanRequest
-from kimideploy.services.preflight import require_prerequisites
+from kimideploy.services.preflight import require_prerequisites, require_weights
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import progress, rental
@@ -26,6 +27,8 @@ class RunStarted:
     run_id: str
     job: str
     rendered: Rendered
+    later: tuple[dict[str, Any], ...] = ()
+    """Jobs of the run created only once the one they name (AFTER_ANNOTATION) has succeeded."""
 
 
 RUN_PARTS = ("ConfigMap", "NetworkPolicy", "Service")
@@ -34,6 +37,11 @@ RUN_PARTS = ("ConfigMap", "NetworkPolicy", "Service")
 
 def new_run_id() -> str:
     return secrets.token_hex(3)
+
+
+PLAN_FACTS_SHOWN = ("datasets", "acceptance needed", "memory", "kernels")
+"""What `run` and `render` print of a plan before anything is created: where the data is, what
+the drafter must reach, whether each engine fits, which kernels verify the drafts."""
 
 
 def start_run(
@@ -47,7 +55,7 @@ def start_run(
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     for key, value in rendered.plan.facts:
-        if key in ("datasets", "acceptance needed"):
+        if key in PLAN_FACTS_SHOWN:
             reporter.info(f"{key}: {value}")
     rental.report(
         rental.cluster_notice(session, loaded.project, rendered.plan.cluster), reporter.info
@@ -57,18 +65,44 @@ def start_run(
     # validated, so a bad config creates nothing), otherwise the refusal says who can.
     if session.ensure_namespace():
         reporter.info(f"created namespace {session.namespace}")
+    require_weights(session, rendered.preflight, rendered.plan.cluster)
     objects, notes = session.keep_claim_sizes(rendered.objects)
     for note in notes:
         reporter.info(f"note: {note}")
     session.validate(objects)  # nothing is created unless every object would be accepted
-    session.apply(objects)
-    job = next(o for o in rendered.objects if o["kind"] == "Job")["metadata"]["name"]
+    later = tuple(o for o in objects if AFTER_ANNOTATION in _annotations(o))
+    session.apply([o for o in objects if o not in later])
+    job = next(o for o in objects if o["kind"] == "Job" and o not in later)["metadata"]["name"]
     # The run's ConfigMap, NetworkPolicy and Service go when the Job does (its TTL or a delete).
-    session.adopt(
-        "Job", job, [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in RUN_PARTS]
-    )
+    session.adopt("Job", job, run_parts(objects))
     reporter.info(f"run {run_id}: created Job {job} in namespace {session.namespace}")
-    return RunStarted(run_id, job, rendered)
+    return RunStarted(run_id, job, rendered, later)
+
+
+def run_parts(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in RUN_PARTS]
+
+
+def next_job(
+    session: ClusterSession, started: RunStarted, finished: str, reporter: Reporter
+) -> str | None:
+    """Create the run's Job that waits for `finished` (which has succeeded), and hand it the
+    run's parts (its spec ConfigMap outlives the first Job); None when nothing waits for it."""
+    waiting = next(
+        (o for o in started.later if _annotations(o).get(AFTER_ANNOTATION) == finished), None
+    )
+    if waiting is None:
+        return None
+    session.apply([waiting])
+    name: str = waiting["metadata"]["name"]
+    session.adopt("Job", name, run_parts(started.rendered.objects))
+    reporter.info(f"run {started.run_id}: {finished} succeeded; created Job {name}")
+    return name
+
+
+def _annotations(obj: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = obj.get("metadata", {}).get("annotations") or {}
+    return found
 
 
 def find_job(session: ClusterSession, run_id: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kimideploy.cluster.records import DRAFTER_LABEL
@@ -41,10 +41,11 @@ class RentalNotice:
     unpublished: list[Unpublished] = field(default_factory=list)
 
     def headline(self) -> str:
+        at = f"{self.ends.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
         if self.hours_left <= 0:
-            when = f"ended {-self.hours_left:.0f} h ago ({self.ends:%Y-%m-%d %H:%M} UTC)"
+            when = f"ended {-self.hours_left:.0f} h ago ({at})"
         else:
-            when = f"ends in {_span(self.hours_left)} ({self.ends:%Y-%m-%d %H:%M} UTC)"
+            when = f"ends in {_span(self.hours_left)} ({at})"
         count = len(self.unpublished)
         tail = (
             f"; {count} thing(s) on its volumes are not published"

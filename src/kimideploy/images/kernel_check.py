@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Run inside a vLLM virtualenv: which attention kernels would this vLLM pick on an absent GPU?
+
+Standalone (imports only vLLM, torch and the standard library): `image kernels` runs it with the
+pinned vLLM's interpreter, the image's patched sources first on PYTHONPATH, and a JSON spec
+`{"archs": ["sm_120", ...], "engines": {"target": {...}, "drafter": {...}}}`. For each compute
+capability it evaluates vLLM's own selection code (the CUDA platform's backend priorities, each
+backend's validate_configuration, the chosen backend's metadata builder) with the capability
+given instead of read from a device. Prints one JSON object.
+
+What makes that possible on a machine without a GPU: the compiled extension modules vLLM imports
+at the top of its CUDA platform (vllm._C, FlashInfer, ...) are replaced by empty stand-ins, and
+the platform's capability queries answer with the capability under test. Nothing it evaluates
+runs a kernel: the priorities and the validations are Python over class attributes. A backend
+whose validation still needs the device (it queries the driver) is reported as undetermined,
+never guessed.
+
+The verdict that matters for speculation: the chosen MLA backend's builder declares which query
+lengths its decode pipeline takes (vLLM's QueryLenSupport). SINGLE_ONLY sends every (k+1)-token
+verification through MLA's prefill path over the whole context; UNIFORM or VARLEN verify on the
+decode path.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import inspect
+import json
+import sys
+import types
+from typing import Any
+
+STUBBED_PREFIXES = (
+    "vllm._C", "vllm._moe_C", "vllm._flashmla", "vllm._rocm", "vllm.vllm_flash_attn",
+    "vllm._custom", "vllm.cumem_allocator", "flashinfer", "tokenspeed_mla",
+)  # fmt: skip
+"""Compiled or GPU-only modules the selection code imports but never calls here."""
+
+
+class _Absent(types.ModuleType):
+    """A stand-in module: every attribute is another stand-in, callable, never useful."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Absent(f"{self.__name__}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _Absent(f"{self.__name__}()")
+
+
+class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.startswith(STUBBED_PREFIXES):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        module = _Absent(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        return None
+
+
+def _filtered(function: Any, values: dict[str, Any]) -> dict[str, Any]:
+    names = inspect.signature(function).parameters
+    return {k: v for k, v in values.items() if k in names}
+
+
+def _platform(major: int, minor: int) -> Any:
+    """vLLM's CUDA platform answering for the capability under test."""
+    import vllm.platforms as platforms
+    import vllm.platforms.cuda as cuda
+    from vllm.platforms.interface import DeviceCapability
+
+    capability = DeviceCapability(major, minor)
+    value = major * 10 + minor
+
+    def as_int(asked: Any) -> int:
+        return asked if isinstance(asked, int) else int(asked.to_int())
+
+    platform = cuda.CudaPlatform
+    platform.get_device_capability = classmethod(lambda cls, device_id=0: capability)
+    platform.has_device_capability = classmethod(
+        lambda cls, asked, device_id=0: value >= as_int(asked)
+    )
+    platform.is_device_capability = classmethod(
+        lambda cls, asked, device_id=0: value == as_int(asked)
+    )
+    platform.is_device_capability_family = classmethod(
+        lambda cls, asked, device_id=0: value // 10 == as_int(asked) // 10
+    )
+    platforms._current_platform = platform()
+    import torch
+
+    # Validations that ask torch for the device get the same answer as the platform, and a
+    # backend module that allocates its workspace on the GPU at import gets a tensor without
+    # storage (torch's meta device): nothing here reads it.
+    torch.cuda.get_device_capability = lambda device=None: (major, minor)
+    for factory in ("zeros", "empty", "ones", "full"):
+        setattr(torch, factory, _off_the_gpu(getattr(torch, factory)))
+    return cuda, capability
+
+
+def _off_the_gpu(factory: Any) -> Any:
+    if getattr(factory, "_kimideploy_meta", False):
+        return factory
+
+    def allocate(*args: Any, **kwargs: Any) -> Any:
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "meta"
+        return factory(*args, **kwargs)
+
+    allocate._kimideploy_meta = True  # type: ignore[attr-defined]
+    return allocate
+
+
+def _selector_config(engine: dict[str, Any]) -> Any:
+    import torch
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    values: dict[str, Any] = dict.fromkeys(AttentionSelectorConfig._fields, False)
+    values.update(
+        head_size=engine["head_size"],
+        dtype=torch.bfloat16,
+        kv_cache_dtype=engine.get("kv_cache_dtype", "auto"),
+        block_size=None,
+        use_mla=engine["use_mla"],
+        attn_type="decoder",
+    )
+    return AttentionSelectorConfig(**values)
+
+
+def _backend_class(cuda: Any, backend: Any) -> Any:
+    find = getattr(cuda, "_get_attn_backend_class", None)
+    return find(backend) if find is not None else backend.get_class()
+
+
+def _name(value: Any) -> str | None:
+    return None if value is None else str(getattr(value, "name", value))
+
+
+def select(cuda: Any, capability: Any, engine: dict[str, Any]) -> dict[str, Any]:
+    """The candidates in vLLM's order, each valid, invalid (its reasons) or undetermined, and
+    the one vLLM would take with its builder's query-length and CUDA-graph support."""
+    config = _selector_config(engine)
+    priorities = cuda._get_backend_priorities(
+        **_filtered(cuda._get_backend_priorities, {
+            "use_mla": engine["use_mla"], "device_capability": capability,
+            "num_heads": engine.get("num_heads"), "kv_cache_dtype": config.kv_cache_dtype,
+            "head_size": engine["head_size"], "use_non_causal": False, "use_mm_prefix": False,
+        })
+    )  # fmt: skip
+    candidates, chosen, undetermined = [], None, []
+    for backend in priorities:
+        entry: dict[str, Any] = {"backend": backend.name}
+        try:
+            backend_class = _backend_class(cuda, backend)
+            reasons = backend_class.validate_configuration(
+                device_capability=capability, **config._asdict()
+            )
+        except Exception as exc:  # the device or a library this machine lacks: not a verdict
+            entry["undetermined"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            undetermined.append(backend.name)
+            candidates.append(entry)
+            continue
+        entry["reasons"] = list(reasons or [])
+        if not reasons:
+            builder = backend_class.get_builder_cls()
+            entry["query_len_support"] = _name(getattr(builder, "query_len_support", None))
+            entry["cudagraph_support"] = _name(getattr(builder, "_cudagraph_support", None))
+            if chosen is None:
+                chosen = entry
+        candidates.append(entry)
+    order = [c["backend"] for c in candidates]
+    last = order.index(chosen["backend"]) if chosen is not None else len(order)
+    ahead = [name for name in undetermined if order.index(name) < last]
+    return {"candidates": candidates, "selected": chosen, "undetermined_ahead": ahead}
+
+
+def main() -> int:
+    spec = json.loads(sys.stdin.read())
+    sys.meta_path.insert(0, _StandIns())
+    import vllm
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    found: dict[str, Any] = {"vllm": vllm.__version__, "archs": {}}
+    for arch in spec["archs"]:
+        digits = arch.removeprefix("sm_").rstrip("af")
+        cuda, capability = _platform(int(digits[:-1]), int(digits[-1]))
+        with set_current_vllm_config(VllmConfig()):
+            found["archs"][arch] = {
+                name: select(cuda, capability, engine) for name, engine in spec["engines"].items()
+            }
+    print(json.dumps(found))  # the last line: vLLM may log to stdout before it
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

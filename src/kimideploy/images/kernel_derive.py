@@ -1,0 +1,97 @@
+"""Deriving an image's kernel plan from its pinned vLLM (plan/kernel_plan.py reads what is stored):
+kernel_check.py runs with the image's vLLM, its patched sources first on the path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from kimideploy.config.images import Image
+from kimideploy.config.project import Project
+from kimideploy.images.dockerfile import patchset_sha256
+from kimideploy.plan.kernel_plan import forget_stored, plans_file, stored_all
+
+DRAFTER_HEAD_SIZE = 128
+"""An EAGLE-3 llama head's attention head size (the K2.5 drafters' llama layer)."""
+
+
+def engines(project: Project, image: Image) -> dict[str, dict[str, Any]]:
+    """What kernel_check.py selects for: the target's attention, an EAGLE-3 llama head's."""
+    model = project.model
+    found: dict[str, dict[str, Any]] = {}
+    attention = model.attention
+    if attention is not None:
+        mla = attention.kind == "mla"
+        head_size = (
+            (attention.kv_lora_rank or 0) + (attention.qk_rope_head_dim or 0)
+            if mla
+            else attention.head_dim or 0
+        )
+        found["target"] = {"use_mla": mla, "head_size": head_size, "num_heads": attention.num_heads}
+    found["drafter"] = {"use_mla": False, "head_size": DRAFTER_HEAD_SIZE, "num_heads": 8}
+    return found
+
+
+def derive(project: Project, image_name: str, python: Path, overlay: Path | None) -> dict[str, Any]:
+    """Run kernel_check.py with the image's vLLM: its answer for every architecture it claims."""
+    image = project.images[image_name]
+    spec = {"archs": list(image.cuda_archs), "engines": engines(project, image)}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "ERROR"}
+    if overlay is not None:
+        env["PYTHONPATH"] = str(overlay)
+    done = subprocess.run(
+        [str(python), str(Path(__file__).with_name("kernel_check.py"))],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"kernel_check.py failed (exit {done.returncode}): {done.stderr[-800:]}")
+    derived: dict[str, Any] = json.loads(lines[-1])
+    return summary(derived)
+
+
+def summary(derived: dict[str, Any]) -> dict[str, Any]:
+    """What is stored: per architecture and engine, the choice and the decisive attributes."""
+    archs: dict[str, dict[str, Any]] = {}
+    for arch, per_engine in derived["archs"].items():
+        archs[arch] = {}
+        for engine, found in per_engine.items():
+            chosen = found.get("selected") or {}
+            archs[arch][engine] = {
+                "backend": chosen.get("backend"),
+                "query_len_support": chosen.get("query_len_support"),
+                "cudagraph_support": chosen.get("cudagraph_support"),
+                "undetermined_ahead": list(found.get("undetermined_ahead") or []),
+            }
+    return {"vllm": derived["vllm"], "archs": archs}
+
+
+def patchset(image: Image) -> str:
+    """The patch set a plan was derived with (the sources are the wheel's plus these)."""
+    return patchset_sha256(image)[:12]
+
+
+def entry(image: Image, derived: dict[str, Any]) -> dict[str, Any]:
+    """What docker/kernel-plans.json keeps for an image: the plan and the sources it came from."""
+    return {"patchset": patchset(image), "patches": list(image.patches), **derived}
+
+
+def is_stored(image_name: str, image: Image, derived: dict[str, Any]) -> bool:
+    """Whether the stored plan is this derivation, from these sources."""
+    return stored_all().get(image_name) == entry(image, derived)
+
+
+def store(image_name: str, image: Image, derived: dict[str, Any]) -> Path:
+    plans = stored_all()
+    plans[image_name] = entry(image, derived)
+    path = plans_file()
+    path.write_text(json.dumps(plans, indent=2, sort_keys=True) + "\n")
+    forget_stored()
+    return path
