@@ -14,6 +14,9 @@ from tests.timing import Timing
 
 # What scripts/test exports (see there why), for a pytest started directly.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The test control plane and the emulated pods pull nothing the example's placeholder pins name;
+# tests/unit/test_placeholders.py takes this away to prove the refusal.
+os.environ["KIMIDEPLOY_ALLOW_PLACEHOLDERS"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "kimideploy.yaml"

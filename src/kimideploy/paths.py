@@ -1,8 +1,8 @@
-"""Where the source tree's non-Python inputs live (templates, the built-in example config).
+"""Where the non-Python inputs live (templates, image inputs, Ansible roles, the example config).
 
-kimideploy is installed editable from its repository (see README): the templates/ folder and the
-example kimideploy.yaml are reviewed files at the top of the repository, so they are read from there
-rather than duplicated into package data. KIMIDEPLOY_HOME points elsewhere when needed.
+They are reviewed files at the top of the repository. An editable install (scripts/setup) reads
+them there; a wheel (`pip install .`, `uv tool install`) carries a copy under kimideploy/_share/
+with the same layout (setup.py). KIMIDEPLOY_HOME points elsewhere when needed.
 """
 
 from __future__ import annotations
@@ -11,12 +11,21 @@ import os
 from pathlib import Path
 
 
+def package_dir() -> Path:
+    """The installed kimideploy package (its Python sources, what an image build copies)."""
+    return Path(__file__).resolve().parent
+
+
 def repository_root() -> Path:
-    """The folder that holds templates/ and the example kimideploy.yaml."""
+    """The folder that holds templates/ and the example kimideploy.yaml: KIMIDEPLOY_HOME, else
+    the checkout this package is installed editable from, else the wheel's copy."""
     override = os.environ.get("KIMIDEPLOY_HOME")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2]
+    checkout = package_dir().parents[1]
+    if (checkout / "templates").is_dir() and (checkout / "kimideploy.yaml").is_file():
+        return checkout
+    return package_dir() / "_share"
 
 
 def templates_dir() -> Path:

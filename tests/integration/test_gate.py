@@ -270,7 +270,7 @@ def test_a_fast_drafter_is_kept_and_the_stored_baseline_is_reused(
     listed = json.loads(out)
     assert [r["drafter"] for r in listed] == ["none", "v3", "v2"]
     chart = tmp_path / "speedup.png"
-    code, out, err = kd("bench", "report", listed[1]["run_id"], "--output", str(chart))
+    code, out, err = kd("bench", "report", listed[1]["run_id"], "--file", str(chart))
     assert code == 0, err
     data = chart.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000

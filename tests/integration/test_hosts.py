@@ -259,7 +259,7 @@ def test_provision_tags_limit_the_run(
 def test_nvl8_playbook_stops_on_a_node_without_a_driver(
     host_config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["--config", str(host_config), "host", "provision", "b300", "--check"])
+    code = main(["--config", str(host_config), "host", "provision", "--cluster", "b300", "--check"])
     _, err = capsys.readouterr()
     assert code == 4
     assert "this node has no working NVIDIA driver; the provider must install it" in err

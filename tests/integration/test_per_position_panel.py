@@ -11,10 +11,9 @@ schedule produce), with 12, 5 and 3 tokens accepted at positions 0, 1, 2. Exact:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import prometheus_client
@@ -23,6 +22,7 @@ import pytest
 from kimideploy.formats import vllm_metrics
 from kimideploy.plan.dashboard import per_position_expr
 from tests import observability
+from tests.local_http import answering
 
 pytestmark = pytest.mark.integration
 K = 3
@@ -68,28 +68,16 @@ class Engine:
             return prometheus_client.generate_latest(self.registry).decode()
 
 
-@contextmanager
-def serving(engine: Engine) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = engine.scrape().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", prometheus_client.CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+def serving(engine: Engine) -> AbstractContextManager[str]:
+    def respond(handler: BaseHTTPRequestHandler) -> None:
+        body = engine.scrape().encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", prometheus_client.CONTENT_TYPE_LATEST)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return answering(respond)
 
 
 def by_position(series: list[dict[str, object]]) -> tuple[float, ...]:

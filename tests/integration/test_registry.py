@@ -108,7 +108,7 @@ def test_publish_then_serve_anywhere_from_the_digest(
     kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str,
     registry: test_registry.TestRegistry, tmp_path: Path,
 ) -> None:  # fmt: skip
-    """`drafter publish v4 --from b300` on the control plane, with the push the publish pod does
+    """`drafter publish v4 --cluster b300` on the control plane, with the push the publish pod does
     (run here against the real registry); kimideploy.yaml then pins v4 by digest, and `up serve
     --drafter v4` on rtx6000 renders a serve pod whose first init container pulls and verifies
     it (run here too): the files are the ones published."""
@@ -130,7 +130,7 @@ def test_publish_then_serve_anywhere_from_the_digest(
                             f"--docker-server={registry.host}", "--docker-username=x", "--docker-password=y")  # fmt: skip
     testcluster.kubectl("-n", namespace, "create", "secret", "generic", "kimideploy-registry-ca",
                         f"--from-file=ca.crt={registry.ca}")  # fmt: skip
-    code, out, err = kd("drafter", "publish", "v4", "--from", "b300", *FAST, config=config)
+    code, out, err = kd("drafter", "publish", "v4", "--cluster", "b300", *FAST, config=config)
     assert code == 0, err
     digest = json.loads(pushed.stdout.splitlines()[-1])["digest"]
     assert out.strip() == f"{registry.host}/kimideploy/drafters/v4@{digest}"
@@ -406,7 +406,7 @@ def test_a_failed_publish_writes_nothing_to_the_config(
     failing = ('publish.pod_annotations={"kimideploy.test/run-duration": "1s", '
                '"kimideploy.test/fail-index": "0", "kimideploy.test/fail-exit-code": "2"}')  # fmt: skip
     code, _, err = kd(
-        "drafter", "publish", "v3", "--from", "rtx6000", "--set", failing, *FAST, config=config
+        "drafter", "publish", "v3", "--cluster", "rtx6000", "--set", failing, *FAST, config=config
     )
     assert code == 4, err
     assert "refused the credentials" in err  # the pod's log tail
@@ -437,7 +437,7 @@ def test_conversations_published_on_one_cluster_feed_another_pipeline(
     kd: Callable[..., tuple[int, str, str]], testcluster: harness.TestCluster, namespace: str,
     registry: test_registry.TestRegistry, tmp_path: Path,
 ) -> None:  # fmt: skip
-    """`data publish chat-v3 --from b300` pins the conversations (digest, fingerprint, what made
+    """`data publish chat-v3 --cluster b300` pins the conversations (digest, fingerprint, what made
     them) as datasets.chat-v3; rtx6000's pipeline names them, its extract Job pulls them first
     (into datasets/published/<digest>, fingerprint checked) and extracts from there; its datagen
     is refused (nothing to generate); a pulled folder whose fingerprint is not the pinned one is
@@ -463,7 +463,7 @@ def test_conversations_published_on_one_cluster_feed_another_pipeline(
     testcluster.kubectl("-n", namespace, "create", "secret", "generic", "kimideploy-registry-ca",
                         f"--from-file=ca.crt={registry.ca}")  # fmt: skip
     before = config.read_text()
-    code, out, err = kd("data", "publish", "chat-v3", "--from", "b300", *FAST, config=config)
+    code, out, err = kd("data", "publish", "chat-v3", "--cluster", "b300", *FAST, config=config)
     assert code == 0, err
     assert out.strip() == result["reference"]
     assert "datasets.chat-v3 added to" in err and "40 conversations" in err
@@ -519,8 +519,8 @@ def test_a_rented_cluster_says_what_its_volumes_hold_unpublished(
     code, out, err = kd("status", "--cluster", "b300", config=config)
     assert code == 0, err
     assert "warning: cluster b300 is rented: its volumes go with it, the rental ends in 20 h" in err
-    assert "kimideploy drafter publish v3 --from b300" in err
-    assert "kimideploy data publish NAME --from b300" in err
+    assert "kimideploy drafter publish v3 --cluster b300" in err
+    assert "kimideploy data publish NAME --cluster b300" in err
     assert "if made: no finished train run seen in 7 days" in err
     code, out, _ = kd("status", "--cluster", "b300", "-o", "json", config=config)
     report = json.loads(out)
@@ -548,7 +548,7 @@ def test_host_sync_model_fetches_published_drafters_with_the_serve_pods_own_pull
     registry: test_registry.TestRegistry, published: dict[str, Any], sshd: Any, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """On the PCIe host: `host sync-model rtx6000` downloads the model and the hub drafters over
+    """On the PCIe host: `host sync-model --cluster rtx6000` downloads the model and the hub drafters over
     SSH, then runs a pull Job on the host's cluster for the published drafter: the serve pod's
     artifact-pull (serve image, pull Secret, CA, the same destination), whose log here is what
     that code printed when run against the real registry. `drafter pull` again finds it there
@@ -602,7 +602,7 @@ def test_host_sync_model_fetches_published_drafters_with_the_serve_pods_own_pull
     harness.serve_logs(testcluster, namespace, harness.write_container_log(
         tmp_path / "pull.log", [json.dumps(result)]))  # fmt: skip
 
-    code, _, err = kd("host", "sync-model", "rtx6000", *FAST, config=config)
+    code, _, err = kd("host", "sync-model", "--cluster", "rtx6000", *FAST, config=config)
     hub.stop()
     assert code == 0, err
     models = tmp_path / "nvme" / "models"
@@ -641,7 +641,7 @@ def test_host_sync_model_fetches_published_drafters_with_the_serve_pods_own_pull
     before = testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "name")
     code, _, err = kd("drafter", "pull", "v3", "--cluster", "rtx6000", config=config)
     assert code == 2 and "drafter v3 comes from a cluster's volume" in err
-    assert "kimideploy drafter publish v3 --from CLUSTER" in err
+    assert "kimideploy drafter publish v3 --cluster CLUSTER" in err
     code, _, err = kd("drafter", "pull", "k25", "--cluster", "rtx6000", config=config)
     assert code == 2 and "comes from the hub" in err and "host sync-model" in err
     assert testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "name") == before

@@ -73,7 +73,7 @@ def test_up_refuses_a_rented_cluster_whose_claim_has_no_weights(
     code, _, err = kd("up", "serve", "--cluster", "b300", "--drafter", "none", "--poll", "0.3")
     assert code == 2, err
     assert "the models claim kimi-k25-models does not exist" in err
-    assert "kimideploy host sync-model b300" in err
+    assert "kimideploy host sync-model --cluster b300" in err
     weights_synced(testcluster, namespace)
     missing = f"missing {MARKER_PATH}/3d2f1c0b9a8e/.kimideploy-complete"
     harness.serve_logs(
@@ -91,7 +91,7 @@ def test_host_sync_model_fills_the_shared_claim_with_a_download_job(
     kd: Kd, testcluster: harness.TestCluster, namespace: str, tmp_path: Path
 ) -> None:
     weights_synced(testcluster, namespace)
-    code, _, err = kd("host", "sync-model", "b300", "--no-drafters", "--poll", "0.3")
+    code, _, err = kd("host", "sync-model", "--cluster", "b300", "--no-drafters", "--poll", "0.3")
     assert code == 2 and "Secret hf-token (model.hf_token) does not exist" in err
     testcluster.kubectl("-n", namespace, "create", "secret", "generic", "hf-token",
                         "--from-literal=token=hf_test_token")  # fmt: skip
@@ -100,7 +100,7 @@ def test_host_sync_model_fills_the_shared_claim_with_a_download_job(
         "dest": f"{MARKER_PATH}/3d2f1c0b9a8e"}]}  # fmt: skip
     harness.serve_logs(testcluster, namespace,
                        harness.write_container_log(tmp_path / "w.log", [json.dumps(result)]))  # fmt: skip
-    code, _, err = kd("host", "sync-model", "b300", "--no-drafters", "--poll", "0.3")
+    code, _, err = kd("host", "sync-model", "--cluster", "b300", "--no-drafters", "--poll", "0.3")
     assert code == 0, err
     assert f"moonshotai/Kimi-K2.5@3d2f1c0b9a8e verified in {MARKER_PATH}/3d2f1c0b9a8e" in err
 
@@ -114,14 +114,18 @@ def test_host_check_reads_the_weights_from_the_claim_not_the_node(
 ) -> None:
     compute = {f"mlx5_{i}": ("ACTIVE", "InfiniBand") for i in range(8)}
     config = machine_hosts(Machine(ib_ports=compute))
-    code, out, err = kd("host", "check", "b300", "-o", "json", "--poll", "0.3", config=config)
+    code, out, err = kd(
+        "host", "check", "--cluster", "b300", "-o", "json", "--poll", "0.3", config=config
+    )
     rows = {r["check"]: r for r in json.loads(out)}
     assert code == 1 and rows["weights on the models claim"]["status"] == "FAIL", err
     assert "does not exist" in rows["weights on the models claim"]["detail"]
     assert rows["weights on the models claim"]["host"] == "cluster b300"
     assert "free space" not in rows and "model on disk" not in rows  # the node's disk is not it
     weights_synced(testcluster, namespace)
-    code, out, err = kd("host", "check", "b300", "-o", "json", "--poll", "0.3", config=config)
+    code, out, err = kd(
+        "host", "check", "--cluster", "b300", "-o", "json", "--poll", "0.3", config=config
+    )
     rows = {r["check"]: r for r in json.loads(out)}
     assert code == 0, err
     assert rows["weights on the models claim"]["status"] == "pass"
@@ -144,7 +148,7 @@ def test_host_check_runs_one_nodes_all_reduce_against_the_threshold(
     config = machine_hosts(RTX)
     log = harness.write_container_log(tmp_path / "ok.log", ["gpu-check: GPUs suit", ALLREDUCE_OK])
     harness.serve_logs(testcluster, namespace, log)
-    code, out, err = kd("host", "check", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
+    code, out, err = kd("host", "check", "--cluster", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
                         "--set", hooks("serve", run_duration="1s"), config=config)  # fmt: skip
     rows = {r["check"]: r for r in json.loads(out)}
     assert code == 0, err
@@ -162,7 +166,7 @@ def test_a_slow_all_reduce_fails_the_host_check(
     config = machine_hosts(RTX)
     log = harness.write_container_log(tmp_path / "slow.log", [ALLREDUCE_SLOW])
     harness.serve_logs(testcluster, namespace, log)
-    code, out, _ = kd("host", "check", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
+    code, out, _ = kd("host", "check", "--cluster", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
                       "--set", hooks("serve", fail_index="0", run_duration="1s"), config=config)  # fmt: skip
     rows = {r["check"]: r for r in json.loads(out)}
     assert code == 1
@@ -180,7 +184,7 @@ def test_the_probe_says_when_serve_holds_the_gpus(
     code, _, err = kd("up", "serve", "--cluster", "rtx6000", "--drafter", "none", "--poll", "0.3",
                       "--yes")  # fmt: skip
     assert code == 0, err
-    code, out, _ = kd("host", "check", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
+    code, out, _ = kd("host", "check", "--cluster", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
                       config=config)  # fmt: skip
     row = {r["check"]: r for r in json.loads(out)}["all-reduce on one node"]
     assert code == 1 and row["status"] == "FAIL"

@@ -609,7 +609,7 @@ def second_cluster(
     cpu_python: Path, good_drafter: dict[str, Any], volumes: Volumes, target: Path,
     registry: test_registry.TestRegistry, tmp_path_factory: pytest.TempPathFactory,
 ) -> SecondCluster:  # fmt: skip
-    """`drafter publish good --from cpu` as its pod runs it (the publish workload against the
+    """`drafter publish good --cluster cpu` as its pod runs it (the publish workload against the
     real registry, pinned into the config by the CLI's own code), then cpu-b's serve pod's
     artifact-pull into cpu-b's models volume. cpu-b's volumes hold the synced target and the
     bench prompts, as its own `host sync-model` and prompt upload would leave them."""

@@ -110,7 +110,7 @@ the order in which 4 concurrent requests are batched."""
 def test_a_drafter_published_on_one_cluster_serves_the_same_on_another(
     served: dict[str, Served], second_cluster: SecondCluster, good_drafter: dict[str, Any]
 ) -> None:
-    """Trained on cpu, published (`drafter publish good --from cpu`), pinned by digest, pulled
+    """Trained on cpu, published (`drafter publish good --cluster cpu`), pinned by digest, pulled
     by cpu-b's serve pod into its own models volume, served there with the rendered flags."""
     here, there = length(served["good"]), length(served[PULLED])
     FIGURES["good: served where trained vs pulled on cpu-b (k=3)"] = f"{here:.3f} vs {there:.3f}"

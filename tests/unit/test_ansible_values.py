@@ -34,7 +34,7 @@ def test_host_inventory_shows_what_ansible_sees_and_jinja_stays_literal(
 ) -> None:
     marker = tmp_path / "executed"
     config = hostile_config(edited_config, marker)
-    assert main(["--config", str(config), "host", "inventory", "rtx6000"]) == 0
+    assert main(["--config", str(config), "host", "inventory", "--cluster", "rtx6000"]) == 0
     listing = json.loads(capsys.readouterr().out)
     path = listing["all"]["vars"]["gpu_host_model_path"]
     assert path == {"__ansible_unsafe": f"/mnt/{{{{ lookup('pipe', 'touch {marker}') }}}}"}

@@ -31,8 +31,8 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (["down", "serve", "--yes"], "down changes a cluster"),
         (["run", "train", "--cluster", "b300"], "run train creates a Job on a cluster"),
         (["watch", "serve", "--act"], "watch --act may roll a cluster back"),
-        (["host", "provision", "rtx6000"], "host provision changes hosts"),
-        (["host", "sync-model", "rtx6000"], "host sync-model writes to hosts"),
+        (["host", "provision", "--cluster", "rtx6000"], "host provision changes hosts"),
+        (["host", "sync-model", "--cluster", "rtx6000"], "host sync-model writes to hosts"),
         (["image", "lock", "tools", "--digest", "sha256:" + "a" * 64], "image lock edits"),
     ],
 )

@@ -34,7 +34,9 @@ def test_render_serve_to_stdout_is_pipeable_yaml(capsys: pytest.CaptureFixture[s
 def test_render_to_a_directory_writes_one_file_per_object(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, _, err = run(capsys, "render", "train", "--cluster", "b200", "-o", str(tmp_path / "out"))
+    code, _, err = run(
+        capsys, "render", "train", "--cluster", "b200", "--dir", str(tmp_path / "out")
+    )
     assert code == 0
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files[0].startswith("01-networkpolicy-") and files[1].startswith("02-configmap-")

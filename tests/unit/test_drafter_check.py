@@ -183,7 +183,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         ]
     )
     out, err = capsys.readouterr()
-    assert code == 1 and "blocking problem" in err and "[3, 31, 59]" in out
+    assert code == 2 and "drafter v2 fails its check: " in err and "[3, 31, 59]" in out
     assert main(["drafter", "check", "v9"]) == 2
 
 

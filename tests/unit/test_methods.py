@@ -188,7 +188,9 @@ def test_drafter_check_judges_a_model_free_method_by_its_serve_image(
     on_host = {f.name: f for f in check(serving_016(example).project, "suffix", None, "rtx6000")}
     assert not on_host["serve image"].ok and on_host["serve image"].blocking
     config = str(edited_config(SERVE_016))
-    assert main(["--config", config, "drafter", "check", "suffix", "--cluster", "rtx6000"]) == 1
+    # The refusal `up` raises for the same findings, with its exit code.
+    assert main(["--config", config, "drafter", "check", "suffix", "--cluster", "rtx6000"]) == 2
+    assert "drafter suffix fails its check: serve stack" in capsys.readouterr().err
     assert main(["drafter", "check", "ngram", "--dir", "."]) == 2
     assert "ngram is a model-free method (ngram); it has no files" in capsys.readouterr().err
 

@@ -48,7 +48,7 @@ def test_what_runs_made_is_named_by_run_and_the_rest_is_if_made() -> None:
     assert notice is not None and not notice.warn  # 200 h > 72 h: a note, not yet a warning
     drafter, conversations = notice.unpublished
     assert drafter.evidence == "made by run t2"  # the newest finished one
-    assert drafter.command == "kimideploy drafter publish v3 --from b300"
+    assert drafter.command == "kimideploy drafter publish v3 --cluster b300"
     assert conversations.evidence.startswith("if made")  # the datagen run failed
     assert "8.3 days" in notice.headline()
 

@@ -78,3 +78,84 @@ def test_render_kustomize_says_what_render_and_up_say(
     err = capsys.readouterr().err
     for cluster in ("rtx6000", "b200", "b300"):
         assert f"warning: {cluster}: drafter v2 is marked rejected in the registry" in err
+
+
+def test_the_dry_run_plan_document_carries_the_judgement(
+    edited_config: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up --dry-run -o json`: one document a pipeline gates on, with the plan's predictions,
+    warnings and findings, and `up`'s refusal with its exit code (2) when it would refuse."""
+    import json
+
+    from kimideploy.cli.main import main
+
+    good = ["up", "serve", "--drafter", "v3", "--dry-run", "-o", "json"]
+    assert main(good) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["status"] == "planned" and document["command"] == "up serve --dry-run"
+    plan = document["plan"]
+    assert plan["schema"] == "kimideploy.plan.v1" and plan["refusal"] is None
+    assert plan["cluster"] == "rtx6000" and plan["release"] == document["release"]
+    assert "predicted" in plan["facts"] and plan["objects"]
+    slow = edited_config(("  v3:\n", "  v3:\n    acceptance: [0.1, 0.05, 0.02]\n"))
+    assert main(["--config", str(slow), *good]) == 2
+    refused = json.loads(capsys.readouterr().out)
+    assert refused["status"] == "refused" and refused["exit_code"] == 2
+    assert refused["plan"]["refusal"]["exit_code"] == 2
+    assert refused["plan"]["refusal"]["reason"] == refused["reason"]
+    assert "fails its check: predicted speedup" in refused["reason"]
+    assert any(f["status"] == "FAIL" for f in refused["plan"]["drafter_findings"])
+
+
+def test_the_plan_shows_the_gate_flags_that_are_applied(capsys: pytest.CaptureFixture[str]) -> None:
+    from kimideploy.cli.main import main
+
+    args = ["up", "serve", "--drafter", "v3", "--dry-run", "--gate"]
+    assert main([*args, "--min-speedup", "1.5", "--at-concurrency", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "keep only at >= 1.50x output tokens/s over no drafter at c=4," in out
+    assert main(args) == 0
+    assert "keep only at >= 1.10x output tokens/s over no drafter at c=1,8," in (
+        capsys.readouterr().out
+    )
+
+
+def test_render_and_drafter_check_refuse_what_up_refuses_with_the_same_exit(
+    edited_config: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One judgement: for a drafter predicted slower, `up --dry-run`, `render`, `render
+    --kustomize` and `drafter check` all exit 2 with `up`'s message; --force renders it."""
+    from kimideploy.cli.main import main
+
+    slow = str(edited_config(("  v3:\n", "  v3:\n    acceptance: [0.1, 0.05, 0.02]\n")))
+    message = "drafter v3 fails its check: predicted speedup"
+    commands = {
+        "up": ["up", "serve", "--drafter", "v3", "--dry-run"],
+        "render": ["render", "serve", "--drafter", "v3"],
+        "kustomize": ["render", "serve", "--drafter", "v3", "--kustomize", str(tmp_path / "t")],
+        "check": ["drafter", "check", "v3"],
+    }
+    for name, args in commands.items():
+        assert main(["--config", slow, *args]) == 2, name
+        err = capsys.readouterr().err
+        assert message in err and "--force deploys it anyway" in err, (name, err)
+        where = "error: overlay rtx6000: " if name == "kustomize" else "error: "
+        assert f"\n{where}{message}" in f"\n{err}", err
+    assert not (tmp_path / "t").exists()
+    assert main(["--config", slow, "render", "serve", "--drafter", "v3", "--force"]) == 0
+    assert "kind: Deployment" in capsys.readouterr().out
+
+
+def test_render_o_is_a_format_and_dir_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from kimideploy.cli.main import main
+
+    assert main(["render", "serve", "--drafter", "v3", "-o", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["kind"] == "List" and document["items"][-1]["kind"] == "Deployment"
+    assert not (tmp_path / "json").exists()
+    assert main(["render", "serve", "-o", "json", "--dir", str(tmp_path / "d")]) == 2
+    assert "-o json prints to stdout" in capsys.readouterr().err

@@ -96,13 +96,13 @@ def test_drafter_check_survives_a_hostile_copy(
     (folder / "kimideploy-lineage.json").write_bytes(b"\x00" * 10)
     code = main(["drafter", "check", "v3", "--dir", str(folder)])
     out, err = capsys.readouterr()
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err and "drafter v3 fails its check" in err
     assert "model.safetensors: is a symbolic link; refusing to follow it" in out
     assert "kimideploy-lineage.json: not valid JSON" in out
     (folder / "config.json").write_text("{half")
     code = main(["drafter", "check", "v3", "--dir", str(folder)])
     out, err = capsys.readouterr()
-    assert code == 1 and "Traceback" not in err and "config.json" in out
+    assert code == 2 and "Traceback" not in err and "config.json" in out
 
 
 def test_a_chunk_of_one_huge_line_is_named_in_bounded_memory(

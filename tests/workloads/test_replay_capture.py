@@ -29,5 +29,5 @@ def test_a_drafter_missing_from_the_volume_is_refused_before_the_engine(
     _, err = pod.communicate(timeout=120)
     assert pod.returncode == 2, err
     assert f"drafter v3: {missing} is not on this cluster's models volume" in err
-    assert "kimideploy drafter publish v3 --from CLUSTER" in err and "Traceback" not in err
+    assert "kimideploy drafter publish v3 --cluster CLUSTER" in err and "Traceback" not in err
     assert not (tmp_path / "capture").exists()  # nothing written

@@ -42,8 +42,7 @@ def list_runs(
 @cluster_option
 @cluster_options
 @click.option(
-    "--output",
-    "-o",
+    "--file",
     "output",
     type=click.Path(path_type=Path, dir_okay=False),
     help="PNG to write (default: bench-RUN_ID.png).",

@@ -41,10 +41,17 @@ def run_calibrate(
     """Measure and store; `quiet` leaves stdout to the caller's outcome document."""
     from kimideploy.services.calibrate import calibrations
     from kimideploy.services.calibrate.report import cannot_pay
-    from kimideploy.services.calibrate.sweep import calibrate, plan_calibration
+    from kimideploy.services.calibrate.sweep import (
+        calibrate,
+        calibration_requests,
+        plan_calibration,
+    )
     from kimideploy.services.connection import open_session
+    from kimideploy.services.rendering import refuse_before_contact
 
-    loaded = state.project("run calibrate deploys serve revisions on a cluster")
+    loaded = state.project("run calibrate deploys serve revisions on a cluster", pulls=True)
+    _, requests, base = calibration_requests(loaded, cluster, drafter, overrides, options)
+    refuse_before_contact(loaded, [*requests.values(), base])
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
     plan = plan_calibration(session, loaded, session.cluster, drafter, overrides, options)

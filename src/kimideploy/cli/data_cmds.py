@@ -1,4 +1,4 @@
-"""`kimideploy data inspect PATH`, `kimideploy data publish NAME --from CLUSTER`."""
+"""`kimideploy data inspect PATH`, `data put FILE`, `data publish NAME --cluster CLUSTER`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from kimideploy.cli.options import output_option, publish_options
+from kimideploy.cli.options import (
+    cluster_option,
+    cluster_options,
+    output_option,
+    poll_option,
+    publish_options,
+)
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, machine
 from kimideploy.cli.terminal import TerminalReporter
@@ -91,7 +97,7 @@ def publish(
     from kimideploy.services.connection import open_session
     from kimideploy.services.data.publishing import publish_dataset
 
-    loaded = state.project(f"data publish {name} runs a Job and edits kimideploy.yaml")
+    loaded = state.project(f"data publish {name} runs a Job and edits kimideploy.yaml", pulls=True)
     session = open_session(loaded, cluster, context, namespace)
     done = publish_dataset(
         session, loaded, name, session.cluster, to, TerminalReporter(), poll, overrides
@@ -103,3 +109,58 @@ def publish(
         f"fingerprint {done.fingerprint}, {done.files} files",
         err=True,
     )
+
+
+@data.command()
+@click.argument("source", type=click.Path(path_type=Path, dir_okay=False))
+@cluster_option
+@click.option(
+    "--as",
+    "relative",
+    metavar="PATH",
+    help="Where on the datasets volume (default: the cluster's workloads.datagen.prompts).",
+)
+@click.option("--replace", is_flag=True, help="Replace a file of other content there.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="W.K=V",
+    help="Override a workload setting of that cluster, e.g. datagen.pod_annotations=....",
+)
+@output_option()
+@cluster_options
+@poll_option
+@click.pass_obj
+def put(
+    state: CliState,
+    source: Path,
+    cluster: str | None,
+    relative: str | None,
+    replace: bool,
+    overrides: tuple[str, ...],
+    output: str,
+    context: str | None,
+    namespace: str | None,
+    poll: float,
+) -> None:
+    """Put SOURCE (datagen's prompt file, a bench prompt set) onto the cluster's datasets volume,
+    as the pods will read it: verified by sha256 there, renamed into place; the same file there
+    already is left as it is, another is never replaced without --replace."""
+    from kimideploy.services.connection import open_session
+    from kimideploy.services.data.putting import put_file
+
+    loaded = state.project("data put writes to a cluster's datasets volume")
+    session = open_session(loaded, cluster, context, namespace)
+    done = put_file(
+        session,
+        loaded,
+        source,
+        relative=relative,
+        replace=replace,
+        overrides=overrides,
+        reporter=TerminalReporter(),
+        poll_s=poll,
+    )
+    row = {"path": done.destination, "state": done.state, "sha256": done.sha256, "bytes": done.size}
+    click.echo(machine(row, output) or f"{done.state} {done.destination} (sha256 {done.sha256})")

@@ -69,11 +69,12 @@ def check(
 ) -> None:
     """Offline compatibility check: architecture, sizes, vocab maps, layer ids, lineage, tokens.
     With --replay, the predicted acceptance on your prompts, measured on the cluster."""
-    from kimideploy.errors import KimiDeployError, UsageError
+    from kimideploy.errors import UsageError
 
     if replay_file is not None:
         _predict(state, name, cluster, replay_file, output, context, namespace, poll)
         return
+    from kimideploy.plan.refusal import findings_refusal
     from kimideploy.plan.resolve import serve_cost_model
     from kimideploy.services.calibrate.calibrations import cached
     from kimideploy.services.drafters.drafter_check import check as run
@@ -101,11 +102,9 @@ def check(
             "(registry checks only: pass --dir with a copy of the drafter to check its files)",
             err=True,
         )
-    failed = [f for f in findings if not f.ok and f.blocking]
-    if failed:
-        raise KimiDeployError(
-            f"drafter {name}: {len(failed)} blocking problem(s)", hint="each row says how to fix it"
-        )
+    refusal = findings_refusal(name, findings)
+    if refusal is not None:  # the refusal `up` and `render` raise for the same findings
+        raise refusal
 
 
 def _predict(
@@ -162,7 +161,7 @@ def _replay(
     from kimideploy.services.connection import open_session
     from kimideploy.services.drafters.doctor import USER_PROMPTS, diagnoses, measured, run_replay
 
-    loaded = state.project(why)
+    loaded = state.project(why, pulls=True)
     project = loaded.project
     unknown = [n for n in names if n not in project.drafters]
     if unknown:
@@ -310,7 +309,9 @@ def publish(
     from kimideploy.services.connection import open_session
     from kimideploy.services.drafters.publishing import publish_drafter
 
-    loaded = state.project(f"drafter publish {name} runs a Job and edits kimideploy.yaml")
+    loaded = state.project(
+        f"drafter publish {name} runs a Job and edits kimideploy.yaml", pulls=True
+    )
     session = open_session(loaded, cluster, context, namespace)
     done = publish_drafter(
         session, loaded, name, session.cluster, to, TerminalReporter(), poll, overrides
@@ -344,10 +345,13 @@ def pull(
     """Fetch published drafters onto CLUSTER's models volume ahead of serving: a Job runs the
     serve pod's own artifact-pull (verified blob by blob and file by file against the digest
     and checksums kimideploy.yaml pins), so `up serve` later finds them there."""
+    from kimideploy.plan.model import PlanRequest
     from kimideploy.services.connection import open_session
     from kimideploy.services.drafters.pulling import pull_drafters
+    from kimideploy.services.rendering import refuse_before_contact
 
-    loaded = state.project()
+    loaded = state.project("drafter pull runs a Job on a cluster", pulls=True)
+    refuse_before_contact(loaded, [PlanRequest("pull", cluster, names[0], pull_drafters=names)])
     session = open_session(loaded, cluster, context, namespace)
     done = pull_drafters(session, loaded, names, session.cluster, TerminalReporter(), poll)
     rows = [

@@ -1,4 +1,4 @@
-"""`kimideploy host check|provision|sync-model CLUSTER`."""
+"""`kimideploy host check|inventory|provision|sync-model`, each with `--cluster C`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kimideploy.cli.options import cluster_options, output_option, poll_option
+from kimideploy.cli.options import cluster_option, cluster_options, output_option, poll_option
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
@@ -18,7 +18,7 @@ def host() -> None:
 
 
 @host.command("check")
-@click.argument("cluster")
+@cluster_option
 @click.option("--host", "only", help="Only this host of the cluster.")
 @click.option(
     "--allreduce",
@@ -47,7 +47,7 @@ def host() -> None:
 @click.pass_obj
 def check(
     state: CliState,
-    cluster: str,
+    cluster: str | None,
     only: str | None,
     allreduce: bool,
     over_ssh_only: bool,
@@ -66,8 +66,9 @@ def check(
 
     loaded = state.project()
     project = loaded.project
+    cluster = project.cluster_name(cluster)
     results = check_hosts(project, cluster, only=only)
-    profile = project.clusters[project.cluster_name(cluster)]
+    profile = project.clusters[cluster]
     on_cluster = []
     if (profile.weights_via == "job" and not over_ssh_only) or allreduce:
         from kimideploy.services.connection import open_session
@@ -98,30 +99,32 @@ def check(
 
 
 @host.command("inventory")
-@click.argument("cluster")
+@cluster_option
 @click.pass_obj
-def inventory(state: CliState, cluster: str) -> None:
+def inventory(state: CliState, cluster: str | None) -> None:
     """The Ansible inventory `host provision` generates, as `ansible-inventory --list` sees it."""
     from kimideploy.services.hosts.provision import ansible_inventory
 
-    click.echo(json.dumps(ansible_inventory(state.project().project, cluster), indent=2))
+    project = state.project().project
+    click.echo(json.dumps(ansible_inventory(project, project.cluster_name(cluster)), indent=2))
 
 
 @host.command()
-@click.argument("cluster")
+@cluster_option
 @click.option("--check", "dry", is_flag=True, help="Ansible check mode: report, change nothing.")
 @click.option(
     "--tags", default="", help="Comma-separated: driver, p2p, toolkit, k3s, device-plugin, base."
 )
 @click.pass_obj
-def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
+def provision(state: CliState, cluster: str | None, dry: bool, tags: str) -> None:
     """Run the cluster's Ansible role on its hosts (idempotent; --check is a true dry run)."""
     from kimideploy.errors import RolloutError
     from kimideploy.services.hosts.provision import provision as run
 
+    project = state.project(None if dry else "host provision changes hosts").project
     result = run(
-        state.project(None if dry else "host provision changes hosts").project,
-        cluster,
+        project,
+        project.cluster_name(cluster),
         dry,
         [t for t in tags.split(",") if t],
         TerminalReporter(),
@@ -136,7 +139,7 @@ def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
 
 
 @host.command("sync-model")
-@click.argument("cluster")
+@cluster_option
 @click.option("--host", "only", help="Only this host of the cluster.")
 @click.option("--no-drafters", is_flag=True, help="Only the target model, not the drafters.")
 @cluster_options
@@ -144,7 +147,7 @@ def provision(state: CliState, cluster: str, dry: bool, tags: str) -> None:
 @click.pass_obj
 def sync_model(
     state: CliState,
-    cluster: str,
+    cluster: str | None,
     only: str | None,
     no_drafters: bool,
     context: str | None,
@@ -162,7 +165,8 @@ def sync_model(
 
     loaded = state.project("host sync-model writes to hosts")
     reporter = TerminalReporter()
-    if loaded.project.clusters[loaded.project.cluster_name(cluster)].weights_via == "job":
+    cluster = loaded.project.cluster_name(cluster)
+    if loaded.project.clusters[cluster].weights_via == "job":
         from kimideploy.services.connection import open_session
         from kimideploy.services.hosts.model_sync import sync_weights_job
 

@@ -16,6 +16,8 @@ from kimideploy.cli.terminal import printable_output
 from kimideploy.errors import ExitCode, KimiDeployError
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("init_cmd", "Write a project file for your clusters, from the example."),
+    "prepare": ("prepare_cmd", "Create or check what a cluster needs before the first up or run."),
     "render": ("render_cmd", "Render a workload's validated manifests (or a Kustomize tree)."),
     "up": ("up_cmd", "Deploy the serve release as a new revision (optionally gated)."),
     "drafter": ("drafter_cmd", "Inspect, check and publish the drafter registry."),

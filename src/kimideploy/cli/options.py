@@ -43,8 +43,8 @@ def plan_options(func: FC) -> FC:
 
 
 def publish_options(source: str, default_to: str) -> Callable[..., Any]:
-    """--from, --to, --set, the cluster options and the hidden --poll of `drafter publish` and
-    `data publish`."""
+    """--cluster (required), --to, --set, the cluster options and the hidden --poll of `drafter
+    publish` and `data publish`."""
 
     def add(func: Callable[..., Any]) -> Callable[..., Any]:
         func = poll_option(func)
@@ -59,7 +59,7 @@ def publish_options(source: str, default_to: str) -> Callable[..., Any]:
         func = click.option(
             "--to", "to", default=None, help=f"Repository (default: {default_to})."
         )(func)
-        return click.option("--from", "cluster", required=True, help=source)(func)
+        return click.option("--cluster", "cluster", required=True, help=source)(func)
 
     return add
 

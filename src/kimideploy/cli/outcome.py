@@ -22,6 +22,9 @@ OUTCOME_SCHEMA = "kimideploy.outcome.v1"
 
 RELEASE_KEYS = ("release", "revision", "serving_revision", "verdict")
 """up, rollback: the revision made, what serves afterwards, the gate's verdict (up --gate)."""
+PLAN_KEYS = ("release", "plan")
+"""up --dry-run: the release it would change and the plan document (kimideploy.plan.v1:
+decisions, predictions, warnings, the drafter's findings, objects, and the refusal, if any)."""
 DOWN_KEYS = ("release", "removed")
 RUN_KEYS = ("run", "results", "comparison", "calibration", "bakeoff")
 """run: the Job's state; results: each index's result line; comparison: run bench's table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -15,9 +16,17 @@ from kimideploy.cli.state import WORKLOAD_CHOICE, CliState
 @plan_options
 @click.option(
     "-o",
-    "--output-dir",
+    "--output",
+    type=click.Choice(["yaml", "json"]),
+    default="yaml",
+    show_default=True,
+    help="yaml: multi-document YAML; json: one List object (both go to `kubectl apply -f -`).",
+)
+@click.option(
+    "--dir",
+    "output_dir",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Write one file per object into this folder instead of stdout.",
+    help="Write one YAML file per object into this folder instead of stdout.",
 )
 @click.option(
     "--kustomize",
@@ -33,6 +42,12 @@ from kimideploy.cli.state import WORKLOAD_CHOICE, CliState
     metavar="CLUSTER",
     help="With --kustomize: only these clusters (repeatable; default: every cluster).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Render a drafter whose check fails (predicted slower, a stack where speculation "
+    "cannot pay), as `up --force` would deploy it.",
+)
 @click.pass_obj
 def render(
     state: CliState,
@@ -40,16 +55,21 @@ def render(
     cluster: str | None,
     drafter: str | None,
     overrides: tuple[str, ...],
+    output: str,
     output_dir: Path | None,
     kustomize_dir: Path | None,
     overlays: tuple[str, ...],
+    force: bool,
 ) -> None:
     """Render WORKLOAD's manifests, validated against the cluster's Kubernetes schema.
 
-    Output is multi-document YAML, so `kimideploy render serve | kubectl apply -f -` works.
+    Output is multi-document YAML, so `kimideploy render serve | kubectl apply -f -` works. A
+    drafter `up` would refuse is refused here too (exit 2, the same message), so a GitOps tree
+    never carries what the CLI would not deploy; --force renders it anyway.
     """
     from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
+    from kimideploy.plan.refusal import drafter_refusal
     from kimideploy.services.rendering import (
         kustomize_files,
         render_workload,
@@ -57,15 +77,19 @@ def render(
         write_tree,
     )
 
+    if output == "json" and (output_dir or kustomize_dir):
+        raise UsageError("-o json prints to stdout; --dir and --kustomize write YAML files")
     if overlays and kustomize_dir is None:
         raise UsageError("--overlay only applies with --kustomize")
     if kustomize_dir is not None:
         if output_dir is not None:
-            raise UsageError("--kustomize and --output-dir exclude each other")
+            raise UsageError("--kustomize and --dir exclude each other")
         loaded = state.project()
         base = loaded.project.cluster_name(cluster)
         others = [c for c in (overlays or sorted(loaded.project.clusters)) if c != base]
-        files, warnings = kustomize_files(loaded, workload, drafter, overrides, [base, *others])
+        files, warnings = kustomize_files(
+            loaded, workload, drafter, overrides, [base, *others], force=force
+        )
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
         for path in write_tree(files, kustomize_dir):
@@ -79,6 +103,13 @@ def render(
     for key, value in rendered.plan.facts:
         if key in PLAN_FACTS_SHOWN:
             click.echo(f"{key}: {value}", err=True)
+    refusal = drafter_refusal(rendered.plan, force)
+    if refusal is not None:
+        raise refusal
+    if output_dir is None and output == "json":
+        document = {"apiVersion": "v1", "kind": "List", "items": rendered.objects}
+        click.echo(json.dumps(document, indent=2))
+        return
     if output_dir is None:
         click.echo(rendered.yaml, nl=False)
         return

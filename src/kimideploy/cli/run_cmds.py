@@ -231,10 +231,12 @@ def _job(
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services.calibrate.calibrations import stored
     from kimideploy.services.connection import open_session
+    from kimideploy.services.rendering import refuse_before_contact
     from kimideploy.services.runs import batch_runs
 
     pending = state.outcome
-    loaded = state.project(f"run {workload} creates a Job on a cluster")
+    loaded = state.project(f"run {workload} creates a Job on a cluster", pulls=True)
+    refuse_before_contact(loaded, [PlanRequest(workload, cluster, drafter, overrides)])
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
     request = PlanRequest(
@@ -337,11 +339,13 @@ def run_bakeoff_command(
 ) -> None:
     from kimideploy.services.connection import open_session
     from kimideploy.services.gate.bakeoff import table_rows
-    from kimideploy.services.gate.bakeoff_run import plan_bakeoff, run_bakeoff
+    from kimideploy.services.gate.bakeoff_run import bakeoff_requests, plan_bakeoff, run_bakeoff
     from kimideploy.services.release import deploy
+    from kimideploy.services.rendering import refuse_before_contact
 
     pending = state.outcome
-    loaded = state.project("run bench --drafters deploys serve revisions on a cluster")
+    loaded = state.project("run bench --drafters deploys serve revisions on a cluster", pulls=True)
+    refuse_before_contact(loaded, list(bakeoff_requests(cluster, names, overrides, image).values()))
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
     plan = plan_bakeoff(session, loaded, session.cluster, names, overrides, image, levels)

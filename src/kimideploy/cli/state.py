@@ -24,15 +24,19 @@ class CliState:
         self.debug = debug
         self._loaded: LoadedProject | None = None
         self._noted = False
+        self._unedited_example = False
         self.outcome: PendingOutcome | None = None
         """Set by a command run with `-o json|yaml`; main prints it when the command fails."""
 
-    def project(self, changes: str | None = None) -> LoadedProject:
+    def project(self, changes: str | None = None, *, pulls: bool = False) -> LoadedProject:
         """Load (once) the --config / KIMIDEPLOY_CONFIG file, ./kimideploy.yaml, or the built-in
         example. A command that changes a cluster or a host names the change in `changes`: it
         refuses to run on the example picked implicitly (its hosts, contexts and pins are
-        placeholders); read-only commands say on stderr that they use it."""
+        placeholders); read-only commands say on stderr that they use it. A command whose pods
+        pull what the pins name (`pulls`) refuses a file that still holds the example's
+        placeholder pins, wherever it lives (config/placeholders.py)."""
         from kimideploy.config.loading import default_config_path, load_project
+        from kimideploy.config.placeholders import is_unedited_example
         from kimideploy.errors import UsageError
         from kimideploy.paths import example_config_path
 
@@ -40,18 +44,45 @@ class CliState:
         implicit_example = (
             self.config_path is None and path.resolve() == example_config_path().resolve()
         )
-        if implicit_example and changes:
-            raise UsageError(
-                f"{changes}, and no project file was given: this would use the built-in example "
-                f"({path}), whose contexts, hosts and pins are placeholders",
-                hint="create ./kimideploy.yaml (copy the example and edit it) or pass --config "
-                "PATH (or set KIMIDEPLOY_CONFIG)",
-            )
         if self._loaded is None:
-            if implicit_example and not self._noted:
+            loaded = load_project(path)
+            # Judged by content: the example edited in place (./kimideploy.yaml in a checkout)
+            # is the user's file as soon as one of its placeholder pins is replaced.
+            self._unedited_example = implicit_example and is_unedited_example(loaded.text)
+            self._loaded = loaded
+        if self._unedited_example:
+            if changes:
+                raise UsageError(
+                    f"{changes}, and no project file was given: this would use the built-in "
+                    f"example ({path}), whose contexts, hosts and pins are placeholders",
+                    hint="create ./kimideploy.yaml (`kimideploy init`, or copy the example and "
+                    "edit it) or pass --config PATH (or set KIMIDEPLOY_CONFIG)",
+                )
+            if not self._noted:
                 click.echo(
                     f"(using the built-in example {path}; pass --config for yours)", err=True
                 )
                 self._noted = True
-            self._loaded = load_project(path)
+        if changes and pulls:
+            refuse_placeholders(self._loaded, changes)
         return self._loaded
+
+
+def refuse_placeholders(loaded: LoadedProject, changes: str) -> None:
+    """A change made with the example's placeholder pins would pull images and weights that do
+    not exist (after the pods are scheduled): refused before anything is contacted."""
+    from kimideploy.config.placeholders import describe, placeholders_allowed, placeholders_in
+    from kimideploy.errors import UsageError
+
+    if placeholders_allowed():
+        return
+    found = placeholders_in(loaded.text)
+    if found:
+        raise UsageError(
+            f"{changes}, and {loaded.path} still holds {len(found)} of the example's placeholder "
+            f"pins (marked EXAMPLE PIN):\n{describe(found, loaded.path)}",
+            hint="replace each with the revision or digest you validated (`kimideploy image "
+            "lock` writes image digests, `kimideploy host sync-model` records the model's "
+            "revision), or delete the entries you do not use; on a rehearsal cluster that pulls "
+            "nothing, set KIMIDEPLOY_ALLOW_PLACEHOLDERS=1",
+        )

@@ -14,7 +14,7 @@ from kimideploy.cli.options import (
     plan_options,
     poll_option,
 )
-from kimideploy.cli.outcome import RELEASE_KEYS, expect, print_release
+from kimideploy.cli.outcome import PLAN_KEYS, RELEASE_KEYS, expect, print_release
 from kimideploy.cli.state import CliState
 from kimideploy.cli.terminal import TerminalReporter
 
@@ -104,8 +104,12 @@ def up(
     from kimideploy.services.calibrate import calibrations
     from kimideploy.services.connection import open_session
     from kimideploy.services.release import deploy
+    from kimideploy.services.rendering import refuse_before_contact
 
-    state.outcome = pending = expect(f"up {workload}", output, RELEASE_KEYS)
+    if dry_run == "client":
+        state.outcome = pending = expect(f"up {workload} --dry-run", output, PLAN_KEYS)
+    else:
+        state.outcome = pending = expect(f"up {workload}", output, RELEASE_KEYS)
     _refuse_mixed(
         output if pending else None,
         dry_run,
@@ -115,16 +119,24 @@ def up(
         at_concurrency=at_concurrency,
         gate_fail_open=gate_fail_open,
     )
-    loaded = state.project(None if dry_run == "client" else "up changes a cluster")
+    loaded = state.project(
+        None if dry_run == "client" else "up changes a cluster", pulls=dry_run is None
+    )
     cluster_name = loaded.project.cluster_name(cluster)  # decided once, passed on as the name
     request = PlanRequest(
-        workload, cluster_name, drafter, overrides, namespace=namespace, gate_levels=at_concurrency
+        workload,
+        cluster_name,
+        drafter,
+        overrides,
+        namespace=namespace,
+        gate_levels=at_concurrency,
+        gate_min_speedup=min_speedup,
     )
     if dry_run == "client":
-        _dry_run_client(
-            loaded, replace(request, calibrations=calibrations.cached(loaded, cluster_name)), force
-        )
+        cached = replace(request, calibrations=calibrations.cached(loaded, cluster_name))
+        _dry_run_client(loaded, cached, force, pending)
         return
+    refuse_before_contact(loaded, [request])
     session = open_session(loaded, cluster_name, context, namespace)
     request = replace(request, calibrations=calibrations.stored(session, loaded, cluster_name))
     if dry_run == "server":
@@ -153,11 +165,12 @@ def _refuse_mixed(
     """Flags that do not go together, refused before anything is read or sent."""
     from kimideploy.errors import UsageError
 
-    if machine_output and (dry_run or watch_after):
+    if machine_output and (dry_run == "server" or watch_after):
         raise UsageError(
-            f"-o {machine_output} reports what up changed, once; "
-            + ("--dry-run changes nothing" if dry_run else "--watch streams prose"),
-            hint="`kimideploy render serve` prints the objects; `kimideploy watch serve` watches",
+            f"-o {machine_output} reports what up changed, or what it would (--dry-run), once; "
+            + ("--dry-run=server prints a diff" if dry_run else "--watch streams prose"),
+            hint="`kimideploy up serve --dry-run -o json` prints the plan document; "
+            "`kimideploy watch serve` watches",
         )
     names = {
         "min_speedup": "--min-speedup",
@@ -169,15 +182,25 @@ def _refuse_mixed(
         raise UsageError(f"{', '.join(given)} only apply with --gate")
 
 
-def _dry_run_client(loaded: Any, request: Any, force: bool) -> None:
+def _dry_run_client(loaded: Any, request: Any, force: bool, pending: Any) -> None:
     """The plan as `up` would apply it, and `up`'s own refusal of a failing drafter (exit 2,
-    the same message): a dry run that passes is one the real command passes."""
-    from kimideploy.services.release.deploy import refuse_failing_drafter
-    from kimideploy.services.rendering import describe_plan, render_workload
+    the same message): a dry run that passes is one the real command passes. With -o, the plan
+    document (kimideploy.plan.v1) in the outcome, the refusal in both."""
+    from kimideploy.errors import ExitCode
+    from kimideploy.plan.refusal import drafter_refusal
+    from kimideploy.services.rendering import describe_plan, plan_document, render_workload
 
     rendered = render_workload(loaded, request)
+    refusal = drafter_refusal(rendered.plan, force)
+    if pending:
+        pending.known.update(release=rendered.plan.release, plan=plan_document(rendered, refusal))
+        if refusal is not None:
+            raise refusal
+        pending.print(ExitCode.OK, "planned", "dry run (client): nothing was sent to a cluster")
+        return
     click.echo(describe_plan(rendered))
-    refuse_failing_drafter(rendered.plan, force)
+    if refusal is not None:
+        raise refusal
     click.echo("Dry run (client): nothing was sent to a cluster.")
 
 

@@ -80,7 +80,11 @@ class KubeApi:
         response = self._send(method, path, query, body, content_type, timeout)
         data = response.read()
         if 200 <= response.status < 300:
-            return json.loads(data) if data and data[:1] in (b"{", b"[") else data
+            if data and data[:1] in (b"{", b"["):
+                return json.loads(data)
+            if data.lstrip()[:1] == b"<":  # a login page or a proxy's portal answering 200
+                raise self._foreign(method, path, _what_answered(data))
+            return data
         self._raise(method, path, response.status, data)
         raise AssertionError("unreachable")
 
@@ -152,11 +156,21 @@ class KubeApi:
                 raise ClusterError(f"cannot talk to {self.host}: {exc}") from exc
             raise
 
+    def _foreign(self, method: str, path: str, answer: str) -> ClusterError:
+        return ClusterError(
+            f"{self.host} (context {self.context or '(current)'}) answered {method} {path} with "
+            f"{answer}: that is not a Kubernetes API server",
+            hint="a proxy, a wrong port or another service answered: check the context's "
+            "`server:` in your kubeconfig and run `kubectl cluster-info`",
+        )
+
     def _raise(self, method: str, path: str, status: int, data: bytes) -> None:
         try:
             body = json.loads(data)
         except ValueError:
             body = {"message": bytes(data).decode("utf-8", "replace")}
+        if not _from_kubernetes(body, data):
+            raise self._foreign(method, path, f"{status} and {_what_answered(data)}")
         message = body.get("message", "") if isinstance(body, dict) else str(body)
         if status == 404:
             raise NotFoundError(message)
@@ -177,6 +191,33 @@ class KubeApi:
                 hint="ask a cluster admin for that permission, or use a context that has it",
             )
         raise ClusterError(f"{method} {path} failed ({status}): {message}")
+
+
+GO_NOT_FOUND = b"404 page not found"
+"""What the API server's Go mux answers for a path outside every API group (no Status there)."""
+
+
+def _from_kubernetes(body: Any, data: bytes) -> bool:
+    """The API server answers every failure with a Status object (or, for a path no API serves,
+    Go's plain not-found line); anything else came from something in front of it."""
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        return True
+    return bytes(data).strip() == GO_NOT_FOUND
+
+
+def _what_answered(data: bytes) -> str:
+    """A short, printable description of a foreign answer: an HTML page's title, else its
+    first words (never the whole page)."""
+    text = bytes(data).decode("utf-8", "replace")
+    lowered = text.lower()
+    if "<title>" in lowered and "</title>" in lowered:
+        start = lowered.index("<title>") + len("<title>")
+        title = " ".join(text[start : lowered.index("</title>", start)].split())
+        return f"an HTML page titled {title[:120]!r}"
+    if lowered.lstrip().startswith("<"):
+        return "an HTML page"
+    words = " ".join(text.split())
+    return f"{words[:120]!r}" if words else "an empty body"
 
 
 def _describe(path: str) -> str:

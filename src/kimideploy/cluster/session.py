@@ -77,6 +77,16 @@ class ClusterSession:
     def apply(self, objects: list[dict[str, Any]], force: bool = False) -> list[applying.ObjectRef]:
         return applying.apply_all(self.api, objects, force=force)
 
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create an object that must never be overwritten (a Secret's value): False when one of
+        that name exists already (it is left as it is)."""
+        target = applying.ref(obj)
+        try:
+            self.api.request("POST", path(target.kind, target.namespace or None), body=obj)
+        except ConflictError:
+            return False
+        return True
+
     def validate(self, objects: list[dict[str, Any]], force: bool = False) -> None:
         applying.validate_all(self.api, objects, force=force)
 

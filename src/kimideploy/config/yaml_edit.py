@@ -176,6 +176,34 @@ def add_section(text: str, key: str, entries: dict[str, dict[str, Any]]) -> str:
     return body + "\n" + "\n".join(lines) + "\n"
 
 
+def remove_entry(text: str, path: Sequence[str], name: str) -> str:
+    """Drop the entry `name` of the block mapping at `path` with its lines: the comment lines
+    right above its key go with it (they describe it); the next entry's keep theirs."""
+    mapping = _find(_compose(text), path)
+    if not isinstance(mapping, yaml.MappingNode) or mapping.flow_style:
+        raise EditError(f"{'.'.join(path)} is not a block mapping")
+    keys = [k for k, _ in mapping.value]
+    index = next((i for i, k in enumerate(keys) if getattr(k, "value", None) == name), None)
+    if index is None:
+        raise EditError(f"no {'.'.join([*path, name])} in the file")
+    lines = text.splitlines(keepends=True)
+
+    def with_comments_above(line: int) -> int:
+        while line > 0 and lines[line - 1].lstrip().startswith("#"):
+            line -= 1
+        return line
+
+    start = with_comments_above(keys[index].start_mark.line)
+    if index + 1 < len(keys):
+        end = with_comments_above(keys[index + 1].start_mark.line)
+    else:
+        last = mapping.value[index][1].end_mark
+        end = last.line + (1 if last.column else 0)
+    while end > start and not lines[end - 1].strip():
+        end -= 1  # blank lines stay between what remains
+    return "".join(lines[:start] + lines[end:])
+
+
 def scalar_span(text: str, path: Sequence[str]) -> tuple[int, int]:
     """Where the scalar at `path` is in the text (start, end)."""
     node = _find(_compose(text), path)

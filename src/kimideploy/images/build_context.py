@@ -20,7 +20,7 @@ from kimideploy.images.dockerfile import (
     patch_files,
     render_dockerfile,
 )
-from kimideploy.paths import repository_root
+from kimideploy.paths import package_dir, repository_root
 
 SOURCE_SUFFIXES = (".py", ".sh", ".typed")
 
@@ -52,9 +52,16 @@ def context_files(project: Project, name: str) -> dict[str, bytes]:
         files[str(patch.relative_to(root))] = patch.read_bytes()
     for extra in ("pyproject.toml", "README.md"):
         files[extra] = (root / extra).read_bytes()
-    for path in sorted((root / "src" / "kimideploy").rglob("*")):
-        if path.is_file() and path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts:
-            files[str(path.relative_to(root))] = path.read_bytes()
+    package = package_dir()  # the checkout's src/kimideploy, or the installed wheel's
+    for path in sorted(package.rglob("*")):
+        inside = path.relative_to(package)
+        if (
+            path.is_file()
+            and path.suffix in SOURCE_SUFFIXES
+            and "__pycache__" not in inside.parts
+            and inside.parts[0] != "_share"
+        ):
+            files[f"src/kimideploy/{inside.as_posix()}"] = path.read_bytes()
     return files
 
 

@@ -46,6 +46,7 @@ class PlanInputs:
     monitoring_crd: bool | None = None
     bench_concurrency: tuple[int, ...] | None = None
     gate_levels: tuple[int, ...] | None = None
+    gate_min_speedup: float | None = None
     synthetic_k: int | None = None
     synthetic_lengths: tuple[float, ...] = ()
     publish_to: str | None = None
@@ -113,6 +114,13 @@ class PlanInputs:
 def gated_levels(ctx: PlanInputs) -> list[int]:
     """The concurrencies the gate decides at for this plan."""
     return gate_levels(ctx.cluster, ctx.gate_levels)
+
+
+def gate_threshold(ctx: PlanInputs) -> float:
+    """The speedup the gate keeps a drafter at: `--min-speedup` when given, else the cluster's
+    gate.min_speedup."""
+    given = ctx.gate_min_speedup
+    return ctx.cluster.gate.min_speedup if given is None else given
 
 
 def gate_levels(cluster: Cluster, given: tuple[int, ...] | list[int] | None) -> list[int]:

@@ -123,7 +123,7 @@ def weights_spec(ctx: PlanInputs, run_id: str) -> WeightsSpec:
             f"cluster {ctx.cluster_name}: its models volume is its hosts' "
             f"host_setup.model_path (workloads.weights.via resolves to host), which `host "
             "sync-model` fills over SSH; a download Job is for a shared models claim",
-            hint=f"`kimideploy host sync-model {ctx.cluster_name}`, or set "
+            hint=f"`kimideploy host sync-model --cluster {ctx.cluster_name}`, or set "
             f"clusters.{ctx.cluster_name}.workloads.weights.via: job",
         )
     model = ctx.model

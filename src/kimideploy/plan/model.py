@@ -41,6 +41,9 @@ class PlanRequest:
     gate_levels: tuple[int, ...] | None = None
     """The gate's levels instead of the cluster's (`--at-concurrency`): the break-even the plan
     shows and the gate decides at."""
+    gate_min_speedup: float | None = None
+    """The gate's threshold instead of the cluster's (`--min-speedup`): what the plan's gate line
+    and predictions are judged against, as the gate itself is."""
     calibrations: tuple[Calibration, ...] = ()
     """The cluster's stored calibrations, oldest first, when the caller read them: predictions
     use the newest measured on this plan's serve image and configuration."""

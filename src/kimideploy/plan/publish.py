@@ -102,7 +102,7 @@ def publish_spec(ctx: PlanInputs, run_id: str, to: str | None) -> PublishSpec:
         return _dataset_spec(ctx, run_id, ctx.publish_dataset, to)
     drafter = ctx.drafter
     if drafter is None:
-        raise UsageError("publish needs a drafter: `kimideploy drafter publish NAME --from C`")
+        raise UsageError("publish needs a drafter: `kimideploy drafter publish NAME --cluster C`")
     registry = require_registry(ctx, f"drafter publish {ctx.drafter_name}")
     if drafter.source.hub is not None:
         raise UsageError(
@@ -125,7 +125,7 @@ def publish_spec(ctx: PlanInputs, run_id: str, to: str | None) -> PublishSpec:
 
 
 def _dataset_spec(ctx: PlanInputs, run_id: str, name: str, to: str | None) -> PublishSpec:
-    """`data publish NAME --from C`: the conversations of C's pipeline (its train drafter's), as
+    """`data publish NAME --cluster C`: the conversations of C's pipeline (its train drafter's), as
     its datagen writes them."""
     registry = require_registry(ctx, f"data publish {name}")
     taken = published_conversations(ctx)

@@ -83,7 +83,7 @@ def replay_spec(ctx: PlanInputs, run_id: str) -> ReplaySpec:
             raise UsageError(
                 f"drafter {name} has an MLA decoder: the replay judges with speculators' "
                 "Eagle3DraftModel, which builds Llama decoder layers only",
-                hint="measure it served (`kimideploy bench --drafter`) instead",
+                hint=f"measure it served (`kimideploy run bench --drafter {name}`) instead",
             )
         drafters.append(
             ReplayDrafter(

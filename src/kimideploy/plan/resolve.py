@@ -37,7 +37,7 @@ from kimideploy.plan.drafter_judgement import (
     registry_findings,
     serving_warnings,
 )
-from kimideploy.plan.inputs import PlanInputs, deterministic_run_id, gated_levels
+from kimideploy.plan.inputs import PlanInputs, deterministic_run_id, gate_threshold, gated_levels
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
@@ -99,6 +99,12 @@ def _break_even(ctx: PlanInputs) -> dict[str, Any]:
     }
 
 
+def plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
+    """What the resolver decides from, for a plan's companions built outside it (the datasets
+    upload Job of `data put`)."""
+    return _plan_inputs(loaded, request)
+
+
 def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
     project = loaded.project
     cluster_name = project.cluster_name(request.cluster)
@@ -128,6 +134,7 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         monitoring_crd=request.monitoring_crd,
         bench_concurrency=request.bench_concurrency,
         gate_levels=request.gate_levels,
+        gate_min_speedup=request.gate_min_speedup,
         publish_to=request.publish_to,
         publish_dataset=request.publish_dataset,
         replay_drafters=request.replay_drafters,
@@ -353,7 +360,7 @@ def _pulled_drafters(project: Project, request: PlanRequest) -> tuple[str, ...]:
             )
         if drafter.source.oci is None:
             where = "the hub" if drafter.source.hub is not None else "a cluster's volume"
-            how = f"publish it first: `kimideploy drafter publish {name} --from CLUSTER`"
+            how = f"publish it first: `kimideploy drafter publish {name} --cluster CLUSTER`"
             if drafter.source.hub is not None:
                 how = "`kimideploy host sync-model` downloads hub drafters"
             raise UsageError(
@@ -487,11 +494,11 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
     ]
     k = ctx.speculative_tokens
     assert k is not None
-    gate = ctx.cluster.gate
+    threshold = gate_threshold(ctx)
     gated = gated_levels(ctx)
     levels = ",".join(map(str, gated))
     policy = (
-        f"with --gate: keep only at >= {gate.min_speedup:.2f}x output tokens/s over no drafter "
+        f"with --gate: keep only at >= {threshold:.2f}x output tokens/s over no drafter "
         f"at c={levels}, else roll back to no drafter"
     )
     if ctx.synthetic_k is not None:
@@ -505,13 +512,11 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
     found = acceptance.evidence(judged, k) if judged is not None else None
     if found is not None:
         below = [
-            c
-            for c in gated
-            if calibration.speedup(ctx.cost_model, k, found.length, c) < gate.min_speedup
+            c for c in gated if calibration.speedup(ctx.cost_model, k, found.length, c) < threshold
         ]
         if below:
             policy += (
-                f"; predicted below {gate.min_speedup:.2f}x at c={','.join(map(str, below))}: "
+                f"; predicted below {threshold:.2f}x at c={','.join(map(str, below))}: "
                 "the gate would roll it back there (speculation loses as the batch grows; gate "
                 "where it can pay: gate.concurrency)"
             )
@@ -550,12 +555,12 @@ def _training_target_fact(ctx: PlanInputs) -> tuple[str, str, str | None]:
     """What acceptance length the drafter must reach to pass the gate on this cluster."""
     drafter = ctx.drafter
     assert drafter is not None
-    gate, k = ctx.cluster.gate, drafter.num_speculative_tokens
+    threshold, k = gate_threshold(ctx), drafter.num_speculative_tokens
     levels = gated_levels(ctx)
     costs = ctx.cost_model
-    needed = {c: calibration.required_length(costs, k, c, gate.min_speedup) for c in levels}
+    needed = {c: calibration.required_length(costs, k, c, threshold) for c in levels}
     text = (
-        f"to pass the gate ({gate.min_speedup:.2f}x at k={k}) the drafter needs acceptance length "
+        f"to pass the gate ({threshold:.2f}x at k={k}) the drafter needs acceptance length "
         + ", ".join(f"c={c} {v:.2f}" for c, v in needed.items())
         + f" ({_cost_source(ctx)})"
     )
@@ -563,7 +568,7 @@ def _training_target_fact(ctx: PlanInputs) -> tuple[str, str, str | None]:
     warning = None
     if impossible:
         warning = (
-            f"no acceptance length up to k+1 = {k + 1} meets the gate's {gate.min_speedup:.2f}x "
+            f"no acceptance length up to k+1 = {k + 1} meets the gate's {threshold:.2f}x "
             f"at c={','.join(map(str, impossible))} on cluster {ctx.cluster_name}: a drafter "
             "trained here cannot pass the gate there"
         )

@@ -253,7 +253,8 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
     model_dir = target_model_path(ctx.model)
     script = (
         f'test -f "$MODEL_DIR/{MODEL_MARKER}" || {{ echo "model not synced: $MODEL_DIR has no '
-        f'{MODEL_MARKER}; run: kimideploy host sync-model {ctx.cluster_name}" >&2; exit 1; }}'
+        f'{MODEL_MARKER}; run: kimideploy host sync-model --cluster {ctx.cluster_name}" >&2; '
+        "exit 1; }"
     )
     gpu_check = pods.gpu_check_command(
         ctx, gpu_probes(ctx.image, gpus), GPU_CHECK_ALLREDUCE_TIMEOUT_S

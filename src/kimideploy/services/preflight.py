@@ -172,8 +172,8 @@ def require_weights(
             raise UsageError(
                 f"nothing was applied: the models claim {', '.join(missing_claims)} does not exist "
                 f"in namespace {session.namespace}, so no weights were downloaded into it",
-                hint=f"`kimideploy host sync-model {cluster}` creates it and downloads the pinned "
-                "revision into it (a Job)",
+                hint=f"`kimideploy host sync-model --cluster {cluster}` creates it and downloads "
+                "the pinned revision into it (a Job)",
             )
         _run_probe(session, probe, cluster, poll_s)
 
@@ -221,6 +221,6 @@ def _run_probe(session: ClusterSession, probe: dict[str, Any], cluster: str, pol
         raise UsageError(
             f"nothing was applied: the models volume, as the pods mount it, has no {what}: the "
             "download has not finished there (or went to a node's own disk)",
-            hint=f"`kimideploy host sync-model {cluster}` downloads it into the models claim "
-            "(a resumable Job); run it, then this command again",
+            hint=f"`kimideploy host sync-model --cluster {cluster}` downloads it into the models "
+            "claim (a resumable Job); run it, then this command again",
         )

@@ -15,6 +15,7 @@ from kimideploy.config.project import Project
 from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
 from kimideploy.errors import KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
+from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.plan.resolve import resolve
 from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
 from kimideploy.render.manifests import Manifest, file_name, render, render_objects, to_yaml
@@ -41,6 +42,15 @@ def render_workload(loaded: LoadedProject, request: PlanRequest) -> Rendered:
     plan = resolve(loaded, request)
     preflight = tuple(render_objects(plan.preflight, plan.kubernetes_version))
     return Rendered(plan=plan, objects=render(plan), preflight=preflight)
+
+
+def refuse_before_contact(loaded: LoadedProject, requests: list[PlanRequest]) -> None:
+    """What can never run is refused before any cluster is contacted: each request goes through
+    the resolver the command runs again once connected (capacity, methods and workloads the
+    cluster's image cannot run, unknown or unpublished drafters), so the refusal comes with exit
+    2 whatever the state of the kube context."""
+    for request in requests:
+        resolve(loaded, request)
 
 
 def write_objects(rendered: Rendered, directory: Path) -> list[Path]:
@@ -210,12 +220,43 @@ def describe_plan(rendered: Rendered) -> str:
     return "\n".join(lines)
 
 
+PLAN_SCHEMA = "kimideploy.plan.v1"
+
+
+def plan_document(rendered: Rendered, refusal: KimiDeployError | None) -> dict[str, Any]:
+    """What `up --dry-run -o json|yaml` prints for a pipeline to gate on: the decisions and
+    predictions (the plan's facts, as `describe_plan` shows them), the warnings, the drafter's
+    findings, the objects, and the refusal `up` would raise (null when it would apply)."""
+    plan = rendered.plan
+    return {
+        "schema": PLAN_SCHEMA,
+        "workload": plan.workload,
+        "cluster": plan.cluster,
+        "drafter": plan.drafter,
+        "release": plan.release,
+        "image": plan.image,
+        "facts": dict(plan.facts),
+        "break_even": plan.break_even or None,
+        "warnings": list(plan.warnings),
+        "drafter_findings": [
+            {"name": f.name, "status": f.status, "detail": f.detail, "fix": f.fix or None}
+            for f in plan.drafter_findings
+        ],
+        "objects": [f"{o['kind']}/{o['metadata']['name']}" for o in rendered.objects],
+        "refusal": None
+        if refusal is None
+        else {"reason": refusal.message, "hint": refusal.hint, "exit_code": refusal.exit_code},
+    }
+
+
 def kustomize_files(
     loaded: LoadedProject,
     workload: str,
     drafter: str | None,
     overrides: tuple[str, ...],
     clusters: list[str],
+    *,
+    force: bool = False,
 ) -> tuple[dict[PurePosixPath, str], list[str]]:
     """The Kustomize tree of `workload` over `clusters` (the first is the base); every cluster's
     render is validated as `render` validates it, and a cluster that cannot render it stops all.
@@ -228,6 +269,9 @@ def kustomize_files(
             raise UsageError(f"--overlay {cluster}: no such cluster (clusters: {known})")
         try:
             rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter, overrides))
+            refusal = drafter_refusal(rendered.plan, force)
+            if refusal is not None:
+                raise refusal
         except KimiDeployError as exc:
             raise exc.restated(f"overlay {cluster}: {exc.message}") from exc
         renders.append(ClusterRender(cluster, rendered.plan.namespace, rendered.objects))

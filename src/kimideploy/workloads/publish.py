@@ -29,7 +29,7 @@ def run(spec: PublishSpec) -> int:
     if not folder.is_dir():
         raise BadInputError(
             f"{folder} does not exist on this cluster's volume",
-            hint="publish from the cluster that trained it (--from CLUSTER)",
+            hint="publish from the cluster that trained it (--cluster CLUSTER)",
         )
     lineage: dict[str, Any] = {}
     dataset: dict[str, Any] = {}

@@ -138,7 +138,7 @@ def _require_drafter(name: str, folder: Path) -> None:
         raise BadInputError(
             f"drafter {name}: {folder} is not on this cluster's models volume (no config.json)",
             hint=(
-                f"a drafter trained elsewhere: `kimideploy drafter publish {name} --from "
+                f"a drafter trained elsewhere: `kimideploy drafter publish {name} --cluster "
                 "CLUSTER`, then the replay pulls it by digest; a hub drafter: `kimideploy host "
                 "sync-model` puts it there"
             ),

@@ -122,6 +122,45 @@ def _now(session: ClusterSession) -> str:
     return session.server_time().replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+def calibration_requests(
+    loaded: LoadedProject,
+    cluster: str | None,
+    drafter: str | None,
+    overrides: tuple[str, ...],
+    options: CalibrateOptions,
+    namespace: str | None = None,
+) -> tuple[str, dict[int, PlanRequest], PlanRequest]:
+    """The drafter, one serve request per k (synthetic acceptance) and the baseline's request:
+    resolved offline before any cluster is contacted, rendered again once connected."""
+    project = loaded.project
+    cluster_name = project.cluster_name(cluster)
+    if cluster_name in project.clusters and drafter is None:
+        drafter = project.clusters[cluster_name].workloads.train.drafter
+    if drafter is None or drafter == NO_DRAFTER:
+        raise UsageError(
+            "calibration serves a drafter's draft passes; --drafter none has none",
+            hint="any drafter of the target's shape will do (an untrained one too)",
+        )
+    if not options.ks or not options.lengths:
+        raise UsageError("--k and --acceptance-length need at least one value each")
+    requests = {
+        k: PlanRequest(
+            "serve",
+            cluster,
+            drafter,
+            overrides,
+            namespace=namespace,
+            image=options.image,
+            synthetic=SyntheticAcceptance(k, lengths_for(k, options.lengths)),
+        )
+        for k in sorted(set(options.ks))
+    }
+    base = PlanRequest(
+        "serve", cluster, NO_DRAFTER, overrides, namespace=namespace, image=options.image
+    )
+    return drafter, requests, base
+
+
 def plan_calibration(
     session: ClusterSession,
     loaded: LoadedProject,
@@ -132,32 +171,11 @@ def plan_calibration(
 ) -> CalibrationPlan:
     """Render every revision and bench before anything is created (the resolver's refusals)."""
     project = loaded.project
-    cluster_name = project.cluster_name(cluster)
-    if cluster_name in project.clusters and drafter is None:
-        drafter = project.clusters[cluster_name].workloads.train.drafter
-    if drafter in (None, NO_DRAFTER):
-        raise UsageError(
-            "calibration serves a drafter's draft passes; --drafter none has none",
-            hint="any drafter of the target's shape will do (an untrained one too)",
-        )
-    if not options.ks or not options.lengths:
-        raise UsageError("--k and --acceptance-length need at least one value each")
-    lengths = {k: lengths_for(k, options.lengths) for k in sorted(set(options.ks))}
-    revisions = {}
-    for k, ks_lengths in lengths.items():
-        request = PlanRequest(
-            "serve",
-            cluster,
-            drafter,
-            overrides,
-            namespace=session.namespace,
-            image=options.image,
-            synthetic=SyntheticAcceptance(k, ks_lengths),
-        )
-        revisions[k] = render_workload(loaded, request)
-    base_request = PlanRequest(
-        "serve", cluster, NO_DRAFTER, overrides, namespace=session.namespace, image=options.image
+    drafter, requests, base_request = calibration_requests(
+        loaded, cluster, drafter, overrides, options, session.namespace
     )
+    lengths = {k: lengths_for(k, options.lengths) for k in requests}
+    revisions = {k: render_workload(loaded, request) for k, request in requests.items()}
     baseline = render_workload(loaded, base_request)
     gate = gate_terms(session, loaded, base_request, GateOptions(concurrency=options.concurrency))
     plan = baseline.plan

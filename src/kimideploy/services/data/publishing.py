@@ -1,4 +1,4 @@
-"""`kimideploy data publish NAME --from CLUSTER`: a Job on the cluster that generated them pushes
+"""`kimideploy data publish NAME --cluster CLUSTER`: a Job on the cluster that generated them pushes
 its pipeline's conversations (with their fingerprint record) to the registry as one OCI artifact;
 then kimideploy.yaml records `datasets.NAME` (pinned by digest, with the fingerprint and what it
 was made from), changing nothing else in the file. Nothing is written unless the push succeeded.

@@ -1,4 +1,4 @@
-"""`kimideploy drafter publish NAME --from CLUSTER`: a Job on the cluster that holds the drafter
+"""`kimideploy drafter publish NAME --cluster CLUSTER`: a Job on the cluster that holds the drafter
 pushes it to the registry as one OCI artifact; then kimideploy.yaml pins it by digest (the
 drafter's source, status `trained`, every file's sha256, its held-out figures), changing nothing
 else in the file. A drafter the registry does not know yet gets an entry made from its lineage.

@@ -63,6 +63,27 @@ class BakeoffPlan:
         )
 
 
+def bakeoff_requests(
+    cluster: str | None,
+    candidates: tuple[str, ...],
+    overrides: tuple[str, ...],
+    image: str | None = None,
+    namespace: str | None = None,
+) -> dict[str, PlanRequest]:
+    """One serve request per candidate, `none` first (what every speedup is over): resolved
+    offline before any cluster is contacted, rendered again once connected."""
+    names = list(dict.fromkeys((NO_DRAFTER, *candidates)))
+    if len(names) < 2:
+        raise UsageError(
+            "--drafters: name at least one method or drafter besides none",
+            hint="e.g. --drafters none,ngram,suffix,k25",
+        )
+    return {
+        name: PlanRequest("serve", cluster, name, overrides, namespace=namespace, image=image)
+        for name in names
+    }
+
+
 def plan_bakeoff(
     session: ClusterSession,
     loaded: LoadedProject,
@@ -72,23 +93,9 @@ def plan_bakeoff(
     image: str | None = None,
     concurrency: tuple[int, ...] | None = None,
 ) -> BakeoffPlan:
-    """Render every candidate before anything is created; `none` is always measured (it is
-    what every speedup is over)."""
-    names = list(dict.fromkeys((NO_DRAFTER, *candidates)))
-    if len(names) < 2:
-        raise UsageError(
-            "--drafters: name at least one method or drafter besides none",
-            hint="e.g. --drafters none,ngram,suffix,k25",
-        )
-    rendered = {
-        name: render_workload(
-            loaded,
-            PlanRequest(
-                "serve", cluster, name, overrides, namespace=session.namespace, image=image
-            ),
-        )
-        for name in names
-    }
+    """Render every candidate before anything is created."""
+    requests = bakeoff_requests(cluster, candidates, overrides, image, session.namespace)
+    rendered = {name: render_workload(loaded, request) for name, request in requests.items()}
     gate = gate_terms(
         session,
         loaded,

@@ -59,7 +59,7 @@ def _iommu(setup: PeerToPeerSetup, cmdline: str) -> CheckResult:
         not missing,
         f"kernel has {' '.join(iommu_words)}"
         + (f"; host_setup.peer_to_peer wants {' '.join(missing)}" if missing else ""),
-        "`kimideploy host provision CLUSTER --tags p2p`, then reboot the host",
+        "`kimideploy host provision --cluster CLUSTER --tags p2p`, then reboot the host",
         blocking=False,
     )
 

@@ -21,6 +21,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
+from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.services.preflight import require_prerequisites, require_weights
 from kimideploy.services.release import lifecycle
 from kimideploy.services.release.lifecycle import RevisionStatus
@@ -151,16 +152,9 @@ def apply_up(
 
 
 def refuse_failing_drafter(plan: Plan, force: bool) -> None:
-    """The plan's judgement of its drafter on the cluster deployed to (the same the plan's
-    warnings and predicted speedup come from); --force deploys anyway."""
-    blocking = [f for f in plan.drafter_findings if not f.ok and f.blocking]
-    if blocking and not force:
-        drafter = plan.drafter
-        reasons = "; ".join(f"{f.name}: {f.detail}" for f in blocking)
-        raise UsageError(
-            f"drafter {drafter} fails its check: {reasons}",
-            hint=f"`kimideploy drafter check {drafter}` explains; --force deploys it anyway",
-        )
+    refusal = drafter_refusal(plan, force)
+    if refusal is not None:
+        raise refusal
 
 
 def deploy(

@@ -88,7 +88,7 @@ def rental_notice(
         found.append(
             Unpublished(
                 f"drafter {train.drafter} (models volume, {drafter.source.path})",
-                f"kimideploy drafter publish {train.drafter} --from {cluster}",
+                f"kimideploy drafter publish {train.drafter} --cluster {cluster}",
                 _evidence(made, "train", train.drafter),
             )
         )
@@ -99,7 +99,7 @@ def rental_notice(
             found.append(
                 Unpublished(
                     f"conversations {made_id} of pipeline {train.drafter} (datasets volume)",
-                    f"kimideploy data publish NAME --from {cluster}",
+                    f"kimideploy data publish NAME --cluster {cluster}",
                     _evidence(made, "datagen", train.drafter),
                 )
             )
