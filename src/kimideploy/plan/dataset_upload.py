@@ -77,7 +77,7 @@ def upload(ctx: PlanInputs, relative: str, data: bytes, *, replace: bool) -> Upl
     labels = pods.standard_labels(ctx, component="dataset-put")
     labels.pop(f"{pods.LABEL_PREFIX}/run-id", None)
     chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
-    parts = tuple(
+    parts: tuple[dict[str, Any], ...] = tuple(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",

@@ -257,12 +257,11 @@ def _secret_source(
     ns = session.namespace
     key = need.keys[0] if need.keys else "value"
     if need.source == "api-key":
-        token = secrets.token_urlsafe(32).encode()
-        return {key: token}, "Opaque", "a new random token"
+        return {key: secrets.token_urlsafe(32).encode()}, "Opaque", "a new random token"
     if need.source == "hub-token":
-        token = os.environ.get(HF_TOKEN_VARIABLE, "")
-        if token:
-            return {key: token.encode()}, "Opaque", f"from ${HF_TOKEN_VARIABLE}"
+        hub_token = os.environ.get(HF_TOKEN_VARIABLE, "")
+        if hub_token:
+            return {key: hub_token.encode()}, "Opaque", f"from ${HF_TOKEN_VARIABLE}"
         return (
             None,
             "",
