@@ -137,8 +137,10 @@ def test_a_k_beyond_what_pays_is_named_with_the_k_that_does(
     """The same served drafter where a draft token costs 0.75 of a decode step (a host whose
     drafting is expensive): vLLM's per-position acceptance at k=3 says a shallower k pays more."""
     config = tmp_path / "kimideploy.yaml"
-    config.write_text(CONFIG.read_text().replace(
-        "    interconnect: pcie\n", "    interconnect: pcie\n    step_cost_per_token: 0.75\n", 1))  # fmt: skip
+    text = CONFIG.read_text()
+    assert text.count("    step_cost_per_token: 0.1433\n") == 1  # the cpu cluster's measured cost
+    config.write_text(text.replace("    step_cost_per_token: 0.1433\n",
+                                   "    step_cost_per_token: 0.75\n"))  # fmt: skip
     good = doctor(load_project(config), replayed, served, None)["good"]
     assert good.causes == ["k"], good.as_dict()
     best = good.prediction["best_k"]

@@ -5,6 +5,7 @@ test_doctor.py) reproduces every cause with real drafters; these pin the rules."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -162,6 +163,22 @@ def test_nothing_paying_on_its_own_conversations_is_weak() -> None:
     weak = [0.1, 0.1, 0.1, 0.1, 0.1]
     found = diagnose(inputs(replay(served_answers=weak), per_token=0.3))
     assert found.causes == ["weak"]
+
+
+def test_without_a_replay_sample_or_held_out_vllms_count_judges_weakness() -> None:
+    """The tier's untrained drafter (trained with no held-out split, so it carries neither a
+    replay sample nor held-out figures) was called healthy once the k prediction stopped taking
+    vLLM's rates: with nothing else, the engine's own count (1.00 at k=3) says it is weak."""
+    result = replay()
+    result["scenarios"] = {"prompts:yours": figures([0.004, 0.0, 0.0, 0.0, 0.0])}
+    counted = Measured(1.0, [0.0, 0.0, 0.0], "bench of untrained (code, c=4)")
+    bare = DoctorInputs("d", "c", 3, result, None, [], DefaultCost(0.1433, "c"), 4,
+                        measured=counted)  # fmt: skip
+    found = diagnose(bare)
+    assert found.causes == ["weak"], found.as_dict()
+    assert "vLLM's count, bench of untrained" in found.findings[0].evidence
+    paying = Measured(2.9, [0.8, 0.7, 0.6], "bench of good")
+    assert diagnose(replace(bare, measured=paying)).healthy
 
 
 def test_a_mismatch_explains_low_acceptance_before_weakness_does() -> None:

@@ -27,7 +27,8 @@ CHUNK_BYTES = 700 * 1024
 MAX_BYTES = 48 * 1024 * 1024
 """The most one upload carries (70 ConfigMaps); a larger file goes by the storage's own means."""
 UPLOAD_MOUNT = "/upload"
-CONTAINER = "put"
+CONTAINER = "probe"
+"""The job-probe template's one container."""
 CONFLICT_EXIT = 3
 SCRIPT = (
     'dest="$1"; want="$2"; replace="$3"; parts="$4"; '

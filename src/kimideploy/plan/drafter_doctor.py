@@ -457,7 +457,11 @@ def _weak(
 ) -> list[Finding]:
     """Nothing pays at any k on conversations like its training data (answered by the served
     target, else its held-out figures), and no mismatch explains it: the drafter itself is weak.
-    Without either, the per-position acceptance the k prediction used stands in."""
+    Without either, the per-position acceptance the k prediction used stands in, and without that
+    what vLLM counted where it serves: a drafter that carries neither a replay sample nor held-out
+    figures (trained elsewhere, or with no held-out split) is judged by the engine's own count,
+    never called healthy for want of evidence. (The k prediction keeps vLLM's rates beside it,
+    not in its place; this verdict asks only whether the drafter pays at all.)"""
     if any(f.cause in MISMATCHES for f in found):
         return []
     rates, basis = per_position(scenarios.get("served_answers")), "its own prompts, replayed"
@@ -465,6 +469,8 @@ def _weak(
         rates, basis = inputs.held_out_per_position, "its held-out figures"
     if not rates:
         rates, basis = list(prediction.get("per_position") or []), str(prediction.get("source"))
+    if not rates and inputs.measured is not None and inputs.measured.per_position:
+        rates, basis = list(inputs.measured.per_position), f"vLLM's count, {inputs.measured.source}"
     if not rates:
         return []
     c = inputs.concurrency

@@ -76,7 +76,7 @@ def put_file(
     claims, notes = session.keep_claim_sizes(claims)
     for note in notes:
         reporter.info(f"note: {note}")
-    session.validate([*claims, *parts])  # nothing is created unless every object is accepted
+    session.validate([*claims, *parts, job])  # nothing is created unless all are accepted
     session.apply(claims)
     reporter.info(
         f"{source} ({planned.size:,} bytes, sha256 {planned.sha256[:12]}) -> "
