@@ -26,6 +26,7 @@ FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
 COMMON = ["schema", "command", "ok", "exit_code", "status", "reason", "hint"]
 RELEASE_DOC = [*COMMON, "release", "revision", "serving_revision", "verdict"]
 RUN_DOC = [*COMMON, "run", "results", "comparison", "calibration", "bakeoff"]
+PLAN_DOC = [*COMMON, "release", "plan"]
 
 
 def outcome(result: tuple[int, str, str], keys: list[str], output: str = "json") -> dict[str, Any]:
@@ -92,8 +93,12 @@ def test_refusals_before_anything_changed_are_documents_too(
     unknown = outcome(kd("up", "serve", "--drafter", "v9", "-o", "json", "--yes"), RELEASE_DOC)
     assert unknown["exit_code"] == 2 and unknown["status"] == "refused"
     assert unknown["revision"] is None and "v9" in unknown["reason"]
-    dry = outcome(kd("up", "serve", "--drafter", "v3", "--dry-run", "-o", "json"), RELEASE_DOC)
-    assert dry["status"] == "refused" and "--dry-run changes nothing" in dry["reason"]
+    # A client dry run's document is the plan (kimideploy.plan.v1) a pipeline gates on; the
+    # server's dry run prints a diff and is refused with -o.
+    dry = outcome(kd("up", "serve", "--drafter", "v3", "--dry-run", "-o", "json"), PLAN_DOC)
+    assert dry["status"] == "planned" and dry["plan"]["refusal"] is None
+    diff = outcome(kd("up", "serve", "--dry-run=server", "-o", "json"), RELEASE_DOC)
+    assert diff["status"] == "refused" and "--dry-run=server prints a diff" in diff["reason"]
     stale = outcome(kd("rollback", "serve", "-o", "json", "--yes"), RELEASE_DOC)
     assert stale["status"] == "refused" and "no history" in stale["reason"]
 
