@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import http.server
 import json
-import os
 import signal
 import threading
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from kimideploy.config.specs import DatagenSpec, TargetRef
 from kimideploy.formats.chat_template import SAMPLE_FORMAT
+from tests.tmpfs import tmpfs
 from tests.workloads.conftest import run_workload
 
 GOOD = 12
@@ -249,18 +249,8 @@ def test_a_full_volume_is_reported_and_leaves_nothing_half_written(
     """A real small filesystem (tmpfs) that fills up: exit 1 naming the folder and the free
     space, no temporary file left, and a run on a bigger volume resumes."""
     import shutil
-    import subprocess
 
-    volume = tmp_path / "small"
-    volume.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(volume)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        # CI runs as root, where the mount works: there a failure is a failure, not a skip.
-        if os.environ.get("KIMIDEPLOY_REQUIRE_PIPELINE") == "1":
-            pytest.fail(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "size=24k") as volume:
         path = spec(tmp_path, openai_server, tiny_model, output_dir=str(volume / "out"),
                     max_tokens=200, chunk_samples=6)  # fmt: skip
         process = run_workload("datagen", path)
@@ -273,8 +263,6 @@ def test_a_full_volume_is_reported_and_leaves_nothing_half_written(
         for chunk in kept:  # what is visible is whole: every line a sample
             assert all(json.loads(line)["id"] for line in chunk.read_text().splitlines())
         shutil.copytree(volume / "out", tmp_path / "out")
-    finally:
-        subprocess.run(["umount", str(volume)], check=False)
     process = run_workload("datagen", spec(tmp_path, openai_server, tiny_model, max_tokens=200,
                                            chunk_samples=6), **FAST_TAKEOVER)  # fmt: skip
     _, err = process.communicate(timeout=300)

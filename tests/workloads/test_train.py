@@ -19,6 +19,7 @@ from kimideploy.config.specs import LayerSelection, TrainSpec, VocabSpec
 from kimideploy.formats.safetensors_files import read_header
 from kimideploy.images.verify import vllm_venv
 from tests.conftest import REPO
+from tests.tmpfs import tmpfs
 from tests.workloads.conftest import run_workload
 from tests.workloads.test_extract_vocab_inspect import extract_spec, features_fingerprint, target
 
@@ -416,21 +417,11 @@ def test_a_folder_the_pod_cannot_write_stops_training_before_the_first_step(
     """The PCIe host's models volume was a root-owned host path: every epoch ran, then the drafter
     could not be saved, on every retry. A read-only filesystem stands in for it (the tests run as
     root, whom permissions do not stop): the pod says so in seconds, before any step."""
-    volume = tmp_path / "models"
-    volume.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(volume)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        if os.environ.get("KIMIDEPLOY_REQUIRE_PIPELINE") == "1":
-            pytest.fail(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "models", "ro,size=64k") as volume:
         spec = train_spec(
             tmp_path, features, tiny_model, output_dir=str(volume / "drafters" / "v4")
         )
         code, out, err = train(speculators_python, spec)
-    finally:
-        subprocess.run(["umount", str(volume)], check=False)
     assert code == 2, err
     assert f"{volume}/drafters cannot be written by uid 0 (Read-only file system" in err
     assert "read-only filesystem" in err and "kimideploy host provision" in err
