@@ -80,6 +80,22 @@ class Volumes:
         """The rendered pod's writable mounts: its processes run with a read-only root."""
         return pods.pod_mounts(rendered, self.roots, self.root / "pods" / pod)
 
+    def start_serving(
+        self, python: Path, rendered: pods.Rendered, pod: str, host: str = "127.0.0.1"
+    ) -> tuple[pods.Server, pods.PodMounts]:
+        """The rendered serve container's `vllm serve` on this CPU: its arguments as the CPU
+        needs them (pods.cpu_vllm_args), its Secret-backed and vLLM variables, its read-only root
+        with its writable mounts and its readiness path; logged to ROOT/POD.log."""
+        assert rendered.vllm_model is not None
+        args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, host, pods.free_port()),
+                             self.roots)  # fmt: skip
+        mounts = self.mounts(rendered, pod)
+        server = pods.start_vllm(python, str(self.local(rendered.vllm_model)), args,
+                                 self.root / f"{pod}.log",
+                                 env={**rendered.secret_env, **rendered.vllm_env},
+                                 ready_path=rendered.ready_path, mounts=mounts)  # fmt: skip
+        return server, mounts
+
     def spec(self, rendered: pods.Rendered, **urls: str) -> dict[str, Any]:
         roots = {**self.roots, **urls}
         spec: dict[str, Any] = pods.localize(rendered.spec, roots)
@@ -145,13 +161,8 @@ def target_server(
     """The non-speculative serve release (`render serve --drafter none`), kept for datagen and the
     gate's baseline bench."""
     rendered = pods.rendered(project, "serve", "none")
-    args = pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port())
-    assert rendered.vllm_model is not None
     started = time.monotonic()
-    server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
-                             volumes.root / "serve-none.log", env=rendered.secret_env,
-                             ready_path=rendered.ready_path,
-                             mounts=volumes.mounts(rendered, "serve-none"))  # fmt: skip
+    server, _ = volumes.start_serving(cpu_python, rendered, "serve-none")
     try:
         pods.wait_ready([server])
     except RuntimeError:
@@ -451,14 +462,9 @@ def serve_and_bench(cpu_python: Path, requests: list[ServeRequest]) -> dict[str,
     started = time.monotonic()
     for req in requests:
         rendered = pods.rendered(req.loaded, "serve", req.drafter, cluster=req.cluster)
-        assert rendered.vllm_model is not None
-        args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port()),
-                             req.volumes.roots)  # fmt: skip
-        servers[req.label] = pods.start_vllm(
-            cpu_python, str(req.volumes.local(rendered.vllm_model)), args,
-            req.volumes.root / f"serve-{req.label}.log", env=rendered.secret_env,
-            ready_path=rendered.ready_path,
-            mounts=req.volumes.mounts(rendered, f"serve-{req.label}"))  # fmt: skip
+        servers[req.label], _ = req.volumes.start_serving(
+            cpu_python, rendered, f"serve-{req.label}"
+        )
     results = {}
     try:
         pods.wait_ready(list(servers.values()), timeout=900)

@@ -38,6 +38,29 @@ from kimideploy.services.rendering import render_workload
 
 SHIM = Path(__file__).resolve().parent / "cpu_shim"
 
+
+def _kimideploy_plugins() -> Path:
+    """A folder holding kimideploy's distribution metadata with the `vllm.general_plugins`
+    entry points pyproject.toml declares, as `pip install` writes them into the serve image: vLLM
+    finds plugins by entry point, and the tier runs kimideploy from its sources."""
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    folder = Path(tempfile.mkdtemp(prefix="kimideploy-plugins-"))
+    atexit.register(shutil.rmtree, folder, True)
+    dist = folder / "kimideploy-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kimideploy\nVersion: 0\n")
+    lines = []
+    for group, entries in declared.items():
+        lines.append(f"[{group}]")
+        lines += [f"{name} = {target}" for name, target in entries.items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+PLUGINS = _kimideploy_plugins()
+
 # Flags (each with one value) dropped from the pod's arguments, and why.
 GPU_ONLY_FLAGS: dict[str, str] = {
     "--tensor-parallel-size": "one CPU device; the pods' size is the node's GPU count",
@@ -155,10 +178,11 @@ def free_port() -> int:
 
 def cpu_env(python: Path, **extra: str) -> dict[str, str]:
     """The environment of a CPU vLLM process: the venv's runtime settings, kimideploy's sources
-    and the test-only connector shim (tests/pipeline/cpu_shim) on the path."""
+    the test-only connector shim (tests/pipeline/cpu_shim) and kimideploy's own vLLM plugin
+    entry points (PLUGINS) on the path."""
     venv = python.parent.parent
     return {**os.environ, **cpu_runtime_env(venv),
-            "PYTHONPATH": f"{REPO / 'src'}:{SHIM}:{REPO}", "VLLM_LOGGING_LEVEL": "WARNING",
+            "PYTHONPATH": f"{REPO / 'src'}:{SHIM}:{PLUGINS}:{REPO}", "VLLM_LOGGING_LEVEL": "WARNING",
             **extra}  # fmt: skip
 
 

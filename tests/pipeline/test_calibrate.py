@@ -40,13 +40,7 @@ def calibration_run(
     synthetic = SyntheticAcceptance(K, LENGTHS)
     rendered = pods.rendered(project, "serve", "untrained", synthetic=synthetic)
     assert rendered.vllm_model is not None and rendered.vllm_env == {"VLLM_SERVER_DEV_MODE": "1"}
-    args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, "127.0.0.1", pods.free_port()),
-                         volumes.roots)  # fmt: skip
-    server = pods.start_vllm(cpu_python, str(volumes.local(rendered.vllm_model)), args,
-                             volumes.root / "serve-calibration.log",
-                             env={**rendered.secret_env, **rendered.vllm_env},
-                             ready_path=rendered.ready_path,
-                             mounts=volumes.mounts(rendered, "serve-calibration"))  # fmt: skip
+    server, _ = volumes.start_serving(cpu_python, rendered, "serve-calibration")
     try:
         pods.wait_ready([server], timeout=600)
         bench = pods.rendered(project, "bench", "untrained", overrides=(LEVELS, PROMPTS),

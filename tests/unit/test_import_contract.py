@@ -23,10 +23,12 @@ HEAVY = (
     "fabric",
     "paramiko",
 )
-KERNEL_MODULES = {"workloads/triton_kernel.py"}
+KERNEL_MODULES = {"workloads/triton_kernel.py", "workloads/drafter_swap_engine.py"}
 """A Triton kernel is defined at module level (Triton reads the function's source and globals when
 it compiles), so its module imports triton at the top; it is itself imported only inside the
-function that launches it, which the contract checks like any heavy import."""
+function that launches it, which the contract checks like any heavy import. The drafter-swap
+engine subclasses vLLM's weight-transfer base class, so it imports vLLM at the top; only vLLM's
+factory imports it, by the name workloads/drafter_swap.register gives it, inside a vLLM worker."""
 
 # package -> the kimideploy packages it may import (besides itself, errors and paths). Every
 # module lives in a package: a new top-level module fails test_every_module_lives_in_a_package.
@@ -183,6 +185,10 @@ def test_workloads_import_heavy_libraries_inside_functions(path: Path) -> None:
 
 
 def loaded_modules(*args: str) -> set[str]:
+    return {m.split(".")[0] for m in loaded_module_names(*args)}
+
+
+def loaded_module_names(*args: str) -> set[str]:
     code = (
         "import sys, json\n"
         "from kimideploy.cli.main import main\n"
@@ -194,7 +200,7 @@ def loaded_modules(*args: str) -> set[str]:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
     )
     line = next(x for x in result.stderr.splitlines() if x.startswith("MODULES="))
-    return {m.split(".")[0] for m in json.loads(line.removeprefix("MODULES="))}
+    return set(json.loads(line.removeprefix("MODULES=")))
 
 
 @pytest.mark.parametrize("args", [("--help",), ("render", "serve", "--drafter", "v3")])
@@ -213,3 +219,13 @@ def test_render_validates_without_the_jsonschema_package() -> None:
     and rpds) would cost more than the rest of `render` (the start-up budget, bench/cli_startup.py)."""
     loaded = loaded_modules("render", "serve", "--drafter", "v3")
     assert not loaded & {"jsonschema", "referencing", "rpds", "attrs", "kubernetes_validate"}
+
+
+def test_render_loads_nothing_that_talks_to_a_cluster() -> None:
+    """`render` is offline: the cluster client's modules and the runs' services (which build on
+    it) cost start-up time it has no use for."""
+    loaded = loaded_module_names("render", "serve", "--drafter", "v3")
+    offline = sorted(
+        m for m in loaded if m.startswith(("kimideploy.cluster", "kimideploy.services.runs"))
+    )
+    assert offline == [], offline

@@ -95,7 +95,7 @@ def render(
         for path in write_tree(files, kustomize_dir):
             click.echo(str(path), err=True)
         return
-    from kimideploy.services.runs.batch_runs import PLAN_FACTS_SHOWN
+    from kimideploy.services.rendering import PLAN_FACTS_SHOWN
 
     rendered = render_workload(state.project(), PlanRequest(workload, cluster, drafter, overrides))
     for warning in rendered.plan.warnings:

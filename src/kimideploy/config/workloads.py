@@ -99,6 +99,12 @@ class ServeSettings(WorkloadSettings):
         "response (--per-request-spec-decode-metrics summary): the bench and the gate then count "
         "only their own requests, not other traffic on the release.",
     )
+    drafter_swap: bool = Field(
+        default=True,
+        description="Where the image's vLLM can (>= 0.32), serve a drafter so that `up serve "
+        "--drafter` replaces it in the running server (seconds) instead of reloading the target "
+        "(vLLM's development mode, its routes kept to the pod by kimideploy's guard).",
+    )
     api_key: SecretRef | None = Field(
         default=None,
         description="A Secret key holding the API key vLLM requires on /v1 (VLLM_API_KEY); the "

@@ -21,6 +21,7 @@ from kimideploy.config.specs import (
     SYNTHETIC_CONTROL_EXTENSION,
     ServeSpec,
 )
+from kimideploy.formats.drafter_swap import DEV_ROUTES_GUARD, DRAFTER_FILES_BACKEND
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import pods, publish
 from kimideploy.plan.claims import workload_claims
@@ -155,6 +156,9 @@ def vllm_args(ctx: PlanInputs) -> list[str]:
         args += ["--worker-extension-cls", SYNTHETIC_CONTROL_EXTENSION]
     if spec is not None and counts_per_request(ctx):
         args += ["--per-request-spec-decode-metrics", "summary"]
+    if swaps_drafters(ctx):
+        args += ["--weight-transfer-config", json.dumps({"backend": DRAFTER_FILES_BACKEND})]
+        args += ["--middleware", DEV_ROUTES_GUARD]
     # Every value here is the user's or derived from it; none refers to a pod variable.
     return [pods.literal(a) for a in [*args, *serve.extra_args]]
 
@@ -165,6 +169,28 @@ gate can tell which render a live Deployment is."""
 
 PER_REQUEST_SPEC_METRICS_VLLM = (0, 32)
 """The first vLLM with `metrics.speculative_decoding` in its responses."""
+
+
+DRAFTER_SWAP_VLLM = (0, 32)
+"""The first vLLM whose engine replaces a running server's draft weights
+(`start_draft_weight_update`, vllm/v1/worker/gpu_worker.py)."""
+
+
+def swaps_drafters(ctx: PlanInputs) -> bool:
+    """Whether this release starts able to take another drafter without a reload: a drafter
+    model is served (model-free methods have no weights; calibration's synthetic serves are
+    short-lived), serve.drafter_swap is on and the image's vLLM has the draft weight update.
+    The server then runs in vLLM's development mode with kimideploy's files backend, and
+    DEV_ROUTES_GUARD answers the development routes only inside the container, with its token."""
+    vllm = ctx.image.vllm
+    return bool(
+        is_speculative(ctx)
+        and ctx.model_free is None
+        and ctx.synthetic_k is None
+        and ctx.cluster.workloads.serve.drafter_swap
+        and vllm
+        and version_tuple(vllm) >= DRAFTER_SWAP_VLLM
+    )
 
 
 def counts_per_request(ctx: PlanInputs) -> bool:
@@ -363,7 +389,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
                 {
                     "HF_HUB_OFFLINE": "1",
                     **pods.compile_cache_env(ctx.image),
-                    **(DEV_MODE_ENV if ctx.synthetic_k is not None else {}),
+                    **(DEV_MODE_ENV if ctx.synthetic_k is not None or swaps_drafters(ctx) else {}),
                 },
             ),
             *pods.api_key_env(ctx, "VLLM_API_KEY"),

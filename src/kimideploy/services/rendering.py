@@ -21,6 +21,12 @@ from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
 from kimideploy.render.manifests import Manifest, file_name, render, render_objects, to_yaml
 from kimideploy.render.schema import schema_version_for
 
+PLAN_FACTS_SHOWN = ("datasets", "acceptance needed", "memory", "kernels")
+"""What `run` and `render` print of a plan before anything is created: where the data is, what
+the drafter must reach, whether each engine fits, which kernels verify the drafts. Kept here,
+not with the runs, so that `render` does not import the cluster client to print them."""
+
+
 GOLDEN_DIR = Path("k8s") / "rendered"
 SCHEMA_FILE = Path("schema") / "kimideploy.schema.json"
 

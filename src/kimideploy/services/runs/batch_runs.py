@@ -15,7 +15,7 @@ from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.jobs import AFTER_ANNOTATION
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services.preflight import require_prerequisites, require_weights
-from kimideploy.services.rendering import Rendered, render_workload
+from kimideploy.services.rendering import PLAN_FACTS_SHOWN, Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import progress, rental
 
@@ -37,11 +37,6 @@ RUN_PARTS = ("ConfigMap", "NetworkPolicy", "Service")
 
 def new_run_id() -> str:
     return secrets.token_hex(3)
-
-
-PLAN_FACTS_SHOWN = ("datasets", "acceptance needed", "memory", "kernels")
-"""What `run` and `render` print of a plan before anything is created: where the data is, what
-the drafter must reach, whether each engine fits, which kernels verify the drafts."""
 
 
 def start_run(

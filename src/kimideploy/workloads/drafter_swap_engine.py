@@ -1,0 +1,166 @@
+"""kimideploy's vLLM weight-transfer backend: a drafter's files, read from the models volume.
+
+vLLM imports this module only through the factory entry `drafter_swap.register` makes, inside the
+worker that holds the draft model; it subclasses vLLM's engine base class, so vLLM is imported at
+the top (as workloads/triton_kernel.py imports Triton).
+
+What one update does, in this order, so that a refused or failed swap leaves the running drafter
+serving untouched:
+1. the candidate is judged against the drafter vLLM loaded at start-up by formats/drafter_swap's
+   rule (config.json and tensor inventory), before any weight is written;
+2. every tensor is written by the draft model's own `load_weights` (the same name mapping and
+   tensor-parallel sharding as at start-up) inside vLLM's layerwise reload (`_load`), except a
+   tensor whose parameter vLLM shares with the target: at start-up vLLM shares the target's
+   embedding (and LM head) with a drafter that has none or an identical copy, and writing it
+   would change the target. The rule already requires the same `embed_requires_grad` as the
+   running drafter, so a candidate whose embedding is the target's frozen copy keeps serving
+   the target's, exactly as a fresh load would;
+3. if a write raises, the running drafter's files are loaded again the same way (a copy of the
+   parameters would not do: the CPU build keeps linear weights packed outside them), and the
+   error is raised to the caller.
+Only draft updates are accepted: this backend never writes the target's weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from kimideploy.formats.drafter_swap import swap_refusals
+
+
+@dataclass
+class FilesInitInfo(WeightTransferInitInfo):  # type: ignore[misc]  # vLLM is untyped here
+    """Nothing to set up: every replica already mounts the models volume."""
+
+
+@dataclass
+class FilesUpdateInfo(WeightTransferUpdateInfo):  # type: ignore[misc]
+    """One update: the drafter folder, as the serving container mounts it."""
+
+    path: str = ""
+
+
+def _parameter_ids(module: torch.nn.Module) -> set[int]:
+    """The module's parameters by identity: vLLM shares a module by assigning the target's own
+    to the drafter. Not by storage pointer: the CPU build packs linear weights elsewhere and leaves
+    empty parameters behind, whose pointers are all 0."""
+    return {id(param) for param in module.parameters()}
+
+
+class DrafterFilesEngine(WeightTransferEngine[FilesInitInfo, FilesUpdateInfo]):  # type: ignore[misc]
+    init_info_cls = FilesInitInfo
+    update_info_cls = FilesUpdateInfo
+    supports_draft_weight_update = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        speculative = self.vllm_config.speculative_config
+        draft_config = getattr(speculative, "draft_model_config", None)
+        self.started_with = Path(draft_config.model) if draft_config is not None else None
+        self.current = self.started_with
+        self.skipped_shared: list[str] = []
+
+    def init_transfer_engine(self, init_info: FilesInitInfo) -> None:
+        return None
+
+    def start_weight_update(self) -> None:
+        if self.model is self._default_model:
+            raise RuntimeError(
+                "the kimideploy-drafter-files backend replaces the drafter only; "
+                "start the update with /start_draft_weight_update"
+            )
+
+    def finish_weight_update(self) -> None:
+        return None
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class synchronizes an accelerator, which a CPU engine does not have.
+        self.receive_weights(self.parse_update_info(update_info))
+        if torch.accelerator.is_available():
+            torch.accelerator.synchronize()
+
+    def _candidate_tensors(
+        self, folder: Path, shared: set[str]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        from safetensors import safe_open
+
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if name in shared:
+                        continue
+                    yield name, handle.get_tensor(name)
+
+    def _shared_with_target(self, folder: Path) -> set[str]:
+        """Checkpoint names whose parameter in the draft model is the target's own."""
+        from safetensors import safe_open
+
+        target = _parameter_ids(self._default_model)
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        shared = set()
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in handle.keys():  # noqa: SIM118
+                    for candidate in (name, f"model.{name}"):
+                        param = params.get(candidate)
+                        if param is not None and id(param) in target:
+                            shared.add(name)
+        return shared
+
+    def receive_weights(self, update_info: FilesUpdateInfo) -> None:
+        folder, running = Path(update_info.path), self.current
+        if self.started_with is None or running is None:
+            raise RuntimeError("this server was started without a drafter folder to compare with")
+        refusals = swap_refusals(self.started_with, folder)
+        if refusals:
+            raise ValueError(
+                f"{folder} cannot replace the running drafter ({self.started_with}) without a "
+                "restart: " + "; ".join(refusals)
+            )
+        shared = self._shared_with_target(folder)
+        try:
+            with torch.no_grad():
+                self._load(folder, shared)
+        except BaseException as failed:
+            # The running drafter's files, loaded the same way, put back what was written.
+            try:
+                with torch.no_grad():
+                    self._load(running, self._shared_with_target(running))
+            except BaseException as restoring:
+                raise RuntimeError(
+                    f"loading {folder} failed ({failed}) and reloading the running drafter "
+                    f"{running} failed too ({restoring}): restart the server"
+                ) from failed
+            raise
+        self.current = folder
+        self.skipped_shared = sorted(shared)
+
+    def _load(self, folder: Path, shared: set[str]) -> None:
+        """vLLM's layerwise reload around the draft model's own `load_weights`: each layer gets
+        its loading-time parameters back, is processed again once loaded (the CPU build repacks
+        linear weights; quantized layers are re-quantized) and copied into the storage the engine
+        already uses (CUDA graphs keep their pointers). A layer that receives nothing (a shared
+        one) gets its own tensors back untouched."""
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        initialize_layerwise_reload(self.model)
+        try:
+            self.model.load_weights(self._candidate_tensors(folder, shared))
+        finally:
+            finalize_layerwise_reload(self.model, self.model_config)
+
+    def shutdown(self) -> None:
+        return None

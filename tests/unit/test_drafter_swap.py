@@ -1,0 +1,191 @@
+"""The drafter swap's own logic: which files may replace a running drafter, which releases start
+able to swap, and the guard that keeps vLLM's development routes to the pod itself. The swap on
+the engine is tests/pipeline/test_drafter_swap.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimideploy.config.loading import LoadedProject
+from kimideploy.formats.drafter_swap import (
+    DEV_ROUTES_GUARD,
+    DRAFTER_FILES_BACKEND,
+    swap_refusals,
+)
+from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.resolve import resolve
+from kimideploy.workloads import drafter_swap
+from tests.unit.test_drafter_check import write_safetensors
+from tests.unit.test_methods import serving_016
+
+CONFIG: dict[str, Any] = {
+    "architectures": ["Eagle3DraftModel"],
+    "draft_vocab_size": 512,
+    "eagle_aux_hidden_state_layer_ids": [2, 3, 4],
+    "embed_requires_grad": False,
+    "transformers_version": "4.57.0",
+    "speculators_config": {"verifier": {"name_or_path": "/models/hub/x/target"}},
+    "transformer_layer_config": {"hidden_size": 128, "num_hidden_layers": 1},
+}
+TENSORS = {"fc.weight": ("BF16", [128, 384]), "lm_head.weight": ("BF16", [512, 128]),
+           "d2t": ("I64", [512])}  # fmt: skip
+
+
+def drafter(root: Path, config: dict[str, Any] | None = None,
+            tensors: dict[str, tuple[str, list[int]]] | None = None) -> Path:  # fmt: skip
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(config or CONFIG))
+    write_safetensors(root / "model.safetensors", tensors or TENSORS)
+    return root
+
+
+def edited(**changes: Any) -> dict[str, Any]:
+    config = json.loads(json.dumps(CONFIG))
+    config.update(changes)
+    return config
+
+
+def test_same_shape_drafters_swap_whatever_their_paths_and_versions(tmp_path: Path) -> None:
+    running = drafter(tmp_path / "a")
+    other = edited(transformers_version="4.58.1", _name_or_path="/elsewhere")
+    other["speculators_config"] = {"verifier": {"name_or_path": "/other/copy/of/target"}}
+    assert swap_refusals(running, drafter(tmp_path / "b", other)) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "tensors", "named"),
+    [
+        (edited(eagle_aux_hidden_state_layer_ids=[3, 4, 5]), None,
+         "config.json eagle_aux_hidden_state_layer_ids: running [2, 3, 4], candidate [3, 4, 5]"),
+        (edited(draft_vocab_size=1024), None, "config.json draft_vocab_size"),
+        (edited(embed_requires_grad=True), None, "config.json embed_requires_grad"),
+        (edited(transformer_layer_config={"hidden_size": 128, "num_hidden_layers": 2}), None,
+         "config.json transformer_layer_config.num_hidden_layers"),
+        (None, {**TENSORS, "embed_tokens.weight": ("BF16", [1024, 128])},
+         "tensor embed_tokens.weight: only the candidate has it"),
+        (None, {k: v for k, v in TENSORS.items() if k != "d2t"},
+         "tensor d2t: only the running drafter has it"),
+        (None, {**TENSORS, "lm_head.weight": ("BF16", [1024, 128])},
+         "tensor lm_head.weight: running BF16 [512, 128], candidate BF16 [1024, 128]"),
+    ],
+)  # fmt: skip
+def test_a_drafter_vllm_would_build_differently_is_refused_with_the_reason(
+    tmp_path: Path, config: dict[str, Any] | None, tensors: Any, named: str
+) -> None:
+    running = drafter(tmp_path / "a")
+    reasons = swap_refusals(running, drafter(tmp_path / "b", config, tensors))
+    assert any(reason.startswith(named) for reason in reasons), reasons
+
+
+def test_unreadable_candidates_are_refused_not_raised(tmp_path: Path) -> None:
+    running = drafter(tmp_path / "a")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "cannot be read" in swap_refusals(running, empty)[0]
+    broken = drafter(tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(b"\x10\x00")
+    assert any("model.safetensors" in r for r in swap_refusals(running, broken))
+
+
+def deployment(example: LoadedProject, request: PlanRequest) -> dict[str, Any]:
+    plan = resolve(example, request)
+    return next(o.values for o in plan.objects if o.template == "deployment-serve")
+
+
+def swap_parts(values: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    args, env = values["args"], {e["name"]: e.get("value") for e in values["env"]}
+    backend = (
+        args[args.index("--weight-transfer-config") + 1]
+        if "--weight-transfer-config" in args
+        else None
+    )
+    guard = args[args.index("--middleware") + 1] if "--middleware" in args else None
+    return backend, guard, env.get("VLLM_SERVER_DEV_MODE")
+
+
+def test_an_eagle_release_on_vllm_032_starts_able_to_swap(example: LoadedProject) -> None:
+    backend, guard, dev_mode = swap_parts(deployment(example, PlanRequest("serve", "b300", "v3")))
+    assert backend is not None and json.loads(backend) == {"backend": DRAFTER_FILES_BACKEND}
+    # The guard always comes with development mode: never one without the other.
+    assert (guard, dev_mode) == (DEV_ROUTES_GUARD, "1")
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram"])
+def test_releases_without_drafter_weights_do_not_open_development_mode(
+    example: LoadedProject, drafter: str
+) -> None:
+    assert swap_parts(deployment(example, PlanRequest("serve", "b300", drafter))) == (
+        None,
+        None,
+        None,
+    )
+
+
+def test_the_016_stack_and_a_switched_off_swap_start_as_before(example: LoadedProject) -> None:
+    old = deployment(serving_016(example), PlanRequest("serve", "rtx6000", "v3"))
+    assert swap_parts(old) == (None, None, None)
+    clusters = dict(example.project.clusters)
+    b300 = clusters["b300"]
+    serve = b300.workloads.serve.model_copy(update={"drafter_swap": False})
+    clusters["b300"] = b300.model_copy(
+        update={"workloads": b300.workloads.model_copy(update={"serve": serve})}
+    )
+    off = replace(example, project=example.project.model_copy(update={"clusters": clusters}))
+    assert swap_parts(deployment(off, PlanRequest("serve", "b300", "v3"))) == (None, None, None)
+
+
+def test_calibration_serves_keep_their_own_development_mode_without_a_swap(
+    example: LoadedProject,
+) -> None:
+    request = PlanRequest("serve", "b300", "v3", synthetic=SyntheticAcceptance(3, (2.0,)))
+    backend, guard, dev_mode = swap_parts(deployment(example, request))
+    assert (backend, guard, dev_mode) == (None, None, "1")
+
+
+GUARDED = frozenset({"/start_draft_weight_update", "/collective_rpc"})
+
+
+async def answering(scope: Any, receive: Any, send: Any) -> None:
+    """The app behind the guard: 200 to whatever reaches it."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+
+
+def call(guard: drafter_swap.DevRoutesGuard, path: str, client: str, token: str | None) -> int:
+    """The status a request gets through the guard (200 when it reached the app)."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    headers = [(drafter_swap.TOKEN_HEADER.encode(), token.encode())] if token is not None else []
+    scope = {"type": "http", "path": path, "client": (client, 50000), "headers": headers}
+    asyncio.run(guard(scope, receive, send))
+    return int(sent[0]["status"])
+
+
+def test_development_routes_answer_only_the_pod_itself_with_its_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    guard = drafter_swap.DevRoutesGuard(answering, guarded=GUARDED)
+    token = drafter_swap.pod_token()
+    assert guard.token == token and len(token) == 64
+    assert stat.S_IMODE(drafter_swap.token_path().stat().st_mode) == 0o600
+    assert call(guard, "/start_draft_weight_update", "127.0.0.1", token) == 200
+    assert call(guard, "/collective_rpc", "::1", token) == 200
+    assert call(guard, "/start_draft_weight_update", "10.4.0.7", token) == 403
+    assert call(guard, "/start_draft_weight_update", "127.0.0.1", None) == 403
+    assert call(guard, "/start_draft_weight_update", "127.0.0.1", "0" * 64) == 403
+    assert call(guard, "/v1/completions", "10.4.0.7", None) == 200
+    # A second API-server process of the same pod reads the same token.
+    assert drafter_swap.DevRoutesGuard(answering, guarded=GUARDED).token == token
