@@ -122,6 +122,21 @@ def test_keep_needs_every_gated_level_to_pay() -> None:
     )
 
 
+def test_the_verdict_and_the_bakeoff_say_whose_requests_were_counted() -> None:
+    """Per request where the responses carried it (the bench's own requests only), the counters
+    where not (every request the release served in the window): each row says which."""
+    from kimideploy.services.gate.bakeoff import bakeoff, table_rows
+
+    own = [{**level(1, 70, 0.6), "metrics": "requests"}, level(8, 330, 0.6)]
+    base = {"levels": [level(1, 50), level(8, 300)]}
+    _, _, rows = judge({"levels": own}, base, NEEDED, 1.05)
+    assert [r["counted_by"] for r in rows] == ["requests", "scraped"]
+    table = bakeoff({"none": base, "good": {"levels": own}}, NEEDED, 1.05)
+    shown = {(r["candidate"], r["c"]): r["counted"] for r in table_rows(table)}
+    assert shown == {("good", 1): "requests", ("good", 8): "scraped", ("none", 1): "",
+                     ("none", 8): ""}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("measured", "message"),
     [

@@ -34,6 +34,8 @@ class BakeoffRow:
     passed: bool
     per_position_basis: str | None = None
     """vllm_metrics' BASIS_*: exact, or approximate where drafts varied in length."""
+    counted_by: str | None = None
+    """verdict.counted_by: each response's own acceptance (`requests`) or the counters."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ def bakeoff(
                 float(row["speedup"]),
                 bool(row["passed"]),
                 row.get("per_position_basis"),
+                row.get("counted_by"),
             )
             for row in compared
         ]
@@ -152,6 +155,7 @@ def table_rows(result: Bakeoff) -> list[dict[str, Any]]:
             if r.mean_acceptance_length is None
             else round(r.mean_acceptance_length, 2),
             "per_position": _per_position(r),
+            "counted": r.counted_by or "",
             "speedup": f"{r.speedup:.2f}x",
             "recommended": "yes" if result.recommended.get(r.concurrency) == r.candidate else "",
         }

@@ -156,6 +156,15 @@ class Verdict:
         }
 
 
+def counted_by(level: dict[str, Any]) -> str | None:
+    """Where a bench level's acceptance comes from: `requests` (each response's own figures, vLLM
+    >= 0.32 with --per-request-spec-decode-metrics: the bench's requests only), `scraped` (the
+    /metrics counters over the level's window: every request the release served meanwhile), or
+    None where nothing was counted (no drafter)."""
+    source = level.get("metrics")
+    return str(source) if source in ("requests", "scraped") else None
+
+
 def judge(
     measured: dict[str, Any],
     baseline: dict[str, Any],
@@ -185,6 +194,7 @@ def judge(
             "mean_acceptance_length": level.get("mean_acceptance_length"),
             "per_position_acceptance": level.get("per_position_acceptance"),
             "per_position_basis": level.get("per_position_basis"),
+            "counted_by": counted_by(level),
             "ttft_p50_s": level.get("ttft_p50_s"),
             "tpot_p50_s": level.get("tpot_p50_s"),
             "passed": speedup >= min_speedup,
@@ -219,6 +229,7 @@ def compare_with_baseline(
                 "speedup": round(ours / base, 4) if base and ours is not None else None,
                 "acceptance_rate": level.get("acceptance_rate"),
                 "mean_acceptance_length": level.get("mean_acceptance_length"),
+                "counted_by": counted_by(level),
                 "ttft_p50_s": level.get("ttft_p50_s"),
                 "ttft_p99_s": level.get("ttft_p99_s"),
                 "tpot_p50_s": level.get("tpot_p50_s"),

@@ -105,6 +105,8 @@ def live_acceptance(session: ClusterSession, record: ReleaseRecord) -> dict[str,
         "mean_acceptance_length": round(total.mean_acceptance_length or 0, 3),
         "per_position_acceptance": [round(r, 4) for r in total.per_position_rate],
         "per_position_basis": total.per_position_basis,
+        # Live traffic has no requests of its own to ask: the counters are all of it.
+        "counted_by": "scraped",
         "pods_scraped": len(texts),
     }
 
