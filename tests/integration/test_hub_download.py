@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kimideploy.formats.hub_download import downloader_command
 from tests.integration.hub import Hub
 
 PAYLOAD = Path(str(resources.files("kimideploy.remote.payloads") / "hub_sync.py"))
@@ -45,9 +46,11 @@ def hub() -> Iterator[Hub]:
 
 
 def command(hub: Hub, dest: Path, streams: int) -> list[str]:
-    return [sys.executable, str(PAYLOAD), "--endpoint", hub.url, "--repo", REPO,
-            "--revision", REVISION, "--dest", str(dest), "--streams", str(streams),
-            "--piece-bytes", str(PIECE), "--record-every", str(RECORD)]  # fmt: skip
+    """The command line both callers build (formats/hub_download.py), with the test's small
+    pieces and frequent records."""
+    built = downloader_command(sys.executable, str(PAYLOAD), endpoint=hub.url, repo=REPO,
+                               revision=REVISION, dest=str(dest), streams=streams)  # fmt: skip
+    return [*built, "--piece-bytes", str(PIECE), "--record-every", str(RECORD)]
 
 
 def sync(hub: Hub, dest: Path, streams: int = 4) -> subprocess.CompletedProcess[str]:

@@ -138,6 +138,16 @@ ALLREDUCE_SLOW = ("gpu-check: FAIL allreduce: SlowAllReduceError: NCCL all-reduc
                   "peer-to-peer between the GPUs is off or crosses the CPU")  # fmt: skip
 
 
+def allreduce_check(
+    kd: Kd, config: Path, *set_hooks: str
+) -> tuple[int, dict[str, dict[str, str]], str]:
+    """`host check --allreduce` on the PCIe host; its rows by check, with its exit and stderr."""
+    extra = [arg for hook in set_hooks for arg in ("--set", hook)]
+    code, out, err = kd("host", "check", "--cluster", "rtx6000", "--allreduce", "-o", "json",
+                        "--poll", "0.3", *extra, config=config)  # fmt: skip
+    return code, {r["check"]: r for r in json.loads(out)}, err
+
+
 def test_host_check_runs_one_nodes_all_reduce_against_the_threshold(
     kd: Kd,
     testcluster: harness.TestCluster,
@@ -145,12 +155,9 @@ def test_host_check_runs_one_nodes_all_reduce_against_the_threshold(
     machine_hosts: Callable[[Machine], Path],
     tmp_path: Path,
 ) -> None:
-    config = machine_hosts(RTX)
     log = harness.write_container_log(tmp_path / "ok.log", ["gpu-check: GPUs suit", ALLREDUCE_OK])
     harness.serve_logs(testcluster, namespace, log)
-    code, out, err = kd("host", "check", "--cluster", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
-                        "--set", hooks("serve", run_duration="1s"), config=config)  # fmt: skip
-    rows = {r["check"]: r for r in json.loads(out)}
+    code, rows, err = allreduce_check(kd, machine_hosts(RTX), hooks("serve", run_duration="1s"))
     assert code == 0, err
     assert rows["all-reduce on one node"]["detail"].startswith("NCCL all-reduce over 8 GPUs: 27.3")
     assert testcluster.kubectl("-n", namespace, "get", "jobs", "-o", "name").strip() == ""
@@ -163,12 +170,11 @@ def test_a_slow_all_reduce_fails_the_host_check(
     machine_hosts: Callable[[Machine], Path],
     tmp_path: Path,
 ) -> None:
-    config = machine_hosts(RTX)
     log = harness.write_container_log(tmp_path / "slow.log", [ALLREDUCE_SLOW])
     harness.serve_logs(testcluster, namespace, log)
-    code, out, _ = kd("host", "check", "--cluster", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
-                      "--set", hooks("serve", fail_index="0", run_duration="1s"), config=config)  # fmt: skip
-    rows = {r["check"]: r for r in json.loads(out)}
+    code, rows, _ = allreduce_check(
+        kd, machine_hosts(RTX), hooks("serve", fail_index="0", run_duration="1s")
+    )
     assert code == 1
     assert rows["all-reduce on one node"]["status"] == "FAIL"
     assert "below network.min_node_bus_gbps 20" in rows["all-reduce on one node"]["detail"]
@@ -184,9 +190,8 @@ def test_the_probe_says_when_serve_holds_the_gpus(
     code, _, err = kd("up", "serve", "--cluster", "rtx6000", "--drafter", "none", "--poll", "0.3",
                       "--yes")  # fmt: skip
     assert code == 0, err
-    code, out, _ = kd("host", "check", "--cluster", "rtx6000", "--allreduce", "-o", "json", "--poll", "0.3",
-                      config=config)  # fmt: skip
-    row = {r["check"]: r for r in json.loads(out)}["all-reduce on one node"]
+    code, rows, _ = allreduce_check(kd, config)
+    row = rows["all-reduce on one node"]
     assert code == 1 and row["status"] == "FAIL"
     assert "unschedulable" in row["detail"] and "nvidia.com/gpu" in row["detail"]
     assert "run it before `up`, or after `down`" in row["fix"]

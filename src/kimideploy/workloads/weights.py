@@ -17,6 +17,7 @@ from pathlib import Path
 
 import kimideploy
 from kimideploy.config.specs import WeightsSpec
+from kimideploy.formats.hub_download import downloader_command
 from kimideploy.workloads.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -38,20 +39,15 @@ def run(spec: WeightsSpec) -> int:
     done = []
     for target in spec.targets:
         log(f"downloading {target.repo}@{target.revision[:12]} into {target.dest}")
-        command = [
+        command = downloader_command(
             sys.executable,
             str(DOWNLOADER),
-            "--endpoint",
-            spec.endpoint,
-            "--repo",
-            target.repo,
-            "--revision",
-            target.revision,
-            "--dest",
-            target.dest,
-            "--streams",
-            str(spec.streams),
-        ]
+            endpoint=spec.endpoint,
+            repo=target.repo,
+            revision=target.revision,
+            dest=target.dest,
+            streams=spec.streams,
+        )
         process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )

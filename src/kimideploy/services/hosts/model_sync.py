@@ -14,6 +14,7 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.errors import KimiDeployError
+from kimideploy.formats.hub_download import downloader_command
 from kimideploy.plan.model import PlanRequest
 from kimideploy.provision.inventory import require_hosts
 from kimideploy.remote.runner import Runner
@@ -101,20 +102,15 @@ class _HostSync:
                         f"{event['rate'] / 1e6:,.0f} MB/s over {self.streams} streams{left}"
                     )
 
-        argv = [
+        argv = downloader_command(
             "python3",
             self.script,
-            "--endpoint",
-            self.endpoint,
-            "--repo",
-            target.repo,
-            "--revision",
-            target.revision,
-            "--dest",
-            target.dest,
-            "--streams",
-            str(self.streams),
-        ]
+            endpoint=self.endpoint,
+            repo=target.repo,
+            revision=target.revision,
+            dest=target.dest,
+            streams=self.streams,
+        )
         result = self.runner.run_streaming(argv, on_line, stdin=self.token + "\n", timeout=None)
         if not result.ok:
             raise KimiDeployError(
