@@ -27,6 +27,7 @@ from tests.pipeline.figures import FIGURES
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.formats.drafter_swap import DEV_ROUTES_GUARD, DRAFTER_FILES_BACKEND
+from kimideploy.workloads.drafter_swap import TOKEN_FILE_NAME, TOKEN_HEADER
 
 CODE_AT_4 = ("code", 4)
 SAME_DRAFTER_SPREAD = 0.2
@@ -142,6 +143,11 @@ def test_a_swapped_drafter_is_served_without_restarting_and_swaps_back(
     assert "eagle_aux_hidden_state_layer_ids" in refused["error"], refused["error"]
     good_before = _count(bench(cpu_python, project, volumes, "good", server))
 
+    # A swap cut off after its start (the exec killed) leaves vLLM's update session open; the
+    # next swap closes it instead of being refused.
+    token = (mounts.home / TOKEN_FILE_NAME).read_text().strip()
+    opened = _status(server.url + "/start_draft_weight_update", headers={TOKEN_HEADER: token})
+    assert opened == 200
     into = _swap(cpu_python, mounts.home, server.url, drafters / "untrained", "untrained")
     assert into["ok"] and into["weight_version"] == "untrained", into
     untrained = _count(bench(cpu_python, project, volumes, "good", server))

@@ -22,6 +22,7 @@ from kimideploy.formats.drafter_swap import (
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
 from kimideploy.workloads import drafter_swap
+from tests.local_http import answering
 from tests.unit.test_drafter_check import write_safetensors
 from tests.unit.test_methods import serving_016
 
@@ -152,7 +153,7 @@ def test_calibration_serves_keep_their_own_development_mode_without_a_swap(
 GUARDED = frozenset({"/start_draft_weight_update", "/collective_rpc"})
 
 
-async def answering(scope: Any, receive: Any, send: Any) -> None:
+async def reached_app(scope: Any, receive: Any, send: Any) -> None:
     """The app behind the guard: 200 to whatever reaches it."""
     await send({"type": "http.response.start", "status": 200, "headers": []})
 
@@ -177,7 +178,7 @@ def test_development_routes_answer_only_the_pod_itself_with_its_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    guard = drafter_swap.DevRoutesGuard(answering, guarded=GUARDED)
+    guard = drafter_swap.DevRoutesGuard(reached_app, guarded=GUARDED)
     token = drafter_swap.pod_token()
     assert guard.token == token and len(token) == 64
     assert stat.S_IMODE(drafter_swap.token_path().stat().st_mode) == 0o600
@@ -188,4 +189,60 @@ def test_development_routes_answer_only_the_pod_itself_with_its_token(
     assert call(guard, "/start_draft_weight_update", "127.0.0.1", "0" * 64) == 403
     assert call(guard, "/v1/completions", "10.4.0.7", None) == 200
     # A second API-server process of the same pod reads the same token.
-    assert drafter_swap.DevRoutesGuard(answering, guarded=GUARDED).token == token
+    assert drafter_swap.DevRoutesGuard(reached_app, guarded=GUARDED).token == token
+
+
+def test_a_swap_closes_the_session_an_interrupted_swap_left_open(tmp_path: Path) -> None:
+    """vLLM refuses a start while an earlier update is open (a client killed between start and
+    load); the swap finishes that one and starts again, and says the version vLLM then reports."""
+    calls: list[str] = []
+    open_session = [True]
+
+    def respond(handler: Any) -> None:
+        path = handler.path
+        length = int(handler.headers.get("Content-Length") or 0)
+        handler.rfile.read(length)
+        calls.append(path)
+        status, body = 200, {}
+        if handler.headers.get(drafter_swap.TOKEN_HEADER) != "t" * 64:
+            status, body = 403, {"error": "no token"}
+        elif path == "/start_draft_weight_update" and open_session[0]:
+            status, body = 500, {"error": "start_weight_update called while a weight update is "
+                                          "already active. Call finish_weight_update first."}  # fmt: skip
+        elif path == "/finish_weight_update":
+            open_session[0] = False
+        elif path.startswith("/reset_prefix_cache"):
+            body = {"success": True}
+        elif path == "/weight_info":
+            body = {"weight_version": "v2"}
+        raw = json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Length", str(len(raw)))
+        handler.end_headers()
+        handler.wfile.write(raw)
+
+    with answering(respond) as address:
+        times = drafter_swap.swap("/models/drafters/v2", version="v2", url=f"http://{address}",
+                                  token="t" * 64)  # fmt: skip
+    assert times.weight_version == "v2"
+    assert calls == ["/start_draft_weight_update", "/finish_weight_update",
+                     "/start_draft_weight_update", "/update_weights", "/finish_weight_update",
+                     "/reset_prefix_cache?reset_running_requests=true", "/weight_info"]  # fmt: skip
+
+
+def test_a_refused_load_is_the_servers_answer(tmp_path: Path) -> None:
+    def respond(handler: Any) -> None:
+        handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        refused = handler.path == "/update_weights"
+        raw = json.dumps(
+            {"error": "cannot replace the running drafter"} if refused else {}
+        ).encode()
+        handler.send_response(500 if refused else 200)
+        handler.send_header("Content-Length", str(len(raw)))
+        handler.end_headers()
+        handler.wfile.write(raw)
+
+    with answering(respond) as address, pytest.raises(drafter_swap.SwapError) as info:
+        drafter_swap.swap("/models/drafters/v9", version="v9", url=f"http://{address}", token="x")
+    assert str(info.value).startswith("/update_weights: HTTP 500: ")
+    assert "cannot replace the running drafter" in str(info.value)

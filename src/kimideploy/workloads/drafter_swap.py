@@ -148,6 +148,10 @@ class DevRoutesGuard:
         await send({"type": "http.response.body", "body": body})
 
 
+STALE_SESSION = "already active"
+"""What vLLM's worker says when a weight update is started while another is open."""
+
+
 class SwapError(RuntimeError):
     """The server refused or failed a step; the message is its answer."""
 
@@ -200,7 +204,15 @@ def swap(
     the old values back if a write fails) and closes the update, so the next swap can start."""
     token = pod_token() if token is None else token
     began = time.monotonic()
-    _post(url, "/start_draft_weight_update", {}, token, timeout)
+    try:
+        _post(url, "/start_draft_weight_update", {}, token, timeout)
+    except SwapError as exc:
+        if STALE_SESSION not in str(exc):
+            raise
+        # A swap that stopped between its start and its load (the client killed, the exec cut)
+        # left the session open, and vLLM refuses every later start until it is finished.
+        _post(url, "/finish_weight_update", {}, token, timeout)
+        _post(url, "/start_draft_weight_update", {}, token, timeout)
     started = time.monotonic()
     # A load that raises closes the worker's session itself: nothing is left to finish.
     _post(url, "/update_weights", {"update_info": {"path": drafter}}, token, timeout)
