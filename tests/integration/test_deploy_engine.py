@@ -104,12 +104,16 @@ def test_rollback_no_spec_drops_speculation_and_keeps_everything_else(
     after = live(testcluster, namespace, "deployment", RELEASE)
     old_args, new_args = vllm_args(before), vllm_args(after)
     # Without a drafter the speculative config goes, and with it the per-request acceptance
-    # vLLM 0.32 reports only for speculation.
-    speculation_only = {"--speculative-config", "--per-request-spec-decode-metrics"}
+    # vLLM 0.32 reports only for speculation and the drafter swap (its backend and the guard of
+    # the development routes it needs).
+    speculation_only = {"--speculative-config", "--per-request-spec-decode-metrics",
+                        "--weight-transfer-config", "--middleware"}  # fmt: skip
     kept = [a for i, a in enumerate(old_args)
             if a not in speculation_only and (i == 0 or old_args[i - 1] not in speculation_only)]  # fmt: skip
     assert new_args == kept
     assert not any("specul" in a or "eagle" in a for a in new_args)
+    dev_mode = {e["name"] for e in after["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "VLLM_SERVER_DEV_MODE" not in dev_mode
     assert "32" in new_args  # the revision's --set overrides are kept
     old_pod, new_pod = before["spec"]["template"]["spec"], after["spec"]["template"]["spec"]
     for field in ("volumes", "nodeSelector", "securityContext", "tolerations"):
