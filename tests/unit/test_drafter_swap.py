@@ -158,7 +158,8 @@ async def reached_app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
 
 
-def call(guard: drafter_swap.DevRoutesGuard, path: str, client: str, token: str | None) -> int:
+def call(guard: drafter_swap.DevRoutesGuard, path: str, client: str, token: str | None,
+         root_path: str = "") -> int:  # fmt: skip
     """The status a request gets through the guard (200 when it reached the app)."""
     sent: list[dict[str, Any]] = []
 
@@ -169,7 +170,8 @@ def call(guard: drafter_swap.DevRoutesGuard, path: str, client: str, token: str 
         return {"type": "http.request", "body": b""}
 
     headers = [(drafter_swap.TOKEN_HEADER.encode(), token.encode())] if token is not None else []
-    scope = {"type": "http", "path": path, "client": (client, 50000), "headers": headers}
+    scope = {"type": "http", "path": path, "root_path": root_path, "client": (client, 50000),
+             "headers": headers}  # fmt: skip
     asyncio.run(guard(scope, receive, send))
     return int(sent[0]["status"])
 
@@ -188,6 +190,10 @@ def test_development_routes_answer_only_the_pod_itself_with_its_token(
     assert call(guard, "/start_draft_weight_update", "127.0.0.1", None) == 403
     assert call(guard, "/start_draft_weight_update", "127.0.0.1", "0" * 64) == 403
     assert call(guard, "/v1/completions", "10.4.0.7", None) == 200
+    # The same route spelled another way is the same route.
+    assert call(guard, "/start_draft_weight_update/", "10.4.0.7", token) == 403
+    assert call(guard, "//collective_rpc", "10.4.0.7", token) == 403
+    assert call(guard, "/v/collective_rpc", "10.4.0.7", token, root_path="/v") == 403
     # A second API-server process of the same pod reads the same token.
     assert drafter_swap.DevRoutesGuard(reached_app, guarded=GUARDED).token == token
 

@@ -111,6 +111,15 @@ def _is_loopback(client: Any) -> bool:
         return False
 
 
+def _route_path(scope: Scope) -> str:
+    """The path as the router matches it: without the app's root path (`--root-path`), without
+    a trailing or doubled slash (Starlette redirects those to the route)."""
+    path, root = str(scope.get("path") or ""), str(scope.get("root_path") or "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return "/" + "/".join(part for part in path.split("/") if part)
+
+
 class DevRoutesGuard:
     """ASGI middleware: development routes only from the pod itself, with the pod's token."""
 
@@ -120,7 +129,7 @@ class DevRoutesGuard:
         self.token = pod_token()
 
     def allowed(self, scope: Scope) -> bool:
-        if scope.get("path") not in self.guarded:
+        if _route_path(scope) not in self.guarded:
             return True
         if not _is_loopback(scope.get("client")):
             return False
