@@ -420,8 +420,8 @@ def test_run_bench_with_a_baseline_reports_the_speedup_per_level(
         assert jobs() == []
         code, out, err = kd("run", "bench", *bench)
         assert code == 0, err
-        assert out.split()[:6] == ["PROMPT_SET", "CONCURRENCY", "TOKENS_PER_S", "ACCEPTANCE_RATE",
-                                   "MEAN_ACCEPTANCE_LENGTH", "TTFT_P50_S"]  # fmt: skip
+        assert out.split()[:7] == ["PROMPT_SET", "CONCURRENCY", "TOKENS_PER_S", "ACCEPTANCE_RATE",
+                                   "MEAN_ACCEPTANCE_LENGTH", "COUNTED_BY", "TTFT_P50_S"]  # fmt: skip
         assert "SPEEDUP" not in out
         [baseline] = json.loads(kd("bench", "list", "-o", "json")[1])
         assert kd("up", "serve", "--drafter", "v3", *FAST)[0] == 0

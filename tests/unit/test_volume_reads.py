@@ -16,6 +16,7 @@ from kimideploy.cli.main import main
 from kimideploy.formats.bounded_io import UnreadableFileError, read_json_object
 from kimideploy.formats.safetensors_files import safetensors_problem
 from kimideploy.services.data.inspection import inspect, summary
+from kimideploy.services.preflight import placement_refused
 from tests.unit.test_drafter_check import drafter_dir, write_safetensors
 
 
@@ -125,3 +126,15 @@ def test_a_chunk_of_one_huge_line_is_named_in_bounded_memory(
     code = main(["data", "inspect", str(tmp_path / "conv"), "--sample", "3"])
     err = capsys.readouterr().err
     assert code == 2 and "--sample 3: " in err and "has 3 samples (0-based)" in err, err
+
+
+def test_a_claim_still_being_bound_does_not_end_a_probes_wait() -> None:
+    binding = ('unschedulable: 0/13 nodes are available: persistentvolumeclaim "kimi-k25-datasets" '
+               'bound to non-existent persistentvolume "". not found')  # fmt: skip
+    first_consumer = "unschedulable: 0/3 nodes are available: waiting for first consumer"
+    gpus = "unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    assert not placement_refused({"p-0": binding})
+    assert not placement_refused({"p-0": first_consumer})
+    assert placement_refused({"p-0": gpus})
+    assert placement_refused({"p-0": binding, "p-1": gpus})
+    assert not placement_refused({"p-0": "ContainerCreating"})

@@ -178,12 +178,32 @@ def require_weights(
         _run_probe(session, probe, cluster, poll_s)
 
 
+VOLUME_BINDING_IN_PROGRESS = (
+    "unbound immediate persistentvolumeclaims",
+    "bound to non-existent persistentvolume",
+    "waiting for first consumer",
+)
+"""The scheduler's words for a claim that is still being bound or provisioned: the next attempt
+places the pod, so a wait that stopped here would fail an upload or a probe that was about to run
+(seen on the test control plane right after a claim was created)."""
+
+
+def placement_refused(waiting: dict[Any, str]) -> bool:
+    """Whether a pod's wait is the scheduler's verdict (no node has the GPUs, the selector matches
+    nothing), not a claim on its way to being bound."""
+    return any(
+        reason.startswith("unschedulable")
+        and not any(words in reason.lower() for words in VOLUME_BINDING_IN_PROGRESS)
+        for reason in waiting.values()
+    )
+
+
 def run_probe_job(
     session: ClusterSession, probe: dict[str, Any], timeout_s: float, poll_s: float
 ) -> JobSnapshot:
     """Apply a probe Job under a fresh name, follow it to its end (or the timeout), delete it:
-    its last snapshot, logs included. A pod the scheduler cannot place ends the wait early
-    (the snapshot's waiting says why)."""
+    its last snapshot, logs included. A pod the scheduler cannot place ends the wait early (the
+    snapshot's waiting says why), unless its claim is only still being bound."""
     named = copy.deepcopy(probe)
     named["metadata"]["name"] = f"{probe['metadata']['name']}-{secrets.token_hex(3)}"
     name = named["metadata"]["name"]
@@ -192,7 +212,7 @@ def run_probe_job(
         deadline = time.monotonic() + timeout_s
         snapshot = session.job(name)
         while not snapshot.done and time.monotonic() < deadline:
-            if any(w.startswith("unschedulable") for w in snapshot.waiting.values()):
+            if placement_refused(snapshot.waiting):
                 break
             time.sleep(poll_s)
             snapshot = session.job(name)
