@@ -453,3 +453,23 @@ def test_a_refused_token(host_config: Path, hub: Hub, monkeypatch: pytest.Monkey
     monkeypatch.setenv("HF_TOKEN", "wrong")
     with pytest.raises(KimiDeployError, match="refused the token"):
         sync_model(load_project(host_config).project, "rtx6000", SilentReporter(), drafters=False)
+
+
+def test_a_command_that_exits_before_reading_its_input_returns_its_status(sshd: Any) -> None:
+    """A remote command that ends without reading what is being sent to it (a script that stops
+    early, a probe that fails at once) returns its own exit status: the bytes still in flight
+    have nowhere to go, and that is not the command's failure. Input a command reads arrives
+    whole and at once (Invoke alone sends a non-terminal stream a byte per 10 ms: a day for
+    these 8 MiB)."""
+    unread = "x" * (8 << 20)  # far more than the channel's window: the writer is still sending
+    ssh = runner(sshd)
+    try:
+        for _ in range(3):
+            result = ssh.run(["sh", "-c", "exit 7"], stdin=unread, timeout=60)
+            assert result.exit_code == 7, result
+        result = ssh.run_script("echo early; exit 3\n" + "#" * (8 << 20), timeout=60)
+        assert (result.exit_code, result.stdout) == (3, "early\n"), result
+        result = ssh.run(["sh", "-c", "wc -c"], stdin=unread, timeout=60)
+        assert (result.exit_code, result.stdout.strip()) == (0, str(8 << 20)), result
+    finally:
+        ssh.close()

@@ -33,6 +33,24 @@ DRAFTER_FILES_BACKEND = "kimideploy-drafter-files"
 name it in `--weight-transfer-config`."""
 DEV_ROUTES_GUARD = "kimideploy.workloads.drafter_swap.DevRoutesGuard"
 """The `--middleware` that keeps vLLM's development routes to the pod itself."""
+DRAFTER_KEEPER = "kimideploy.workloads.drafter_swap.DrafterKeeper"
+"""The `--middleware` that keeps the served drafter the one the release's spec names."""
+KEEPER_PATH = "/kimideploy/drafter"
+"""Where the keeper answers what it serves (read-only; kimideploy reads it through the API
+server's pod proxy, as `watch` reads /metrics)."""
+STARTED_WITH_ENV = "KIMIDEPLOY_DRAFTER_STARTED_WITH"
+"""The serve container's variable naming the drafter version its `--speculative-config` loads:
+vLLM answers "default" for it until the first swap."""
+WANTED_SPEC_ENV = "KIMIDEPLOY_WANTED_DRAFTER_SPEC"
+"""The serve container's variable naming the mounted spec.json whose drafter the keeper serves."""
+SWAP_REFUSED = "cannot replace the running drafter"
+"""How the engine's answer begins when the rule below refuses a candidate (nothing was written)."""
+
+
+def drafter_version(drafter: str, path: str | None) -> str:
+    """The label a served drafter carries (vLLM's weight_version after a swap): its name and the
+    folder it was loaded from, so a name that comes to mean other files is a different version."""
+    return f"{drafter}@{path}" if path else drafter
 
 NEUTRAL_CONFIG_KEYS = (
     ("_name_or_path",),

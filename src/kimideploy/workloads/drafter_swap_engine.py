@@ -35,7 +35,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from kimideploy.formats.drafter_swap import swap_refusals
+from kimideploy.formats.drafter_swap import SWAP_REFUSED, swap_refusals
 
 
 @dataclass
@@ -124,8 +124,8 @@ class DrafterFilesEngine(WeightTransferEngine[FilesInitInfo, FilesUpdateInfo]): 
         refusals = swap_refusals(self.started_with, folder)
         if refusals:
             raise ValueError(
-                f"{folder} cannot replace the running drafter ({self.started_with}) without a "
-                "restart: " + "; ".join(refusals)
+                f"{folder} {SWAP_REFUSED} ({self.started_with}) without a restart: "
+                + "; ".join(refusals)
             )
         shared = self._shared_with_target(folder)
         try:
