@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -30,14 +31,20 @@ from typing import Any
 
 import pytest
 from tests import registry as test_registry
+from tests.integration.conftest import _bin_dir, harness, served_pod_monitor_crd
 from tests.pipeline import pods, stdlib_corpus
 from tests.pipeline.figures import FIGURES
 from tests.pipeline.target_cache import informative_target
 
+from kimideploy.cli.main import main
 from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.config.specs import SPEC_FILE_NAME
+from kimideploy.formats.drafter_swap import WANTED_SPEC_ENV
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "kimideploy.yaml"
+CONTEXT = "kimideploy-test"
+"""The test control plane's kubeconfig context (scripts/testcluster)."""
 
 
 def _require() -> bool:
@@ -81,20 +88,37 @@ class Volumes:
         return pods.pod_mounts(rendered, self.roots, self.root / "pods" / pod)
 
     def start_serving(
-        self, python: Path, rendered: pods.Rendered, pod: str, host: str = "127.0.0.1"
-    ) -> tuple[pods.Server, pods.PodMounts]:
+        self, python: Path, rendered: pods.Rendered, pod: str, host: str = "127.0.0.1",
+        netns: str | None = None, port: int | None = None,
+    ) -> tuple[pods.Server, pods.PodMounts]:  # fmt: skip
         """The rendered serve container's `vllm serve` on this CPU: its arguments as the CPU
         needs them (pods.cpu_vllm_args), its Secret-backed and vLLM variables, its read-only root
-        with its writable mounts and its readiness path; logged to ROOT/POD.log."""
+        with its writable mounts, its spec volume and its readiness path; logged to
+        ROOT/POD.log."""
         assert rendered.vllm_model is not None
-        args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, host, pods.free_port()),
-                             self.roots)  # fmt: skip
+        args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, host,
+                                                port or pods.free_port()), self.roots)  # fmt: skip
         mounts = self.mounts(rendered, pod)
+        env = {**rendered.secret_env, **rendered.vllm_env}
+        if WANTED_SPEC_ENV in env:  # the drafter keeper reads the pod's spec volume
+            self.mount_spec(pod, json.dumps(rendered.spec))
+            env[WANTED_SPEC_ENV] = str(self.spec_folder(pod) / SPEC_FILE_NAME)
         server = pods.start_vllm(python, str(self.local(rendered.vllm_model)), args,
-                                 self.root / f"{pod}.log",
-                                 env={**rendered.secret_env, **rendered.vllm_env},
+                                 self.root / f"{pod}.log", netns=netns, env=env,
                                  ready_path=rendered.ready_path, mounts=mounts)  # fmt: skip
         return server, mounts
+
+    def spec_folder(self, pod: str) -> Path:
+        return self.root / "pods" / pod / "spec"
+
+    def mount_spec(self, pod: str, spec_json: str) -> None:
+        """What the kubelet does with the pod's spec ConfigMap volume: the file replaced whole
+        (its paths made this machine's)."""
+        folder = self.spec_folder(pod)
+        folder.mkdir(parents=True, exist_ok=True)
+        draft = folder / f".{SPEC_FILE_NAME}.new"
+        draft.write_text(json.dumps(pods.localize(json.loads(spec_json), self.roots)))
+        draft.replace(folder / SPEC_FILE_NAME)
 
     def spec(self, rendered: pods.Rendered, **urls: str) -> dict[str, Any]:
         roots = {**self.roots, **urls}
@@ -534,6 +558,63 @@ def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: s
     assert code == 0, err[-3000:]
     result: dict[str, Any] = pods.events(out, "result")[-1]
     return result
+
+
+@pytest.fixture(scope="module")
+def netns() -> Iterator[tuple[str, str]]:
+    """(namespace name, its address): a veth pair, 10.213.N.1 here and 10.213.N.2 inside."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        if os.environ.get("KIMIDEPLOY_REQUIRE_PIPELINE") == "1":
+            pytest.fail("a network namespace needs root and iproute2 (`ip`)")
+        pytest.skip("a network namespace needs root and iproute2 (`ip`)")
+    tag = secrets.token_hex(3)
+    name, host, peer = f"kd-{tag}", f"kdh{tag}", f"kdn{tag}"
+    subnet = 1 + int(tag, 16) % 250
+    here, there = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host, "type", "veth", "peer", "name", peer],
+        ["ip", "link", "set", peer, "netns", name],
+        ["ip", "addr", "add", f"{here}/30", "dev", host],
+        ["ip", "link", "set", host, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", f"{there}/30", "dev", peer],
+        ["ip", "netns", "exec", name, "ip", "link", "set", peer, "up"],
+        ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, text=True)
+        yield name, there
+    finally:
+        subprocess.run(["ip", "link", "del", host], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pipeline_cluster() -> Iterator[harness.TestCluster]:
+    """A control plane whose simulated node is the pipeline profile's (cluster `cpu`); it serves
+    PodMonitors, so `up` renders one."""
+    cluster = harness.up(config_path=CONFIG, bin_dir=_bin_dir())
+    try:
+        with served_pod_monitor_crd(cluster):
+            yield cluster
+    finally:
+        harness.down(cluster.root)
+
+
+def kd(cluster: harness.TestCluster, namespace: str, *args: str) -> int:
+    """The CLI in-process, on the pipeline project, against this control plane and namespace."""
+    before = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    try:
+        command, rest = args[0], list(args[1:])
+        return main(["--config", str(CONFIG), command, *rest, "--context", CONTEXT,
+                     "--namespace", namespace])  # fmt: skip
+    finally:
+        if before is None:
+            os.environ.pop("KUBECONFIG")
+        else:
+            os.environ["KUBECONFIG"] = before
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

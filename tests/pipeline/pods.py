@@ -121,7 +121,8 @@ class Rendered:
     ready_path: str
     """The rendered readiness probe's path (serve only)."""
     vllm_env: dict[str, str] = field(default_factory=dict)
-    """The vLLM container's own literal VLLM_* variables (a calibration revision's dev mode)."""
+    """The vLLM container's own literal VLLM_* and KIMIDEPLOY_* variables (a calibration revision's
+    dev mode, the drafter keeper's)."""
 
 
 SECRETS = {("pipeline-api-key", "token"): "kd-pipeline-key-7c1e"}
@@ -162,7 +163,7 @@ def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
                 model, args = container["command"][2], list(container["args"])
                 # The compile cache's folders are left out: the tier's engines run eager.
                 vllm_env = {e["name"]: e["value"] for e in container.get("env", [])
-                            if e["name"].startswith("VLLM_") and "value" in e
+                            if e["name"].startswith(("VLLM_", "KIMIDEPLOY_")) and "value" in e
                             and e["name"] not in COMPILE_CACHE_VARIABLES}  # fmt: skip
             probe = container.get("readinessProbe")
             if probe:

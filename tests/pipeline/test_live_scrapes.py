@@ -14,85 +14,21 @@ cannot stand in: the API server refuses to proxy to them.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
-import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests import observability
-from tests.integration.conftest import _bin_dir, harness, served_pod_monitor_crd, wait_for
+from tests.integration.conftest import harness, wait_for
 from tests.pipeline import pods
-from tests.pipeline.conftest import CONFIG, Volumes
+from tests.pipeline.conftest import Volumes, kd
 
-from kimideploy.cli.main import main
-
-CONTEXT = "kimideploy-test"
 SCRAPE_INTERVAL_S = 5
 """The PodMonitor's interval (the least it allows), so that rate() has samples within seconds."""
-
-
-@pytest.fixture(scope="module")
-def netns() -> Iterator[tuple[str, str]]:
-    """(namespace name, its address): a veth pair, 10.213.N.1 here and 10.213.N.2 inside."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        if os.environ.get("KIMIDEPLOY_REQUIRE_PIPELINE") == "1":
-            pytest.fail("a network namespace needs root and iproute2 (`ip`)")
-        pytest.skip("a network namespace needs root and iproute2 (`ip`)")
-    tag = secrets.token_hex(3)
-    name, host, peer = f"kd-{tag}", f"kdh{tag}", f"kdn{tag}"
-    subnet = 1 + int(tag, 16) % 250
-    here, there = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
-    steps = [
-        ["ip", "netns", "add", name],
-        ["ip", "link", "add", host, "type", "veth", "peer", "name", peer],
-        ["ip", "link", "set", peer, "netns", name],
-        ["ip", "addr", "add", f"{here}/30", "dev", host],
-        ["ip", "link", "set", host, "up"],
-        ["ip", "netns", "exec", name, "ip", "addr", "add", f"{there}/30", "dev", peer],
-        ["ip", "netns", "exec", name, "ip", "link", "set", peer, "up"],
-        ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
-    ]
-    try:
-        for step in steps:
-            subprocess.run(step, check=True, capture_output=True, text=True)
-        yield name, there
-    finally:
-        subprocess.run(["ip", "link", "del", host], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pipeline_cluster() -> Iterator[harness.TestCluster]:
-    """A control plane whose simulated node is the pipeline profile's (cluster `cpu`); it serves
-    PodMonitors, so `up` renders one."""
-    cluster = harness.up(config_path=CONFIG, bin_dir=_bin_dir())
-    try:
-        with served_pod_monitor_crd(cluster):
-            yield cluster
-    finally:
-        harness.down(cluster.root)
-
-
-def kd(cluster: harness.TestCluster, namespace: str, *args: str) -> int:
-    """The CLI in-process, on the pipeline project, against this control plane and namespace."""
-    before = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
-    try:
-        command, rest = args[0], list(args[1:])
-        return main(["--config", str(CONFIG), command, *rest, "--context", CONTEXT,
-                     "--namespace", namespace])  # fmt: skip
-    finally:
-        if before is None:
-            os.environ.pop("KUBECONFIG")
-        else:
-            os.environ["KUBECONFIG"] = before
 
 
 def greedy_traffic(url: str, stop: threading.Event, api_key: str) -> None:

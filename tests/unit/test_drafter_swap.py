@@ -13,16 +13,21 @@ from typing import Any
 
 import pytest
 
-from kimideploy.config.loading import LoadedProject
+from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.formats.drafter_swap import (
     DEV_ROUTES_GUARD,
     DRAFTER_FILES_BACKEND,
+    KEEPER_PATH,
+    SWAP_REFUSED,
     swap_refusals,
 )
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
+from kimideploy.services.release.swap import decide
+from kimideploy.services.rendering import render_workload
 from kimideploy.workloads import drafter_swap
 from tests.local_http import answering
+from tests.pipeline.conftest import CONFIG as PIPELINE_CONFIG
 from tests.unit.test_drafter_check import write_safetensors
 from tests.unit.test_methods import serving_016
 
@@ -158,7 +163,7 @@ async def reached_app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
 
 
-def call(guard: drafter_swap.DevRoutesGuard, path: str, client: str, token: str | None,
+def call(guard: Any, path: str, client: str, token: str | None,
          root_path: str = "") -> int:  # fmt: skip
     """The status a request gets through the guard (200 when it reached the app)."""
     sent: list[dict[str, Any]] = []
@@ -170,8 +175,8 @@ def call(guard: drafter_swap.DevRoutesGuard, path: str, client: str, token: str 
         return {"type": "http.request", "body": b""}
 
     headers = [(drafter_swap.TOKEN_HEADER.encode(), token.encode())] if token is not None else []
-    scope = {"type": "http", "path": path, "root_path": root_path, "client": (client, 50000),
-             "headers": headers}  # fmt: skip
+    scope = {"type": "http", "method": "GET", "path": path, "root_path": root_path,
+             "client": (client, 50000), "headers": headers}  # fmt: skip
     asyncio.run(guard(scope, receive, send))
     return int(sent[0]["status"])
 
@@ -252,3 +257,130 @@ def test_a_refused_load_is_the_servers_answer(tmp_path: Path) -> None:
         drafter_swap.swap("/models/drafters/v9", version="v9", url=f"http://{address}", token="x")
     assert str(info.value).startswith("/update_weights: HTTP 500: ")
     assert "cannot replace the running drafter" in str(info.value)
+
+
+# --- which revisions swap, and the keeper ----------------------------------------------------
+
+
+def pipeline_objects(drafter: str, *overrides: str) -> list[dict[str, Any]]:
+    request = PlanRequest("serve", "cpu", drafter, overrides=overrides, namespace="t")
+    return render_workload(load_project(PIPELINE_CONFIG), request).objects
+
+
+def kind(objects: list[dict[str, Any]], wanted: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == wanted)
+
+
+def test_a_revision_that_changes_only_the_drafter_is_a_swap_that_keeps_the_deployment() -> None:
+    good, untrained = pipeline_objects("good"), pipeline_objects("untrained")
+    decision = decide(good, untrained)
+    assert decision.plan is not None, decision.why_not
+    assert (decision.plan.serving, decision.plan.wanted) == ("good", "untrained")
+    # The pods keep the template they started with; the spec they mount names the new drafter.
+    assert kind(decision.plan.manifests, "Deployment") == kind(good, "Deployment")
+    spec = json.loads(kind(decision.plan.manifests, "ConfigMap")["data"]["spec.json"])
+    assert spec["drafter"] == "untrained"
+    assert [o["kind"] for o in decision.plan.manifests] == [o["kind"] for o in untrained]
+    # Rolling back is the same decision the other way round, from what the swap applied.
+    back = decide(decision.plan.manifests, good)
+    assert back.plan is not None and back.plan.wanted == "good"
+    assert kind(back.plan.manifests, "Deployment") == kind(good, "Deployment")
+
+
+@pytest.mark.parametrize(
+    ("serving", "wanted", "allowed", "why"),
+    [
+        # Recorded in SGLang's convention: vLLM would capture other layers.
+        ("good", ("shifted",), True, "more than the drafter changes (spec.layers"),
+        ("good", ("untrained", "serve.max_num_seqs=3"), True,
+         "more than the drafter changes (Deployment.spec.template.spec.containers[0].args"),
+        ("good", ("none",), True, "the new revision does not serve a swappable drafter"),
+        ("good", ("untrained",), False, "--no-swap"),
+        ("good", ("good",), True, ""),  # nothing to swap: an ordinary re-apply
+        ("none", ("good",), True, ""),  # the running server was not started able to swap
+    ],
+)  # fmt: skip
+def test_a_revision_that_changes_more_is_rolled_out_and_says_why(
+    serving: str, wanted: tuple[str, ...], allowed: bool, why: str
+) -> None:
+    decision = decide(pipeline_objects(serving), pipeline_objects(*wanted), allowed)
+    assert decision.plan is None
+    assert decision.why_not.startswith(why) and bool(decision.why_not) == bool(why), decision
+
+
+def fake_vllm(served: list[str], calls: list[str], refuse: str = "") -> Any:
+    """vLLM's weight routes as the keeper uses them: /weight_info answers served[0]; an update of
+    a folder containing `refuse` is refused as the engine refuses it."""
+
+    def respond(handler: Any) -> None:
+        body = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+                          or b"{}")  # fmt: skip
+        calls.append(handler.path)
+        status, answer = 200, {}
+        if handler.path == "/weight_info":
+            answer = {"weight_version": served[0]}
+        elif handler.path == "/update_weights" and refuse and refuse in body["update_info"]["path"]:
+            status, answer = 500, {"error": f"x {SWAP_REFUSED} (y) without a restart: tensor z"}
+        elif handler.path == "/finish_weight_update" and body.get("weight_version"):
+            served[0] = body["weight_version"]
+        elif handler.path.startswith("/reset_prefix_cache"):
+            answer = {"success": True}
+        raw = json.dumps(answer).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Length", str(len(raw)))
+        handler.end_headers()
+        handler.wfile.write(raw)
+
+    return respond
+
+
+def test_the_keeper_serves_what_the_spec_names_and_stops_on_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = tmp_path / "spec.json"
+
+    def wants(name: str) -> None:
+        spec.write_text(json.dumps({"drafter": name, "drafter_path": f"/models/drafters/{name}"}))
+
+    served, calls = ["default"], []
+    with answering(fake_vllm(served, calls, refuse="shifted")) as address:
+        keeper = drafter_swap.Keeper(f"http://{address}", spec, "good")
+        wants("good")
+        keeper.step()
+        state = drafter_swap.read_keeper_state()
+        assert (state["state"], state["serving"]) == ("serving", "good")
+        assert calls == ["/weight_info"]  # vLLM's "default" is the drafter it started with
+        wants("untrained")
+        keeper.step()
+        state = drafter_swap.read_keeper_state()
+        assert (state["state"], state["serving"], served[0]) == (
+            "serving", "untrained",
+            "untrained")  # fmt: skip
+        assert state["swaps"][-1]["to"] == "untrained"
+        wants("shifted")
+        keeper.step()
+        keeper.step()
+        state = drafter_swap.read_keeper_state()
+        assert state["state"] == "refused" and SWAP_REFUSED in state["reason"]
+        assert calls.count("/update_weights") == 2  # the refused candidate is not tried again
+        assert served[0] == "untrained"
+        wants("good")
+        keeper.step()
+        assert drafter_swap.read_keeper_state()["serving"] == "good"
+
+
+def test_the_keeper_answers_its_state_on_its_path_and_passes_everything_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    async def teapot_app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 418, "headers": []})
+
+    keeper = drafter_swap.DrafterKeeper(teapot_app)  # no spec variable: it never starts a loop
+    assert call(keeper, KEEPER_PATH, "10.4.0.7", None) == 200
+    assert call(keeper, KEEPER_PATH + "/", "10.4.0.7", None) == 200
+    assert call(keeper, "/v1/models", "10.4.0.7", None) == 418
+    assert not keeper.started.is_set()
+    assert drafter_swap.read_keeper_state()["state"] == "starting"

@@ -101,7 +101,8 @@ def history(
     namespace: str | None,
     output: str,
 ) -> None:
-    """Revisions of the release: time, drafter, image digest, status, note."""
+    """Revisions of the release: time, drafter, image digest, status, how it reached the pods
+    (rollout or swap), note."""
     from kimideploy.services.release.status import history_rows, ignored_records
 
     session, release = _session(state, cluster, context, namespace), _release(state, workload)

@@ -50,6 +50,12 @@ from kimideploy.cli.terminal import TerminalReporter
 )
 @click.option("--no-auto-rollback", is_flag=True, help="Leave a failed revision in place.")
 @click.option(
+    "--no-swap",
+    is_flag=True,
+    help="Replace the pods even where only the drafter changes and the running server could "
+    "swap it in without a reload (docs/usage/serving-and-rollback.md).",
+)
+@click.option(
     "--gate",
     is_flag=True,
     help="After the drafter is ready, benchmark it against no drafter and keep it only when it "
@@ -89,6 +95,7 @@ def up(
     no_wait: bool,
     timeout: int,
     no_auto_rollback: bool,
+    no_swap: bool,
     gate: bool,
     min_speedup: float | None,
     at_concurrency: tuple[int, ...] | None,
@@ -143,7 +150,9 @@ def up(
         _dry_run_server(session, loaded, request, force)
         return
     apply = deploy.ApplyOptions(
-        deploy.ChangeOptions(yes=yes, force=force, auto_rollback=not no_auto_rollback),
+        deploy.ChangeOptions(
+            yes=yes, force=force, auto_rollback=not no_auto_rollback, swap=not no_swap
+        ),
         deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace),
     )
     gate_options = (min_speedup, at_concurrency, gate_fail_open, poll) if gate else None

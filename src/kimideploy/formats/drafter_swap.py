@@ -47,10 +47,12 @@ SWAP_REFUSED = "cannot replace the running drafter"
 """How the engine's answer begins when the rule below refuses a candidate (nothing was written)."""
 
 
-def drafter_version(drafter: str, path: str | None) -> str:
-    """The label a served drafter carries (vLLM's weight_version after a swap): its name and the
-    folder it was loaded from, so a name that comes to mean other files is a different version."""
-    return f"{drafter}@{path}" if path else drafter
+def drafter_version(drafter: str) -> str:
+    """The label a served drafter carries (vLLM's weight_version after a swap): its registry name.
+    A name that comes to mean other files changes the `--speculative-config` model path, which
+    makes the revision a rollout (services/release/swap.py), never a silent no-op."""
+    return drafter
+
 
 NEUTRAL_CONFIG_KEYS = (
     ("_name_or_path",),

@@ -21,7 +21,14 @@ from kimideploy.config.specs import (
     SYNTHETIC_CONTROL_EXTENSION,
     ServeSpec,
 )
-from kimideploy.formats.drafter_swap import DEV_ROUTES_GUARD, DRAFTER_FILES_BACKEND
+from kimideploy.formats.drafter_swap import (
+    DEV_ROUTES_GUARD,
+    DRAFTER_FILES_BACKEND,
+    DRAFTER_KEEPER,
+    STARTED_WITH_ENV,
+    WANTED_SPEC_ENV,
+    drafter_version,
+)
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import pods, publish
 from kimideploy.plan.claims import workload_claims
@@ -158,7 +165,7 @@ def vllm_args(ctx: PlanInputs) -> list[str]:
         args += ["--per-request-spec-decode-metrics", "summary"]
     if swaps_drafters(ctx):
         args += ["--weight-transfer-config", json.dumps({"backend": DRAFTER_FILES_BACKEND})]
-        args += ["--middleware", DEV_ROUTES_GUARD]
+        args += ["--middleware", DEV_ROUTES_GUARD, "--middleware", DRAFTER_KEEPER]
     # Every value here is the user's or derived from it; none refers to a pod variable.
     return [pods.literal(a) for a in [*args, *serve.extra_args]]
 
@@ -181,7 +188,8 @@ def swaps_drafters(ctx: PlanInputs) -> bool:
     model is served (model-free methods have no weights; calibration's synthetic serves are
     short-lived), serve.drafter_swap is on and the image's vLLM has the draft weight update.
     The server then runs in vLLM's development mode with kimideploy's files backend, and
-    DEV_ROUTES_GUARD answers the development routes only inside the container, with its token."""
+    DEV_ROUTES_GUARD answers the development routes only inside the container, with its token;
+    DRAFTER_KEEPER swaps in the drafter the mounted spec names (keeper_env)."""
     vllm = ctx.image.vllm
     return bool(
         is_speculative(ctx)
@@ -191,6 +199,14 @@ def swaps_drafters(ctx: PlanInputs) -> bool:
         and vllm
         and version_tuple(vllm) >= DRAFTER_SWAP_VLLM
     )
+
+
+def keeper_env(ctx: PlanInputs) -> dict[str, str]:
+    """What the drafter keeper reads: the drafter this container's `--speculative-config` loads
+    (the label vLLM's "default" weight version stands for) and the mounted spec it keeps to."""
+    if not swaps_drafters(ctx):
+        return {}
+    return {STARTED_WITH_ENV: drafter_version(ctx.drafter_name), WANTED_SPEC_ENV: SPEC_PATH}
 
 
 def counts_per_request(ctx: PlanInputs) -> bool:
@@ -390,6 +406,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
                     "HF_HUB_OFFLINE": "1",
                     **pods.compile_cache_env(ctx.image),
                     **(DEV_MODE_ENV if ctx.synthetic_k is not None or swaps_drafters(ctx) else {}),
+                    **keeper_env(ctx),
                 },
             ),
             *pods.api_key_env(ctx, "VLLM_API_KEY"),

@@ -16,6 +16,13 @@ Three parts, all in the serve image:
   `kubectl exec` into the serving container (this module's `main`), which reads the token there;
   a request through the Service, another pod, or a mesh proxy that forwards to loopback has no
   token. Which routes are guarded is read from the pinned vLLM's own dev routers, not listed here.
+- `DrafterKeeper`, the second `--middleware`: it keeps the served drafter the one the release's
+  spec (the mounted spec ConfigMap) names. `kimideploy up` swaps by applying a spec that names
+  another drafter and leaving the Deployment as it is; the ConfigMap reaches the pod's volume
+  (kubelet, within about a minute), and the keeper swaps it in and answers what it serves on
+  KEEPER_PATH, which kimideploy reads through the API server's pod proxy. A pod that restarts
+  loads the drafter its Deployment names, and its keeper swaps in the wanted one as soon as the
+  server answers. One keeper per container acts (a file lock), whatever the API-server count.
 - `swap`, the client: start a draft weight update, load the new files, finish it (one collective
   RPC each, each run by the engine between two scheduler steps), then reset the prefix cache.
   No pause: the target verifies every draft, so a step drafted with half-updated weights can
@@ -31,12 +38,15 @@ Three parts, all in the serve image:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hmac
 import ipaddress
 import json
 import os
 import secrets
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -45,11 +55,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kimideploy.formats.drafter_swap import DRAFTER_FILES_BACKEND
+from kimideploy.formats.drafter_swap import (
+    DRAFTER_FILES_BACKEND,
+    KEEPER_PATH,
+    STARTED_WITH_ENV,
+    SWAP_REFUSED,
+    WANTED_SPEC_ENV,
+    drafter_version,
+)
 
 ENGINE_MODULE = "kimideploy.workloads.drafter_swap_engine"
 TOKEN_HEADER = "x-kimideploy-swap-token"
 TOKEN_FILE_NAME = ".kimideploy-swap-token"
+KEEPER_STATE_FILE_NAME = ".kimideploy-drafter-state.json"
+KEEPER_LOCK_FILE_NAME = ".kimideploy-drafter-keeper.lock"
+KEEPER_PERIOD_S = 1.0
+KEEPER_RECHECK_S = 60.0
+"""How often the keeper asks vLLM what it serves while the spec stays the same (the served drafter
+changes only by a swap: the keeper's own, or one run by hand in the container)."""
+KEEPER_RETRY_S = 15.0
+"""After a swap that failed without a refusal (the engine busy, a volume not yet readable)."""
+KEEPER_SWAPS_KEPT = 10
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 Scope = MutableMapping[str, Any]
@@ -68,8 +94,12 @@ def register() -> None:
         )
 
 
+def _home() -> Path:
+    return Path(os.environ.get("HOME") or "/tmp")
+
+
 def token_path() -> Path:
-    return Path(os.environ.get("HOME") or "/tmp") / TOKEN_FILE_NAME
+    return _home() / TOKEN_FILE_NAME
 
 
 def pod_token() -> str:
@@ -147,14 +177,18 @@ class DevRoutesGuard:
                 "from inside the serving container (kubectl exec), with the pod's swap token"
             }
         ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 403,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 403, body)
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 STALE_SESSION = "already active"
@@ -241,6 +275,151 @@ def swap(
         total_s=round(cleared - began, 3),
         weight_version=(info or {}).get("weight_version"),
     )
+
+
+def wanted_drafter(spec_path: Path) -> tuple[str | None, str]:
+    """(folder, version) of the drafter the mounted spec names."""
+    spec = json.loads(spec_path.read_text())
+    drafter, folder = spec.get("drafter"), spec.get("drafter_path")
+    if not drafter:
+        raise ValueError(f"{spec_path} names no drafter")
+    return folder, drafter_version(str(drafter))
+
+
+def keeper_state_path() -> Path:
+    return _home() / KEEPER_STATE_FILE_NAME
+
+
+def read_keeper_state() -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = json.loads(keeper_state_path().read_text())
+    except (OSError, ValueError):
+        return {"state": "starting", "reason": "the keeper has not looked yet"}
+    return state
+
+
+@dataclass
+class Keeper:
+    """The loop behind DrafterKeeper: every KEEPER_PERIOD_S, compare what the spec wants with what
+    vLLM serves (its weight_version; "default" until the first swap: the drafter it started
+    with), swap when they differ, and write what it found where every API-server process of
+    the container answers it from. A refused candidate is not tried again until the spec names
+    another; a failed swap is tried again after KEEPER_RETRY_S."""
+
+    url: str
+    spec_path: Path
+    started_with: str
+    period_s: float = KEEPER_PERIOD_S
+
+    def __post_init__(self) -> None:
+        self.refused: dict[str, str] = {}
+        self.retry_at: dict[str, float] = {}
+        self.state: dict[str, Any] = {"state": "starting", "swaps": []}
+        self.known: str | None = None
+        self.known_at = 0.0
+
+    def run_forever(self) -> None:
+        with (_home() / KEEPER_LOCK_FILE_NAME).open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another API-server process of this pod keeps it
+            while True:
+                with contextlib.suppress(Exception):  # the loop must outlive any one look
+                    self.step()
+                time.sleep(self.period_s)
+
+    def served(self, wanted: str) -> str:
+        """What vLLM serves: asked when the spec wants something else than the last answer, and
+        every KEEPER_RECHECK_S (not every second: each question is a line in vLLM's access log)."""
+        now = time.monotonic()
+        if self.known == wanted and now - self.known_at < KEEPER_RECHECK_S:
+            return self.known
+        info = _get(self.url, "/weight_info", pod_token(), 30)
+        version = (info or {}).get("weight_version")
+        self.known = self.started_with if version in (None, "", "default") else str(version)
+        self.known_at = now
+        return self.known
+
+    def step(self) -> None:
+        state = self.state
+        try:
+            folder, wanted = wanted_drafter(self.spec_path)
+        except (OSError, ValueError) as exc:
+            self._write(state="error", reason=f"{self.spec_path}: {exc}")
+            return
+        if wanted in self.refused:  # until the spec names another drafter
+            self._write(state="refused", wanted=wanted, reason=self.refused[wanted])
+            return
+        try:
+            serving = self.served(wanted)
+        except SwapError as exc:
+            self._write(state="waiting", wanted=wanted, reason=f"the server: {exc}")
+            return
+        state.update(wanted=wanted, serving=serving)
+        if serving == wanted:
+            self._write(state="serving", reason="")
+        elif folder is None:
+            self._write(state="refused", reason=f"{self.spec_path} names no drafter folder")
+        elif time.monotonic() >= self.retry_at.get(wanted, 0.0):
+            self._swap(folder, wanted)
+
+    def _swap(self, folder: str, wanted: str) -> None:
+        self._write(state="swapping", reason=f"loading {folder}")
+        try:
+            times = swap(folder, version=wanted, url=self.url)
+        except SwapError as exc:
+            reason = str(exc)
+            if SWAP_REFUSED in reason:
+                self.refused[wanted] = reason
+                self._write(state="refused", reason=reason)
+            else:
+                self.retry_at[wanted] = time.monotonic() + KEEPER_RETRY_S
+                self._write(state="failed", reason=reason)
+            return
+        self.known, self.known_at = times.weight_version or wanted, time.monotonic()
+        record = {"to": wanted, "from": self.state.get("serving"), **asdict(times),
+                  "at": time.time()}  # fmt: skip
+        swaps = [*self.state.get("swaps", []), record][-KEEPER_SWAPS_KEPT:]
+        self._write(state="serving", reason="", serving=times.weight_version or wanted,
+                    swaps=swaps)  # fmt: skip
+
+    def _write(self, **changes: Any) -> None:
+        self.state.update(changes, pid=os.getpid(), started_with=self.started_with)
+        path = keeper_state_path()
+        draft = path.with_name(f"{path.name}.{os.getpid()}")
+        draft.write_text(json.dumps(self.state, sort_keys=True))
+        draft.replace(path)
+
+
+class DrafterKeeper:
+    """ASGI middleware: runs the Keeper in the API-server process once the server answers its
+    first request (which also tells it the port), and answers KEEPER_PATH with its state."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.spec_path = os.environ.get(WANTED_SPEC_ENV)
+        self.started_with = os.environ.get(STARTED_WITH_ENV)
+        self.started = threading.Event()
+        self.starting = threading.Lock()
+
+    def start(self, scope: Scope) -> None:
+        server = scope.get("server")
+        if self.started.is_set() or not (self.spec_path and self.started_with and server):
+            return
+        with self.starting:
+            if self.started.is_set():
+                return
+            keeper = Keeper(f"http://127.0.0.1:{server[1]}", Path(self.spec_path),
+                            self.started_with)  # fmt: skip
+            threading.Thread(target=keeper.run_forever, name="kimideploy-drafter-keeper",
+                             daemon=True).start()  # fmt: skip
+            self.started.set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") == "http":
+            self.start(scope)
+            if _route_path(scope) == KEEPER_PATH and scope.get("method") in ("GET", "HEAD"):
+                await _answer(send, 200, json.dumps(read_keeper_state()).encode())
+                return
+        await self.app(scope, receive, send)
 
 
 def main(argv: list[str]) -> int:

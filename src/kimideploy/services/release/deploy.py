@@ -23,7 +23,7 @@ from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, Usage
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.services.preflight import require_prerequisites, require_weights
-from kimideploy.services.release import lifecycle
+from kimideploy.services.release import lifecycle, swap
 from kimideploy.services.release.lifecycle import RevisionStatus
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
@@ -43,6 +43,8 @@ class ChangeOptions:
     force: bool = False
     auto_rollback: bool = True
     keep_history: int = 10
+    swap: bool = True
+    """Swap a new drafter into the running pods where only the drafter changes (swap.py)."""
 
 
 @dataclass(frozen=True)
@@ -200,9 +202,14 @@ class _Transaction:
             reporter.info(f"note: {note}")
         require_prerequisites(session, revision.manifests, revision.cluster)
         require_weights(session, revision.preflight, revision.cluster)
+        serving = lifecycle.serving(history)
+        rendered = revision.manifests
+        decision = swap.decide(serving.manifests if serving else None, rendered, change.swap)
+        if decision.plan is not None:
+            revision = replace(revision, manifests=decision.plan.manifests)
         session.validate(revision.manifests, force=change.force)
         live, existing = _existing(session, revision)
-        if not self._confirm(revision, number, live, existing):
+        if not self._confirm(revision, number, (live, existing), decision):
             raise KimiDeployError(
                 "cancelled; nothing was changed",
                 hint="pass --yes to skip the question",
@@ -211,9 +218,10 @@ class _Transaction:
         lock.renew()  # the confirmation may have outlasted the Lease
         record = _new_record(session, revision, number)
         session.record(record, new=True)
-        serving = lifecycle.serving(history)
         self._apply_or_restore(revision, record, serving, existing)
         state = self._wait(revision)
+        if decision.plan is not None and state is not None and state.phase == "ready":
+            state = self._follow_swap(decision.plan, record, replace(revision, manifests=rendered))
         lock.renew()
         if state is None or state.phase == "ready":
             _mark_serving(session, history, record, lifecycle.replaced_by(self.action))
@@ -267,14 +275,23 @@ class _Transaction:
         self,
         revision: Revision,
         number: int,
-        live: set[tuple[str, str]],
-        existing: set[tuple[str, str]],
+        objects: tuple[set[tuple[str, str]], set[tuple[str, str]]],
+        decision: swap.SwapDecision,
     ) -> bool:
+        live, existing = objects
         wanted = [ref(o) for o in revision.manifests]
         lines = [
             f"revision {number} of {revision.release} in namespace {self.session.namespace} "
             f"(drafter {revision.drafter}, {revision.image}):"
         ]
+        if decision.plan is not None:
+            lines.append(
+                f"  swap the drafter in the running pods: {decision.plan.serving} -> "
+                f"{decision.plan.wanted} (Deployment/{decision.plan.deployment} stays as it is: "
+                "no reload; the server checks the files first, and a refusal replaces the pods)"
+            )
+        elif decision.why_not:
+            lines.append(f"  replace the pods, not a swap: {decision.why_not}")
         for target in wanted:
             verb = "configure" if (target.kind, target.name) in existing else "create"
             lines.append(f"  {verb} {target}")
@@ -351,6 +368,33 @@ class _Transaction:
             f"what it had written ({', '.join(map(str, written))}) was put back: revision "
             f"{serving.revision} (drafter {serving.drafter}) is still serving"
         )
+
+    def _follow_swap(
+        self, plan: swap.SwapPlan, record: ReleaseRecord, rendered: Revision
+    ) -> RolloutState:
+        """Wait until every serve pod's keeper serves the new drafter. A refusal by the server
+        (the files do not fit the running drafter) replaces the pods with the new render: the
+        revision becomes a rollout, and its record says both."""
+        outcome = swap.follow(
+            self.session,
+            plan,
+            swap.Following(self.wait.timeout_s, self.wait.poll_s, self.reporter.status,
+                           self.lock.renew),
+        )  # fmt: skip
+        record.details["swap"] = outcome.details()
+        if not outcome.refused:
+            self.session.record(record, new=False)
+            return outcome.state
+        self.reporter.info(
+            f"the server refused the swap ({outcome.refused}); replacing the pods instead"
+        )
+        record.manifests = rendered.manifests
+        record.note = "; ".join(filter(None, [record.note, "swap refused: rolled out"]))
+        self.session.record(record, new=False)
+        self.lock.renew()
+        deployment = next(o for o in rendered.manifests if o["kind"] == "Deployment")
+        self.session.apply([deployment], force=self.change.force)
+        return self._wait(rendered) or outcome.state
 
     def _wait(self, revision: Revision) -> RolloutState | None:
         if not self.wait.wait:

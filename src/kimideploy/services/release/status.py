@@ -10,6 +10,7 @@ from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.project import Project
 from kimideploy.services.release import lifecycle
+from kimideploy.services.release.swap import keepers_now
 from kimideploy.services.release.watch import live_acceptance
 from kimideploy.services.runs import rental
 
@@ -27,12 +28,23 @@ def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
             "drafter": r.drafter,
             "image": r.image.split("@")[-1][:19],
             "status": r.status,
+            "change": change_summary(r),
             "user": r.user,
             "gate": gate_summary(r),
             "note": r.note,
         }
         for r in session.history(release)
     ]
+
+
+def change_summary(record: ReleaseRecord) -> str:
+    """How the revision reached the pods: "swap" (the drafter swapped into the running server,
+    no reload), "swap refused" (the server refused the files; the pods were replaced) or
+    "rollout"."""
+    swapped = record.details.get("swap")
+    if not swapped:
+        return "rollout"
+    return {"ready": "swap", "refused": "swap refused"}.get(swapped["outcome"], "swap failed")
 
 
 def gate_summary(record: ReleaseRecord) -> str:
@@ -56,6 +68,7 @@ def status_report(
             drafter=current.drafter,
             image=current.image,
             since=current.created_at,
+            change=change_summary(current),
         )
     gated = next((r for r in reversed(history) if r.details.get("gate")), None)
     if gated is not None:
@@ -69,6 +82,9 @@ def status_report(
         serving["ready"] = f"{ready}/{wanted}"
         if current is not None and ready:
             serving.update(live_acceptance(session, current))
+            in_pods = keepers_now(session, current.manifests, current.drafter)
+            if in_pods:
+                serving["drafter_in_pods"] = in_pods
     runs = []
     for job in session.runs(
         f"app.kubernetes.io/name={project_name},app.kubernetes.io/managed-by=kimideploy"
