@@ -63,13 +63,21 @@ def test_the_bakeoff_measures_each_candidate_resumes_and_restores_what_served(
     assert code == 2 and "suffix decoding needs Arctic Inference" in err, err
     code, _, err = kd("run", "bench", "--drafters", "none,ngram", "--drafter", "v3")
     assert code == 2 and "--drafters is the bench bake-off" in err
+    # A/B rounds need drafters the running server can swap among themselves: v2 and v3 are fed
+    # other target layers (and draft 5 and 3 tokens); n-gram has no weights to swap.
+    code, _, err = kd("run", "bench", "--drafters", "v2,v3,ngram", "--rounds", "3", "--yes")
+    assert code == 2, err
+    assert "--rounds 3: no two candidates can be swapped into one running server" in err
+    assert "v2: more than the drafter changes (spec.layers.convention" in err
+    assert "ngram: its server cannot swap drafters" in err
     assert len(history(kd)) == 1
 
     files = logs(tmp_path)
     with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files, {"v3"})):
         code, _, err = kd(*BAKEOFF)
     assert code == 4, err
-    assert "bake-off on rtx6000: 3 model load(s) (none, ngram, v3; each up to the startup" in err
+    assert ("bake-off on rtx6000: 3 revision(s) (none, ngram, v3; a model load each unless it "
+            "swaps the drafter, each up to the startup") in err  # fmt: skip
     assert "bake-off stopped: bench run" in err and "without a result line" in err
     assert "restored revision 1 (v1), which served before" in err
     assert "measured candidates (ngram, none) are not loaded again" in err

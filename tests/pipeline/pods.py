@@ -31,6 +31,7 @@ from tests.conftest import REPO
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_FILE_NAME
+from kimideploy.formats.drafter_swap import STARTED_WITH_ENV, WANTED_SPEC_ENV
 from kimideploy.images.cpu_vllm import cpu_runtime_env
 from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
 from kimideploy.plan.pods import HOME_DIR
@@ -121,8 +122,8 @@ class Rendered:
     ready_path: str
     """The rendered readiness probe's path (serve only)."""
     vllm_env: dict[str, str] = field(default_factory=dict)
-    """The vLLM container's own literal VLLM_* and KIMIDEPLOY_* variables (a calibration revision's
-    dev mode, the drafter keeper's)."""
+    """The vLLM container's own literal VLLM_* variables (a calibration revision's dev mode) and the
+    drafter keeper's."""
 
 
 SECRETS = {("pipeline-api-key", "token"): "kd-pipeline-key-7c1e"}
@@ -139,6 +140,8 @@ def _secret_env(pod: dict[str, Any]) -> dict[str, str]:
     return resolved
 
 
+KEEPER_ENV = (STARTED_WITH_ENV, WANTED_SPEC_ENV)
+"""The drafter keeper's variables (workloads/drafter_swap.py), passed to the tier's vLLM too."""
 COMPILE_CACHE_VARIABLES = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                            "FLASHINFER_WORKSPACE_BASE")  # fmt: skip
 
@@ -163,7 +166,8 @@ def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
                 model, args = container["command"][2], list(container["args"])
                 # The compile cache's folders are left out: the tier's engines run eager.
                 vllm_env = {e["name"]: e["value"] for e in container.get("env", [])
-                            if e["name"].startswith(("VLLM_", "KIMIDEPLOY_")) and "value" in e
+                            if (e["name"].startswith("VLLM_") or e["name"] in KEEPER_ENV)
+                            and "value" in e
                             and e["name"] not in COMPILE_CACHE_VARIABLES}  # fmt: skip
             probe = container.get("readinessProbe")
             if probe:

@@ -10,7 +10,10 @@ spec volume when the ConfigMap changes.
 `up serve --drafter untrained` is a swap: the Deployment is left as it is, the new spec is
 applied, the keeper swaps the drafter in and `up` reads through the pod proxy that it did;
 vLLM's count drops to about 1. `rollback serve` swaps the good drafter back and the count
-returns. The process is the same throughout, started at the same time. A spec naming a drafter
+returns. Two more rounds of the bake-off's interleaved A/B (untrained good, good untrained)
+tell the two apart in every round. A drafter the registry cannot tell from good but whose files
+vLLM would build otherwise is refused by the server, and that `up` becomes a rollout. The process
+is the same throughout, started at the same time. A spec naming a drafter
 that vLLM cannot take without a restart (layer ids one off: the target captures other layers) is
 refused by the server before any weight is written, and the good drafter goes on serving. From
 any address but the pod's own, and without the pod's token, the development routes answer 403."""
@@ -44,6 +47,7 @@ from kimideploy.formats.drafter_swap import (
     DRAFTER_KEEPER,
     KEEPER_PATH,
 )
+from kimideploy.services.gate import interleave
 from kimideploy.workloads.drafter_swap import KEEPER_STATE_FILE_NAME, TOKEN_FILE_NAME, TOKEN_HEADER
 
 CODE_AT_4 = ("code", 4)
@@ -295,9 +299,23 @@ def test_up_swaps_the_drafter_into_the_running_server_and_rollback_swaps_it_back
             latest = _latest(cluster, namespace, capsys)
             assert (latest["revision"], latest["drafter"], latest["change"]) == (
                 3, "good", "swap"), latest  # fmt: skip
+
+            # A/B on the one server: the bake-off's rounds (interleave.run_rounds), each swap a
+            # real `up`, each bench over the same prompts.
+            def serve(name: str) -> None:
+                assert kd(cluster, namespace, "up", "serve", "--drafter", name, *wait) == 0
+
+            def bench_round(name: str) -> dict[str, Any]:
+                return bench(cpu_python, project, volumes, "good", server)
+
+            orders = interleave.round_orders(["good", "untrained"], 3)
+            measured = interleave.run_rounds(orders, "good", serve, bench_round)
+            rounds = {n: [_count(r) for r in results] for n, results in measured.items()}
+            merged = {n: _count(interleave.merge_rounds(r)) for n, r in measured.items()}
             deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment",
                                                     "tiny-serve", "-o", "json"))  # fmt: skip
             assert deployment["metadata"]["generation"] == generation  # never replaced
+            swapped = _latest(cluster, namespace, capsys)["revision"]
 
             # Files the registry cannot tell from good's: `up` plans a swap, the server refuses
             # it before writing, and the revision becomes a rollout of the new Deployment.
@@ -307,12 +325,12 @@ def test_up_swaps_the_drafter_into_the_running_server_and_rollback_swaps_it_back
             assert "rms_norm_eps" in out + err
             latest = _latest(cluster, namespace, capsys)
             assert (latest["revision"], latest["drafter"], latest["change"]) == (
-                4, "misfit", "swap refused"), latest  # fmt: skip
+                swapped + 1, "misfit", "swap refused"), latest  # fmt: skip
             assert "swap refused: rolled out" in latest["note"]
             deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment",
                                                     "tiny-serve", "-o", "json"))  # fmt: skip
             assert deployment["metadata"]["generation"] == generation + 1
-        assert _keeper_state(mounts.home)["serving"] == "good"  # the refused files never loaded
+        assert _keeper_state(mounts.home)["serving"] == "untrained"  # misfit never loaded
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
@@ -327,6 +345,10 @@ def test_up_swaps_the_drafter_into_the_running_server_and_rollback_swaps_it_back
     FIGURES["drafter swap: `up` / `rollback` wall time, spec sync included (s)"] = (
         f"{into_s:.1f} / {back_s:.1f}"
     )
+    FIGURES["drafter swap: A/B rounds (untrained good | good untrained), good / untrained"] = (
+        f"{', '.join(f'{c:.2f}' for c in rounds['good'])} / "
+        f"{', '.join(f'{c:.2f}' for c in rounds['untrained'])}"
+    )
     # The same process throughout: never restarted, never reloaded.
     assert server.process.poll() is None
     assert server.process.pid == pid and _start_time(pid) == started_at
@@ -334,3 +356,8 @@ def test_up_swaps_the_drafter_into_the_running_server_and_rollback_swaps_it_back
     assert untrained <= 1.2, untrained
     assert good_before >= untrained + 1.0, (good_before, untrained)
     assert good_after == pytest.approx(good_before, abs=SAME_DRAFTER_SPREAD)
+    # Interleaved, each round tells them apart, and the mean is what one bench measured.
+    assert len(rounds["good"]) == len(rounds["untrained"]) == 2, rounds
+    assert all(g >= u + 1.0 for g, u in zip(rounds["good"], rounds["untrained"], strict=True))
+    assert merged["untrained"] <= 1.2, merged
+    assert merged["good"] == pytest.approx(good_before, abs=SAME_DRAFTER_SPREAD), merged

@@ -47,6 +47,19 @@ def test_a_failed_rollout_falls_back_to_the_newest_good_revision() -> None:
     assert lifecycle.fallback_after_failure(history(S.FAILED, S.PENDING)) is None
 
 
+def test_a_swap_is_decided_against_what_was_last_applied() -> None:
+    assert lifecycle.last_applied([]) is None
+    assert lifecycle.last_applied(history(S.SUPERSEDED, S.DEPLOYED)).revision == 2
+    # A swap that timed out may have reached some pods: going back is decided against it.
+    timed_out = history(S.SUPERSEDED, S.DEPLOYED, S.FAILED)
+    timed_out[-1].details["failure"] = "SwapTimeout"
+    assert lifecycle.last_applied(timed_out).revision == 3
+    # A revision the API server rejected half-way was put back to the serving one's objects.
+    rejected = history(S.SUPERSEDED, S.DEPLOYED, S.FAILED)
+    rejected[-1].details["failure"] = "ApplyRejected"
+    assert lifecycle.last_applied(rejected).revision == 2
+
+
 def test_rollback_goes_to_the_newest_revision_before_the_serving_one_that_served() -> None:
     past = history(S.SUPERSEDED, S.FAILED, S.ROLLED_BACK, S.SUPERSEDED, S.FAILED, S.DEPLOYED)
     assert lifecycle.rollback_target(past, None).revision == 4

@@ -49,6 +49,14 @@ SHARED_WITH_BAKEOFF = ("--concurrency", "--image", "--yes")
     "concurrency, then restore what served.",
 )
 @click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="bench --drafters only: bench the candidates the running server can swap among "
+    "themselves N times, in alternating order (A/B on one server, no reload between them), and "
+    "judge them by their mean.",
+)
+@click.option(
     "--k",
     "ks",
     callback=numbers(int, "--k"),
@@ -86,6 +94,7 @@ def run(
     detach: bool,
     baseline: str | None,
     candidates: str | None,
+    rounds: int | None,
     ks: tuple[int, ...] | None,
     lengths: tuple[float, ...] | None,
     levels: tuple[int, ...] | None,
@@ -128,6 +137,11 @@ def run(
             (timeout, poll, scheduling_grace),
         )
         return
+    if rounds is not None and candidates is None:
+        raise UsageError(
+            "--rounds interleaves the candidates of a bake-off",
+            hint="use it as `kimideploy run bench --drafters a,b --rounds 4`",
+        )
     if candidates is not None:
         if workload != "bench" or detach or baseline is not None or drafter is not None:
             raise UsageError(
@@ -150,6 +164,7 @@ def run(
             levels,
             yes,
             (timeout, poll, scheduling_grace),
+            rounds or 1,
         )
         return
     if given:
@@ -336,6 +351,7 @@ def run_bakeoff_command(
     levels: tuple[int, ...] | None,
     yes: bool,
     waits: tuple[int, float, int],
+    rounds: int = 1,
 ) -> None:
     from kimideploy.services.connection import open_session
     from kimideploy.services.gate.bakeoff import table_rows
@@ -348,7 +364,9 @@ def run_bakeoff_command(
     refuse_before_contact(loaded, list(bakeoff_requests(cluster, names, overrides, image).values()))
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    plan = plan_bakeoff(session, loaded, session.cluster, names, overrides, image, levels)
+    plan = plan_bakeoff(
+        session, loaded, session.cluster, names, overrides, image, levels, rounds=rounds
+    )
     timeout, poll, grace = waits
     apply = deploy.ApplyOptions(
         deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, grace)
@@ -372,6 +390,8 @@ def run_bakeoff_command(
     )
     for name, schedule in result.k_schedules.items():
         click.echo(f"{name}: {schedule}")
+    for line in result.rounds:
+        click.echo(line)
 
 
 @click.command()

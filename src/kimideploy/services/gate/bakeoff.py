@@ -47,6 +47,8 @@ class Bakeoff:
     """candidate -> why it could not be judged (its bench lacked a level or vLLM's counters)."""
     k_schedules: dict[str, str] = field(default_factory=dict)
     """EAGLE-3 candidate -> its k by batch size from the measured acceptance, or why not."""
+    rounds: list[str] = field(default_factory=list)
+    """With --rounds: each interleaved candidate's figures round by round (their spread)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class Bakeoff:
             "recommended": {str(c): m for c, m in sorted(self.recommended.items())},
             "unmeasured": dict(self.unmeasured),
             "k_schedules": dict(self.k_schedules),
+            "rounds": list(self.rounds),
         }
 
 

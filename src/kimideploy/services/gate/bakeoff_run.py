@@ -9,13 +9,17 @@ Order of work, as `run calibrate` (each model load is ~25 minutes on the real ta
 3. say how many loads remain and how long they may take; confirm once;
 4. per candidate: deploy, bench, store (the non-speculative run is what the gate later picks as
    its baseline);
-5. restore the revision that served before (or take the release down if nothing did), also
+5. with `--rounds N`, the candidates the serving pods can swap among themselves are benched
+   N-1 times more, swapped in alternating order (services/gate/interleave.py), and judged by
+   their mean over the rounds;
+6. restore the revision that served before (or take the release down if nothing did), also
    after a failure; an interrupt says how to restore, and the same command resumes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.session import ClusterSession
@@ -24,6 +28,7 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import serve_cost_model
+from kimideploy.services.gate import interleave
 from kimideploy.services.gate.bakeoff import Bakeoff, bakeoff, with_k_schedules
 from kimideploy.services.gate.gating import (
     GateOptions,
@@ -50,16 +55,25 @@ class BakeoffPlan:
     """name -> its serve revision, `none` first."""
     gate: GateTerms
     startup_budget_s: int
+    rounds: int = 1
+    interleaved: list[str] = field(default_factory=list)
+    """With rounds > 1: the candidates swapped among themselves round after round."""
 
     def describe(self, todo: list[str]) -> str:
         reused = [n for n in self.candidates if n not in todo]
         minutes = max(1, round(len(todo) * self.startup_budget_s / 60))
         levels = ", ".join(f"{p} c={c}" for p, c in self.gate.needed)
         again = f"; measured before, not loaded again: {', '.join(reused)}" if reused else ""
+        rounds = (
+            f"; then {self.rounds - 1} more round(s) of {', '.join(self.interleaved)} swapped in "
+            "alternating order on the same server (no load)"
+            if self.interleaved
+            else ""
+        )
         return (
-            f"bake-off on {self.cluster}: {len(todo)} model load(s) ({', '.join(todo) or 'none'}; "
-            f"each up to the startup budget, {minutes} min at most), one bench per load at "
-            f"{levels}{again}"
+            f"bake-off on {self.cluster}: {len(todo)} revision(s) ({', '.join(todo) or 'none'}; "
+            f"a model load each unless it swaps the drafter, each up to the startup budget, "
+            f"{minutes} min at most), one bench per revision at {levels}{again}{rounds}"
         )
 
 
@@ -92,8 +106,10 @@ def plan_bakeoff(
     overrides: tuple[str, ...],
     image: str | None = None,
     concurrency: tuple[int, ...] | None = None,
+    rounds: int = 1,
 ) -> BakeoffPlan:
-    """Render every candidate before anything is created."""
+    """Render every candidate before anything is created; with rounds > 1, refuse unless at
+    least two candidates can be swapped into one server (naming why the others cannot)."""
     requests = bakeoff_requests(cluster, candidates, overrides, image, session.namespace)
     rendered = {name: render_workload(loaded, request) for name, request in requests.items()}
     gate = gate_terms(
@@ -104,9 +120,21 @@ def plan_bakeoff(
     )
     first = rendered[NO_DRAFTER].plan
     profile = loaded.project.clusters[first.cluster]
-    return BakeoffPlan(
+    plan = BakeoffPlan(
         first.cluster, first.release, rendered, gate, profile.workloads.serve.startup_budget_s
     )
+    if rounds <= 1:
+        return plan
+    group, left_out = interleave.swap_group({n: r.objects for n, r in rendered.items()})
+    if len(group) < 2:
+        why = "; ".join(f"{n}: {r}" for n, r in left_out.items()) or "no drafter candidates"
+        raise UsageError(
+            f"--rounds {rounds}: no two candidates can be swapped into one running server ({why})",
+            hint="interleaving needs drafters of one shape (same method, k, layers, vocabulary) "
+            "on an image that swaps (vLLM >= 0.32, serve.drafter_swap); without --rounds each "
+            "candidate is benched once",
+        )
+    return replace(plan, rounds=rounds, interleaved=group)
 
 
 def measured_before(session: ClusterSession, plan: BakeoffPlan) -> dict[str, StoredBench]:
@@ -142,7 +170,9 @@ def run_bakeoff(
     bench_poll_s: float = 5.0,
 ) -> Bakeoff:
     """Carry out a plan from plan_bakeoff; the table of every candidate, measured or reused."""
-    results = {name: stored.result for name, stored in measured_before(session, plan).items()}
+    reusable = measured_before(session, plan)
+    # An interleaved candidate is measured in this run's rounds, never from an earlier run.
+    results = {n: s.result for n, s in reusable.items() if n not in plan.interleaved}
     todo = [name for name in plan.candidates if name not in results]
     reporter.info(plan.describe(todo))
     for name in todo:  # before the first write
@@ -163,9 +193,26 @@ def run_bakeoff(
             )
             reporter.info(f"bake-off: deploying {name}")
             latest = deploy.deploy(session, revision, unattended, reporter, "bake-off").revision
-            overrides = tuple(plan.candidates[name].plan.inputs["overrides"])
-            request = PlanRequest("serve", plan.cluster, name, overrides)
-            results[name] = bench_revision(gate_run, request, latest).result
+            results[name] = bench_revision(gate_run, _bench_request(plan, name), latest).result
+        rounds: dict[str, list[dict[str, Any]]] = {}
+        if plan.interleaved:
+
+            def serve(name: str) -> None:
+                nonlocal latest
+                revision = deploy.revision_from_render(
+                    loaded, plan.candidates[name], note=f"bake-off round ({name})"
+                )
+                reporter.info(f"bake-off: swapping in {name}")
+                latest = deploy.deploy(session, revision, unattended, reporter, "bake-off").revision
+
+            def bench(name: str) -> dict[str, Any]:
+                assert latest is not None
+                return bench_revision(gate_run, _bench_request(plan, name), latest).result
+
+            orders = interleave.round_orders(plan.interleaved, plan.rounds)
+            later = interleave.run_rounds(orders, todo[-1] if todo else None, serve, bench)
+            rounds = {n: [results[n], *later[n]] for n in plan.interleaved}
+            results.update({n: interleave.merge_rounds(r) for n, r in rounds.items()})
     except KeyboardInterrupt:
         back = (
             f"`kimideploy rollback serve --to {found.revision}` restores what served before"
@@ -192,7 +239,14 @@ def run_bakeoff(
     )
     ordered = {name: results[name] for name in plan.candidates}
     judged = bakeoff(ordered, plan.gate.needed, plan.gate.settings.min_speedup)
+    if rounds:
+        judged = replace(judged, rounds=interleave.spread_lines(rounds, plan.gate.needed))
     return _k_schedules(session, loaded, plan, judged)
+
+
+def _bench_request(plan: BakeoffPlan, name: str) -> PlanRequest:
+    overrides = tuple(plan.candidates[name].plan.inputs["overrides"])
+    return PlanRequest("serve", plan.cluster, name, overrides)
 
 
 def _k_schedules(

@@ -204,7 +204,8 @@ class _Transaction:
         require_weights(session, revision.preflight, revision.cluster)
         serving = lifecycle.serving(history)
         rendered = revision.manifests
-        decision = swap.decide(serving.manifests if serving else None, rendered, change.swap)
+        applied = lifecycle.last_applied(history)
+        decision = swap.decide(applied.manifests if applied else None, rendered, change.swap)
         if decision.plan is not None:
             revision = replace(revision, manifests=decision.plan.manifests)
         session.validate(revision.manifests, force=change.force)
@@ -220,7 +221,9 @@ class _Transaction:
         session.record(record, new=True)
         self._apply_or_restore(revision, record, serving, existing)
         state = self._wait(revision)
-        if decision.plan is not None and state is not None and state.phase == "ready":
+        if decision.plan is not None and state is None:  # --no-wait: the keepers swap on their own
+            record.details["swap"] = {"outcome": "not waited for"}
+        elif decision.plan is not None and state is not None and state.phase == "ready":
             state = self._follow_swap(decision.plan, record, replace(revision, manifests=rendered))
         lock.renew()
         if state is None or state.phase == "ready":

@@ -108,6 +108,21 @@ def serving(history: list[Any]) -> Any | None:
     return next((r for r in reversed(history) if status_of(r) is RevisionStatus.DEPLOYED), None)
 
 
+def last_applied(history: list[Any]) -> Any | None:
+    """What the release's objects were last set to, which a swap is decided against: the newest
+    revision when it failed after it was applied (a swap that timed out may have reached some
+    pods; going back is then a swap too), else the serving one. A revision the API server
+    rejected half-way was put back to the serving one's objects."""
+    newest = max(history, key=lambda r: r.revision, default=None)
+    if (
+        newest is not None
+        and status_of(newest) is RevisionStatus.FAILED
+        and newest.details.get("failure") != "ApplyRejected"
+    ):
+        return newest
+    return serving(history)
+
+
 def current(history: list[Any]) -> Any:
     """The serving revision, else the newest one: what a rollback starts from."""
     found = serving(history)

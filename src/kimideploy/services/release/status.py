@@ -39,12 +39,16 @@ def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
 
 def change_summary(record: ReleaseRecord) -> str:
     """How the revision reached the pods: "swap" (the drafter swapped into the running server,
-    no reload), "swap refused" (the server refused the files; the pods were replaced) or
-    "rollout"."""
+    no reload), "swap refused" (the server refused the files; the pods were replaced), "swap
+    (not waited for)" (`--no-wait`), "swap failed" or "rollout"."""
     swapped = record.details.get("swap")
     if not swapped:
         return "rollout"
-    return {"ready": "swap", "refused": "swap refused"}.get(swapped["outcome"], "swap failed")
+    return {
+        "ready": "swap",
+        "refused": "swap refused",
+        "not waited for": "swap (not waited for)",
+    }.get(swapped["outcome"], "swap failed")
 
 
 def gate_summary(record: ReleaseRecord) -> str:
