@@ -243,14 +243,28 @@ def test_the_validator_finds_what_jsonschema_finds(example: LoadedProject, workl
     """render/json_schema.py stands in for the jsonschema package: on every rendered kind, and
     on each object spoiled in every place it has, the same errors at the same paths, worded
     the same."""
+    drafter = "v3" if workload == "serve" else None
+    request = PlanRequest(workload, "b300", drafter, monitoring_crd=True)
+    assert _same_errors_as_jsonschema(render_workload(example, request).objects) > 100
+
+
+def test_the_validator_finds_what_jsonschema_finds_on_a_canary_behind_a_gateway() -> None:
+    """The Gateway API kinds (schemas derived from the pinned CRDs) and the pickers' RBAC."""
+    from tests.unit.test_canary import with_gateway
+
+    request = PlanRequest("serve", "b300", "v3", monitoring_crd=True, canary_percent=10)
+    objects = render_workload(with_gateway("b300"), request).objects
+    kinds = {o["kind"] for o in objects}
+    assert {"InferencePool", "HTTPRoute", "Role", "RoleBinding", "ServiceAccount"} <= kinds
+    assert _same_errors_as_jsonschema(objects) > 100
+
+
+def _same_errors_as_jsonschema(objects: list[dict[str, Any]]) -> int:
     import jsonschema
 
     from kimideploy.render.json_schema import SchemaValidator
     from kimideploy.render.schema import crd_schema, kind_schema, schema_version_for
 
-    drafter = "v3" if workload == "serve" else None
-    request = PlanRequest(workload, "b300", drafter, monitoring_crd=True)
-    objects = render_workload(example, request).objects
     version = schema_version_for("1.33")
     compared = 0
     for obj in objects:
@@ -266,7 +280,7 @@ def test_the_validator_finds_what_jsonschema_finds(example: LoadedProject, workl
             )
             assert found == expected, (kind, candidate)
             compared += 1
-    assert compared > 100
+    return compared
 
 
 def _schema_keywords(node: Any, found: set[str]) -> None:
@@ -314,7 +328,7 @@ def test_a_schema_keyword_the_validator_does_not_apply_is_a_clear_error() -> Non
     """A newer schema package must stop the render with a hint, not pass unchecked or crash."""
     from kimideploy.render.json_schema import SchemaValidator
 
-    for schema in ({"minimum": 1}, {"$ref": "#/$defs/Missing"}):
+    for schema in ({"exclusiveMinimum": 1}, {"$ref": "#/$defs/Missing"}):
         with pytest.raises(ManifestError) as info:
             SchemaValidator(schema).errors(0)
         assert "does not apply" in info.value.message and "kubernetes-validate" in (

@@ -88,6 +88,64 @@ def test_objects_a_release_does_not_render_are_refused(manifest: Any, problem: s
     assert problem in refused(secret(record(manifests=[deployment(), manifest])))
 
 
+PICKER = f"{RELEASE}-epp"
+
+
+def picker_objects() -> list[dict[str, Any]]:
+    """What a serve release behind a gateway stores for its endpoint pickers."""
+    from kimideploy.formats.endpoint_picker import PICKER_RULES
+
+    meta = {"name": PICKER, "namespace": NAMESPACE, "labels": LABELS}
+    picker = deployment(serviceAccountName=PICKER, automountServiceAccountToken=True)
+    picker["metadata"] = {**meta, "name": f"{RELEASE}-canary-epp"}
+    return [
+        picker,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": PICKER_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PICKER},
+         "subjects": [{"kind": "ServiceAccount", "name": PICKER, "namespace": NAMESPACE}]},
+    ]  # fmt: skip
+
+
+def test_the_endpoint_pickers_account_is_the_one_token_a_record_may_hold() -> None:
+    trusted = records._decode(
+        secret(record(manifests=[deployment(), *picker_objects()])), NAMESPACE, RELEASE
+    )
+    assert trusted.revision == 3
+
+
+def _widened(index: int, **changes: Any) -> list[dict[str, Any]]:
+    found = picker_objects()
+    found[index] = {**found[index], **changes}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("manifests", "problem"),
+    [
+        # The pickers' account, run by a Deployment that is not a picker.
+        ([deployment(serviceAccountName=PICKER, automountServiceAccountToken=True)],
+         f"runs as service account '{PICKER}'"),
+        # The Role widened: it would read Secrets with the token the picker mounts.
+        (_widened(2, rules=[{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
+         "grants more than reading pods and InferencePools"),
+        # Bound to another account, or another Role bound to the pickers'.
+        (_widened(3, subjects=[{"kind": "ServiceAccount", "name": "default",
+                                "namespace": NAMESPACE}]), f"binds other than Role {PICKER}"),
+        (_widened(3, roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                              "name": "admin"}), f"binds other than Role {PICKER}"),
+        (_widened(1, metadata={"name": "other", "namespace": NAMESPACE, "labels": LABELS}),
+         f"is not the endpoint pickers' {PICKER}"),
+    ],
+)  # fmt: skip
+def test_a_record_cannot_widen_the_pickers_grant(
+    manifests: list[dict[str, Any]], problem: str
+) -> None:
+    assert problem in refused(secret(record(manifests=[deployment(), *manifests])))
+
+
 @pytest.mark.parametrize(
     ("changes", "problem"),
     [

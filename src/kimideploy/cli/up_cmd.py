@@ -56,6 +56,16 @@ from kimideploy.cli.terminal import TerminalReporter
     "swap it in without a reload (docs/usage/serving-and-rollback.md).",
 )
 @click.option(
+    "--canary",
+    "canary_percent",
+    type=click.IntRange(1, 99),
+    default=None,
+    metavar="PERCENT",
+    help="Serve the drafter as a canary pool taking PERCENT of the gateway route's traffic "
+    "beside the serving revision, judge both on live traffic, then move the route to 100 or 0 "
+    "(clusters.<name>.gateway; docs/usage/serving-and-rollback.md, 'A canary').",
+)
+@click.option(
     "--gate",
     is_flag=True,
     help="After the drafter is ready, benchmark it against no drafter and keep it only when it "
@@ -96,6 +106,7 @@ def up(
     timeout: int,
     no_auto_rollback: bool,
     no_swap: bool,
+    canary_percent: int | None,
     gate: bool,
     min_speedup: float | None,
     at_concurrency: tuple[int, ...] | None,
@@ -117,6 +128,14 @@ def up(
         state.outcome = pending = expect(f"up {workload} --dry-run", output, PLAN_KEYS)
     else:
         state.outcome = pending = expect(f"up {workload}", output, RELEASE_KEYS)
+    if canary_percent is not None and gate:
+        from kimideploy.errors import UsageError
+
+        raise UsageError(
+            "--canary and --gate are two verdicts: the canary is judged on live traffic",
+            hint="drop --gate (a canary's verdict moves the route), or --canary (the gate "
+            "benchmarks the whole release)",
+        )
     _refuse_mixed(
         output if pending else None,
         dry_run,
@@ -138,6 +157,7 @@ def up(
         namespace=namespace,
         gate_levels=at_concurrency,
         gate_min_speedup=min_speedup,
+        canary_percent=canary_percent,
     )
     if dry_run == "client":
         cached = replace(request, calibrations=calibrations.cached(loaded, cluster_name))
@@ -247,8 +267,13 @@ def _deploy(
     from kimideploy.services.release import deploy
 
     reporter = TerminalReporter()
-    verdict = None
-    if gate is None:
+    verdict: Any = None
+    if request.canary_percent is not None:
+        from kimideploy.services.release.canary import run_canary
+
+        rendered = deploy.plan_up(session, loaded, request, apply.change.force)
+        outcome, verdict = run_canary(session, loaded, rendered, options=apply, reporter=reporter)
+    elif gate is None:
         outcome = deploy.up(session, loaded, request, apply, reporter)
     else:
         from kimideploy.services.gate.gating import GateOptions, up_gated
@@ -260,7 +285,9 @@ def _deploy(
         print_release(pending, outcome, verdict)
         return
     click.echo(
-        outcome.message if verdict is None else f"{outcome.message}; gate: {verdict.summary()}"
+        outcome.message
+        if verdict is None
+        else f"{outcome.message}; {verdict.kind}: {verdict.summary()}"
     )
     if watch_after:
         _watch(session, loaded, reporter, watch_windows)

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from kimideploy.formats.bounded_io import UnreadableFileError, parse_json_object
+from kimideploy.formats.endpoint_picker import PICKER_RULES, PICKER_SUFFIX, picker_account
 
 MAX_STORED_BYTES = 2 * 1024 * 1024
 """Base64 text of the record (a Secret holds at most 1 MiB of data)."""
@@ -38,6 +39,11 @@ RELEASE_KINDS = {
     "Deployment": "apps/v1",
     "NetworkPolicy": "networking.k8s.io/v1",
     "PodMonitor": "monitoring.coreos.com/v1",
+    "ServiceAccount": "v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "InferencePool": "inference.networking.k8s.io/v1",
+    "HTTPRoute": "gateway.networking.k8s.io/v1",
 }
 """The kinds of a serve release, the only kinds a record may hold."""
 FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -168,18 +174,41 @@ def object_problems(obj: Any, namespace: str, release: str) -> list[str]:
         found.append(f"{where} is not labelled managed-by kimideploy")
     if kind == "Deployment":
         template = mapping(mapping(obj.get("spec")).get("template"))
-        found += [f"{where}: {p}" for p in pod_problems(template.get("spec"))]
+        picker = picker_account(release)
+        account = picker if meta["name"].endswith(PICKER_SUFFIX) else None
+        found += [f"{where}: {p}" for p in pod_problems(template.get("spec"), account)]
+    found += [f"{where}: {p}" for p in _grant_problems(kind, obj, release)]
     return found
 
 
-def pod_problems(pod: Any) -> list[str]:
-    """What kimideploy never renders into a pod: host access, privilege, an API token."""
+def _grant_problems(kind: str, obj: dict[str, Any], release: str) -> list[str]:
+    """A record may create one account, with one Role that only reads pods and InferencePools
+    (the endpoint pickers'), bound to that account alone: never a wider grant."""
+    picker = picker_account(release)
+    if kind in ("ServiceAccount", "Role", "RoleBinding") and obj["metadata"]["name"] != picker:
+        return [f"is not the endpoint pickers' {picker}"]
+    if kind == "Role" and obj.get("rules") != PICKER_RULES:
+        return ["grants more than reading pods and InferencePools"]
+    if kind == "RoleBinding":
+        subjects = obj.get("subjects")
+        wanted = [{"kind": "ServiceAccount", "name": picker, "namespace": obj["metadata"].get(
+            "namespace")}]  # fmt: skip
+        role = mapping(obj.get("roleRef"))
+        if role.get("kind") != "Role" or role.get("name") != picker or subjects != wanted:
+            return [f"binds other than Role {picker} to ServiceAccount {picker}"]
+    return []
+
+
+def pod_problems(pod: Any, account: str | None = None) -> list[str]:
+    """What kimideploy never renders into a pod: host access, privilege, an API token; the one
+    exception is `account`, the endpoint pickers' (whose Role only reads, _grant_problems)."""
     if not isinstance(pod, dict):
         return ["no pod template"]
     found = [f"sets {key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
-    if pod.get("automountServiceAccountToken") is not False:
+    allowed = (None, "default") if account is None else (account,)
+    if account is None and pod.get("automountServiceAccountToken") is not False:
         found.append("mounts a service account token (kimideploy sets it false)")
-    if pod.get("serviceAccountName") not in (None, "default") or pod.get("serviceAccount"):
+    if pod.get("serviceAccountName") not in allowed or pod.get("serviceAccount"):
         found.append(f"runs as service account {pod.get('serviceAccountName')!r}")
     for volume in pod.get("volumes") or []:
         if isinstance(volume, dict) and "hostPath" in volume:

@@ -28,12 +28,27 @@ KINDS: dict[str, Kind] = {
     "NetworkPolicy": Kind("apis/networking.k8s.io/v1", "networkpolicies"),
     "PriorityClass": Kind("apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
     "LocalQueue": Kind("apis/kueue.x-k8s.io/v1beta2", "localqueues"),
+    "ServiceAccount": Kind("api/v1", "serviceaccounts"),
+    "Role": Kind("apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": Kind("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "InferencePool": Kind("apis/inference.networking.k8s.io/v1", "inferencepools"),
+    "HTTPRoute": Kind("apis/gateway.networking.k8s.io/v1", "httproutes"),
 }
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 """LocalQueue versions, newest first: Kueue 0.15 added v1beta2 and 0.17 deprecates v1beta1, which
 older installs still serve alone."""
-PRUNABLE_KINDS = ("Deployment", "Job", "Service", "ConfigMap", "PodMonitor", "NetworkPolicy")
-"""Kinds a release owns and may prune; PersistentVolumeClaims are never among them."""
+GATEWAY_KINDS = ("HTTPRoute", "InferencePool", "RoleBinding", "Role", "ServiceAccount")
+PRUNABLE_KINDS = (
+    "Deployment",
+    "Job",
+    "Service",
+    "ConfigMap",
+    "PodMonitor",
+    "NetworkPolicy",
+    *GATEWAY_KINDS,
+)
+"""Kinds a release owns and may prune; PersistentVolumeClaims are never among them. The
+GATEWAY_KINDS are a serve release's behind a gateway (plan/gateway.py)."""
 
 
 def path(

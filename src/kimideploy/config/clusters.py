@@ -195,6 +195,71 @@ class NetworkPolicySettings(StrictModel):
     )
 
 
+class EndpointPicker(StrictModel):
+    """The Endpoint Picker each InferencePool names (its `endpointPickerRef`): the extension's
+    gRPC ext-proc server that chooses a pod of the pool for each request. kimideploy renders
+    one per pool (a picker serves exactly one pool: `--pool-name`) with the flags of the pinned
+    extension's lightweight picker (cmd/lwepp of sigs.k8s.io/gateway-api-inference-extension
+    v1.6.2), a Service in front and a Role to read its pool and pods."""
+
+    image: str = Field(
+        min_length=1,
+        description="The picker's image, pinned (a digest or a release tag): the extension's "
+        "lwepp (round-robin; enough where the split is the route's weight) or a picker that "
+        "takes the same flags, such as llm-d's. There is no default: a picker is part of the "
+        "gateway install, and clusters differ in which one they run.",
+    )
+    args: list[str] = Field(
+        default_factory=list, description="More flags, after the ones kimideploy sets."
+    )
+    grpc_port: Port = Field(
+        default=9002, description="The picker's ext-proc gRPC port, which the gateway calls."
+    )
+    health_port: Port = Field(
+        default=9003, description="The picker's gRPC health port (its probes)."
+    )
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose",
+        description="What the gateway does when the picker does not answer: FailClose refuses "
+        "the request, FailOpen sends it to any pod of the pool.",
+    )
+
+
+class CanaryJudgement(StrictModel):
+    """How `up serve --canary` judges the canary's pool against the stable pool on live traffic."""
+
+    window_s: Annotated[int, Field(ge=5, le=3600)] = Field(
+        default=60, description="Seconds between two scrapes of both pools' /metrics."
+    )
+    windows: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=10,
+        description="Windows observed before the verdict (live traffic: the longer, the surer).",
+    )
+    min_requests: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        default=50,
+        description="Requests each pool must have finished over the observation; fewer, and "
+        "the canary is refused (weight 0) as unjudgeable.",
+    )
+
+
+class GatewaySettings(StrictModel):
+    """Serve through a Gateway API Inference Extension route: the serve release's pods form an
+    InferencePool (inference.networking.k8s.io/v1) behind one HTTPRoute on this Gateway. The
+    route is what `up serve --canary` splits by weight between the serving pool and a canary
+    pool. The Gateway itself and its controller (with the extension's support) are the
+    cluster's: kimideploy neither creates nor configures them."""
+
+    name: DnsSubdomain = Field(description="The Gateway the HTTPRoute attaches to.")
+    namespace: DnsLabel | None = Field(
+        default=None, description="The Gateway's namespace. Unset: the cluster's namespace."
+    )
+    section_name: DnsSubdomain | None = Field(
+        default=None, description="One listener of the Gateway. Unset: every listener."
+    )
+    endpoint_picker: EndpointPicker
+    canary: CanaryJudgement = Field(default_factory=CanaryJudgement)
+
+
 class SshHost(StrictModel):
     """A machine kimideploy reaches over SSH (host checks, provisioning, model sync)."""
 
@@ -404,6 +469,11 @@ class Cluster(StrictModel):
         "Unset: pods get the cluster's default priority.",
     )
     network_policy: NetworkPolicySettings = Field(default_factory=NetworkPolicySettings)
+    gateway: GatewaySettings | None = Field(
+        default=None,
+        description="Serve behind an HTTPRoute of this Gateway (Gateway API Inference Extension), "
+        "which `up serve --canary` splits. Unset: the serve Service only, and no canary.",
+    )
     kueue: KueueSettings | None = Field(
         default=None, description="Batch Jobs wait in this Kueue LocalQueue. Unset: no Kueue."
     )

@@ -18,6 +18,8 @@ from kimideploy.errors import UsageError
 from kimideploy.plan.calibration import CostModel
 from kimideploy.plan.step_cost import uncalibrated
 
+CANARY_SUFFIX = "-canary"
+"""The canary pool's objects are the release's names with this suffix; its pods' component."""
 MODELS_MOUNT = "/models"
 DATASETS_MOUNT = "/data"
 HIDDEN_STATES_MOUNT = "/hidden-states"
@@ -59,6 +61,8 @@ class PlanInputs:
     replay_drafters: tuple[str, ...] = ()
     replay_prompts: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = ()
     pull_drafters: tuple[str, ...] = ()
+    canary_percent: int | None = None
+    """serve: the canary's share of the route (the objects are the canary pool's)."""
 
     @property
     def speculative_tokens(self) -> int | None:
@@ -85,8 +89,17 @@ class PlanInputs:
 
     @property
     def object_name(self) -> str:
-        """Serve is one long-lived release; each job run is a new, immutable object."""
-        return self.release if self.run_id is None else f"{self.release}-{self.run_id}"
+        """Serve is one long-lived release (its canary pool a second name beside it); each job
+        run is a new, immutable object."""
+        if self.run_id is not None:
+            return f"{self.release}-{self.run_id}"
+        return self.release if self.canary_percent is None else f"{self.release}{CANARY_SUFFIX}"
+
+    @property
+    def component(self) -> str:
+        """The component label pods are selected by: a canary's pods are not the release's
+        (neither its Deployment, its Service nor `watch` may take them)."""
+        return self.workload if self.canary_percent is None else f"{self.workload}{CANARY_SUFFIX}"
 
     def claim_name(self, claim: str) -> str:
         return f"{self.project.name}-{claim.replace('_', '-')}"

@@ -57,6 +57,9 @@ class PlanRequest:
     """replay: (name, rows) of the user's prompt sets ({id, messages[, tools]} rows)."""
     pull_drafters: tuple[str, ...] = ()
     """pull: the published drafters fetched onto the cluster's models volume."""
+    canary_percent: int | None = None
+    """serve: render the drafter as a canary pool taking this share of the route's traffic
+    beside the serving pool (`up serve --canary`), instead of as the release itself."""
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def selector_labels(ctx: PlanInputs) -> dict[str, str]:
     """Labels a Deployment selects on: stable for the release's life (selectors are immutable)."""
     return {
         "app.kubernetes.io/instance": ctx.release,
-        "app.kubernetes.io/component": ctx.workload,
+        "app.kubernetes.io/component": ctx.component,
     }
 
 
@@ -66,7 +66,7 @@ def standard_labels(ctx: PlanInputs, component: str | None = None) -> dict[str, 
     labels = {
         "app.kubernetes.io/name": ctx.project.name,
         "app.kubernetes.io/instance": ctx.release,
-        "app.kubernetes.io/component": component or ctx.workload,
+        "app.kubernetes.io/component": component or ctx.component,
         "app.kubernetes.io/version": version,
         "app.kubernetes.io/managed-by": "kimideploy",
         "app.kubernetes.io/part-of": "kimideploy",
@@ -134,6 +134,16 @@ def serve_ingress(ctx: PlanInputs, port: int) -> list[dict[str, Any]]:
     for namespace in [*settings.monitoring_namespaces, *settings.client_namespaces]:
         peers.append(
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+        )
+    gateway = ctx.cluster.gateway
+    if gateway is not None and gateway.namespace and gateway.namespace != ctx.namespace:
+        # The Gateway's data plane forwards the route's requests from its own namespace.
+        peers.append(
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": gateway.namespace}
+                }
+            }
         )
     peers += [{"ipBlock": {"cidr": cidr}} for cidr in settings.api_server_cidrs]
     return [{"from": peers, "ports": [{"port": port, "protocol": "TCP"}]}]

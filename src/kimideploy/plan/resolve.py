@@ -19,6 +19,7 @@ from kimideploy.plan import (
     acceptance,
     calibration,
     data_layout,
+    gateway,
     jobs,
     memory,
     node_probe,
@@ -58,7 +59,10 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
         (spec_json + (ctx.cluster.network.nccl_topology or "")).encode()
     ).hexdigest()
     if ctx.workload == "serve":
-        objects = serve.serve_objects(ctx, spec_json, spec_sha256)
+        objects = [
+            *serve.serve_objects(ctx, spec_json, spec_sha256),
+            *gateway.routing_objects(ctx),
+        ]
     else:
         objects = jobs.job_objects(ctx, spec, spec_json)
     return Plan(
@@ -140,9 +144,13 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         replay_drafters=request.replay_drafters,
         replay_prompts=request.replay_prompts,
         pull_drafters=request.pull_drafters,
+        canary_percent=request.canary_percent,
     )
     _check_method_on_image(ctx)
     _check_capacity(ctx)
+    refusal = gateway.canary_refusal(ctx)
+    if refusal is not None:
+        raise refusal
     if request.synthetic is not None:
         ctx = _with_synthetic(ctx, request)
     costs, note = _cost_model(ctx, request)
@@ -639,4 +647,5 @@ def _inputs(ctx: PlanInputs, request: PlanRequest) -> dict[str, Any]:
             else {}
         ),
         **({"bench_concurrency": list(ctx.bench_concurrency)} if ctx.bench_concurrency else {}),
+        **({"canary_percent": ctx.canary_percent} if ctx.canary_percent is not None else {}),
     }

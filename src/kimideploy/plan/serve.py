@@ -384,7 +384,8 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
     deployment = {
         **common,
         "annotations": pods.object_annotations(ctx),
-        "replicas": serve.replicas,
+        # A canary is one pod: the share of the route it takes is what is judged, not its size.
+        "replicas": serve.replicas if ctx.canary_percent is None else 1,
         "selector": pods.selector_labels(ctx),
         "strategy": strategy,
         # The Deployment must not declare failure while a replica is still inside its load budget.

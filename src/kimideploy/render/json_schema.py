@@ -199,6 +199,60 @@ def _min_items(
         yield path, f"{instance!r} {'should be non-empty' if least == 1 else 'is too short'}"
 
 
+def _max_items(
+    v: SchemaValidator, most: int, instance: Any, _: dict[str, Any], path: Path
+) -> Iterator[Error]:
+    if isinstance(instance, list) and len(instance) > most:
+        yield path, f"{instance!r} is too long"
+
+
+def _min_length(
+    v: SchemaValidator, least: int, instance: Any, _: dict[str, Any], path: Path
+) -> Iterator[Error]:
+    if isinstance(instance, str) and len(instance) < least:
+        yield path, f"{instance!r} {'should be non-empty' if least == 1 else 'is too short'}"
+
+
+def _max_length(
+    v: SchemaValidator, most: int, instance: Any, _: dict[str, Any], path: Path
+) -> Iterator[Error]:
+    if isinstance(instance, str) and len(instance) > most:
+        yield path, f"{instance!r} is too long"
+
+
+def _number(instance: Any) -> bool:
+    return isinstance(instance, (int, float)) and not isinstance(instance, bool)
+
+
+def _minimum(
+    v: SchemaValidator, least: float, instance: Any, _: dict[str, Any], path: Path
+) -> Iterator[Error]:
+    if _number(instance) and instance < least:
+        yield path, f"{instance!r} is less than the minimum of {least!r}"
+
+
+def _maximum(
+    v: SchemaValidator, most: float, instance: Any, _: dict[str, Any], path: Path
+) -> Iterator[Error]:
+    if _number(instance) and instance > most:
+        yield path, f"{instance!r} is greater than the maximum of {most!r}"
+
+
+def _min_properties(
+    v: SchemaValidator, least: int, instance: Any, _: dict[str, Any], path: Path
+) -> Iterator[Error]:
+    if isinstance(instance, dict) and len(instance) < least:
+        message = "should be non-empty" if least == 1 else "does not have enough properties"
+        yield path, f"{instance!r} {message}"
+
+
+def _max_properties(
+    v: SchemaValidator, most: int, instance: Any, _: dict[str, Any], path: Path
+) -> Iterator[Error]:
+    if isinstance(instance, dict) and len(instance) > most:
+        yield path, f"{instance!r} has too many properties"
+
+
 def _one_of(
     v: SchemaValidator, options: list[Schema], instance: Any, _: dict[str, Any], path: Path
 ) -> Iterator[Error]:
@@ -222,6 +276,13 @@ KEYWORDS: dict[str, Keyword] = {
     "const": _const,
     "pattern": _pattern,
     "minItems": _min_items,
+    "maxItems": _max_items,
+    "minLength": _min_length,
+    "maxLength": _max_length,
+    "minimum": _minimum,
+    "maximum": _maximum,
+    "minProperties": _min_properties,
+    "maxProperties": _max_properties,
     "oneOf": _one_of,
 }
 """Every assertion keyword the shipped schemas use; any other one is refused, not ignored."""

@@ -61,7 +61,12 @@ def schema_version_for(kubernetes_version: str) -> tuple[int, int]:
     return candidates[-1]
 
 
-CRD_SCHEMAS = {("PodMonitor", "monitoring.coreos.com/v1"): "podmonitor-monitoring-v1.json"}
+CRD_SCHEMAS = {
+    ("PodMonitor", "monitoring.coreos.com/v1"): "podmonitor-monitoring-v1.json",
+    # Derived from the pinned Go modules' CRDs by scripts/update-crd-schemas.
+    ("InferencePool", "inference.networking.k8s.io/v1"): "inferencepool-inference-v1.json",
+    ("HTTPRoute", "gateway.networking.k8s.io/v1"): "httproute-gateway-v1.json",
+}
 """Custom resources kimideploy renders; their schemas ship with the package (render/crd_schemas)."""
 
 

@@ -126,6 +126,8 @@ class Verdict:
     baseline_note: str = ""
     gate_failed: bool = False
     fail_open: bool = False
+    kind = "gate"
+    """What gave the verdict (a canary's says "canary"), for the line `up` prints."""
 
     @property
     def worst_speedup(self) -> float | None:

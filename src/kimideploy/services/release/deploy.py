@@ -20,6 +20,7 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
+from kimideploy.plan.inputs import CANARY_SUFFIX
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.services.preflight import require_prerequisites, require_weights
@@ -87,6 +88,9 @@ class Revision:
     source_revision: int | None = None
     preflight: tuple[dict[str, Any], ...] = ()
     """The weights probe of a fresh render (a rollback re-applies what was served: none)."""
+    follow: str | None = None
+    """The Deployment whose rollout says the revision is ready; None: the release's own (a
+    canary revision follows the canary's)."""
 
 
 def _now() -> str:
@@ -260,7 +264,7 @@ class _Transaction:
         reporter.info(
             f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
         )
-        back = _revision_from_record(
+        back = revision_from_record(
             target,
             f"automatic rollback to revision {target.revision} after "
             f"revision {number} failed: {state.failure}",
@@ -402,7 +406,11 @@ class _Transaction:
     def _wait(self, revision: Revision) -> RolloutState | None:
         if not self.wait.wait:
             return None
-        deployment = next(o for o in revision.manifests if o["kind"] == "Deployment")
+        deployments = [o for o in revision.manifests if o["kind"] == "Deployment"]
+        wanted = revision.follow or revision.release
+        deployment = next(
+            (o for o in deployments if o["metadata"]["name"] == wanted), deployments[0]
+        )
         watcher = self.session.rollout_watcher(
             deployment["metadata"]["name"],
             startup_budget_s(deployment),
@@ -490,7 +498,7 @@ def _mark_serving(
     session.record(record, new=False)
 
 
-def _revision_from_record(record: ReleaseRecord, note: str) -> Revision:
+def revision_from_record(record: ReleaseRecord, note: str) -> Revision:
     return Revision(
         release=record.release,
         workload=record.workload,
@@ -503,6 +511,14 @@ def _revision_from_record(record: ReleaseRecord, note: str) -> Revision:
         overrides=record.overrides,
         note=note,
         source_revision=record.revision,
+        follow=next(
+            (
+                o["metadata"]["name"]
+                for o in record.manifests
+                if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(CANARY_SUFFIX)
+            ),
+            None,
+        ),
     )
 
 
@@ -554,7 +570,7 @@ def rollback(
         else:
             _refuse_untrusted(session, release, to)
             chosen = lifecycle.rollback_target(history, to)
-            revision = _revision_from_record(chosen, f"rollback to revision {chosen.revision}")
+            revision = revision_from_record(chosen, f"rollback to revision {chosen.revision}")
         if note:
             revision = replace(revision, note=note)
         return _Transaction(session, lock, options, reporter, "rollback").apply(revision)

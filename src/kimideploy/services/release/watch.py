@@ -68,11 +68,13 @@ def serving_facts(
 
 
 def scrape_serve_pods(
-    session: ClusterSession, release: str, port: int
+    session: ClusterSession, release: str, port: int, component: str = "serve"
 ) -> tuple[dict[str, str], list[str]]:
-    """Each running serve pod's /metrics through the API server; (texts by pod, errors)."""
+    """Each running serve pod's /metrics through the API server; (texts by pod, errors). The
+    release's own pods by default: not a canary's, nor the endpoint pickers' (plan/gateway.py)."""
     texts, errors = {}, []
-    for pod in session.pods(f"app.kubernetes.io/instance={release}"):
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component={component}"
+    for pod in session.pods(selector):
         name = pod["metadata"]["name"]
         if pod.get("status", {}).get("phase") != "Running":
             continue
