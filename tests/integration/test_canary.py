@@ -151,6 +151,9 @@ def test_a_canary_pool_is_applied_judged_moved_and_rolled_back(
     assert [(r["revision"], r["drafter"]) for r in rows] == [(1, "v2"), (2, "v2"), (3, "v2")]
     assert rows[1]["note"].startswith("canary: v3 takes 10% beside revision 1 (v2)")
     assert rows[2]["note"].startswith("canary v3 refused: 0%")
+    assert [r["change"] for r in rows] == ["rollout", "canary 10%", "canary 0%"]
+    code, out, _ = kd("status", "-o", "json", config=config)
+    assert json.loads(out)["serving"]["canary"] == "v3 takes 0% of the route"
 
     code, _, err = kd(*B300_UP, "--drafter", "v3", "--canary", "10", config=config)
     assert code == 2 and "already has a canary" in err

@@ -24,6 +24,7 @@ import secrets
 import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -435,6 +436,8 @@ class Served:
     bench: dict[str, Any]
     trained_prompts: dict[str, Any] | None = None
     """`good` only: vLLM's count on the very held-out prompts training judged it on."""
+    metrics: tuple[str, str] = ("", "")
+    """The server's /metrics just before and just after `bench` (the canary judge's input)."""
 
 
 TRAINED_PROMPTS = "trained"
@@ -497,8 +500,11 @@ def serve_and_bench(cpu_python: Path, requests: list[ServeRequest]) -> dict[str,
         )
         for req in requests:
             server = servers[req.label]
+            before = scrape(server)
             measured = bench(cpu_python, req.loaded, req.volumes, req.drafter, server, req.cluster)
-            results[req.label] = Served(req.drafter, server, measured)
+            results[req.label] = Served(
+                req.drafter, server, measured, None, (before, scrape(server))
+            )
             if req.label == "good":
                 results[req.label].trained_prompts = bench(
                     cpu_python, req.loaded, req.volumes, req.drafter, server, req.cluster,
@@ -528,8 +534,10 @@ def served(
     second cluster profile from the copy it pulled from the registry ("good@cpu-b"), the third
     the model-free methods (n-gram, suffix decoding) for the bake-off."""
     FIGURES["good: held-out prompts benched"] = write_trained_prompts(good_drafter["out"], volumes)
-    results = {"none": Served("none", target_server, bench(cpu_python, project, volumes,
-                                                           "none", target_server))}  # fmt: skip
+    before = scrape(target_server)
+    baseline = bench(cpu_python, project, volumes, "none", target_server)
+    results = {"none": Served("none", target_server, baseline, None,
+                              (before, scrape(target_server)))}  # fmt: skip
     here = [ServeRequest(name, project, name, volumes) for name in ("good", "untrained", "shifted")]
     results.update(serve_and_bench(cpu_python, here))
     results.update(serve_and_bench(cpu_python, [
@@ -544,6 +552,11 @@ def served(
             "mean_acceptance_length"
         )
     return results
+
+
+def scrape(server: pods.Server) -> str:
+    text: str = urllib.request.urlopen(f"{server.url}/metrics", timeout=30).read().decode()
+    return text
 
 
 def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: str,

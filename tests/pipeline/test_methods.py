@@ -59,3 +59,43 @@ def test_every_method_is_served_benched_and_judged_side_by_side(
             assert chosen == NO_DRAFTER
         else:
             assert chosen == max(passing, key=lambda r: r.speedup).candidate
+
+
+def test_the_canary_judge_reads_what_the_engine_counted_over_a_window(
+    served: dict[str, Served], project: LoadedProject
+) -> None:
+    """The canary's verdict is made from two scrapes of each pool's /metrics (services/release/
+    canary.py): here each server's own, just before and just after its bench. The window holds
+    exactly the bench's requests, its per-request time per token, and the acceptance the bench
+    scraped over the same window; the verdict on these two pools is printed (which method wins
+    on the toy target is the target's property)."""
+    from kimideploy.config.clusters import CanaryJudgement
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.services.release.canary import pool_window, verdict
+    from kimideploy.services.rendering import render_workload
+
+    windows = {}
+    for name in (NO_DRAFTER, "good"):
+        before, after = served[name].metrics
+        window = pool_window({"pod": before}, {"pod": after})
+        [level] = served[name].bench["levels"]
+        assert window.requests == level["requests"] - level["failed"] > 0, (name, window)
+        assert window.seconds_per_token is not None and 0 < window.seconds_per_token < 10
+        windows[name] = window
+    plain, good = windows[NO_DRAFTER], windows["good"]
+    assert plain.acceptance is None or plain.acceptance.rate is None
+    assert good.acceptance is not None and good.acceptance.rate is not None
+    [level] = served["good"].bench["levels"]
+    assert good.acceptance.rate == pytest.approx(level["scraped_acceptance_rate"], abs=1e-9)
+    cluster = project.project.clusters["cpu"]
+    plan = render_workload(project, PlanRequest("serve", "cpu", "good")).plan
+    rates = plan.break_even["rate"]
+    settings = CanaryJudgement(window_s=5, windows=1, min_requests=level["requests"])
+    judged = verdict(plain, good, break_even=rates[min(rates, key=int)],
+                     min_speedup=cluster.gate.min_speedup, settings=settings)  # fmt: skip
+    # The same bench on both: the loads per pod compare, so the speeds are compared.
+    assert judged.speed_compared, judged.reason
+    FIGURES["canary judge on the engine's counters: no drafter vs good"] = (
+        f"{judged.summary()}; {plain.seconds_per_token * 1000:.1f} vs "
+        f"{good.seconds_per_token * 1000:.1f} ms/token per request"
+    )

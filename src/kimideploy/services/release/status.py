@@ -9,7 +9,9 @@ from kimideploy.cluster.jobs import job_phase
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.project import Project
+from kimideploy.plan.inputs import CANARY_SUFFIX
 from kimideploy.services.release import lifecycle
+from kimideploy.services.release.canary import canary_share
 from kimideploy.services.release.swap import keepers_now
 from kimideploy.services.release.watch import live_acceptance
 from kimideploy.services.runs import rental
@@ -40,7 +42,11 @@ def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
 def change_summary(record: ReleaseRecord) -> str:
     """How the revision reached the pods: "swap" (the drafter swapped into the running server,
     no reload), "swap refused" (the server refused the files; the pods were replaced), "swap
-    (not waited for)" (`--no-wait`), "swap failed" or "rollout"."""
+    (not waited for)" (`--no-wait`), "swap failed" or "rollout"; a revision with a canary pool
+    says its share of the route ("canary 10%", "canary 0%" after a refusal)."""
+    share = canary_share(record.manifests, record.release)
+    if share is not None:
+        return f"canary {share}%"
     swapped = record.details.get("swap")
     if not swapped:
         return "rollout"
@@ -74,6 +80,12 @@ def status_report(
             since=current.created_at,
             change=change_summary(current),
         )
+        canary = next((o for o in current.manifests if o["kind"] == "Deployment"
+                       and o["metadata"]["name"].endswith(CANARY_SUFFIX)), None)  # fmt: skip
+        if canary is not None:
+            labels = canary["spec"]["template"]["metadata"]["labels"]
+            share = canary_share(current.manifests, release)
+            serving["canary"] = f"{labels.get('kimideploy.io/drafter')} takes {share}% of the route"
     gated = next((r for r in reversed(history) if r.details.get("gate")), None)
     if gated is not None:
         serving["gate"] = f"revision {gated.revision} ({gated.drafter}) {gate_summary(gated)}"
