@@ -51,6 +51,13 @@ def names_in(node: ast.AST) -> list[str]:
     return values
 
 
+def _names_a_workload(node: ast.Compare, workloads: set[str]) -> bool:
+    equality = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+    return any(isinstance(op, equality) for op in node.ops) and bool(
+        set(names_in(node)) & workloads
+    )
+
+
 def main(argv: list[str]) -> int:
     paths = [Path(a) for a in argv] or [ROOT / "src" / "kimideploy"]
     wide = keyword_only = calls = long_calls = 0
@@ -71,13 +78,14 @@ def main(argv: list[str]) -> int:
                 calls += 1
                 positional = [a for a in node.args if not isinstance(a, ast.Starred)]
                 long_calls += len(positional) >= 6
-            elif in_plan and isinstance(node, ast.Compare):
-                if any(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
-                    if set(names_in(node)) & workloads:
-                        branches[f"{file.name}:{node.lineno}"] += 1
-            elif in_plan and isinstance(node, ast.match_case):
-                if set(names_in(node.pattern)) & workloads:
-                    branches[f"{file.name}:{node.pattern.lineno}"] += 1
+            elif in_plan and isinstance(node, ast.Compare) and _names_a_workload(node, workloads):
+                branches[f"{file.name}:{node.lineno}"] += 1
+            elif (
+                in_plan
+                and isinstance(node, ast.match_case)
+                and set(names_in(node.pattern)) & workloads
+            ):
+                branches[f"{file.name}:{node.pattern.lineno}"] += 1
             if in_cli and isinstance(node, ast.Name) and node.id == "Any":
                 any_in_cli += 1
     share = keyword_only / wide if wide else 0.0
