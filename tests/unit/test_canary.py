@@ -202,3 +202,16 @@ def test_the_verdict_promotes_only_what_live_traffic_shows_pays(
     assert said in judged.reason
     assert judged.weight == (100 if promote else 0)
     assert judged.details()["canary_weight"] == judged.weight
+
+
+def test_the_releases_own_deployment_comes_first_among_a_gateway_revisions() -> None:
+    """The gate, watch and the swap read a revision's first Deployment as the release's: the
+    pickers' and the canary's sort after it, alone and merged as a canary revision is."""
+    from kimideploy.render.manifests import sort_for_apply
+
+    loaded = with_gateway("b300")
+    serving = objects(loaded, "b300", drafter="v2")
+    canary = objects(loaded, "b300", canary_percent=10)
+    for revision in (serving, sort_for_apply([*serving, *canary])):
+        deployments = [o["metadata"]["name"] for o in revision if o["kind"] == "Deployment"]
+        assert len(deployments) >= 2 and deployments[0] == RELEASE, deployments
