@@ -90,7 +90,7 @@ def test_the_bakeoff_measures_each_candidate_resumes_and_restores_what_served(
     with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files, set())):
         code, out, err = kd(*BAKEOFF)
     assert code == 0, err
-    assert "1 model load(s) (v3; each up to" in err
+    assert "1 revision(s) (v3; a model load each unless it swaps the drafter, each up to" in err
     assert "measured before, not loaded again: none, ngram" in err
     assert "recommended per concurrency" in out and "c=1: v3, c=8: none" in out
     rows = history(kd)
