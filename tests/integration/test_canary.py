@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.integration.conftest import harness, weights_synced
+from tests.integration.test_rbac import as_deployer  # noqa: F401 (a fixture used below)
 
 pytestmark = pytest.mark.integration
 RELEASE = "kimi-k25-serve"
@@ -67,6 +68,20 @@ def gateway_crds(testcluster: harness.TestCluster, crd_files: dict[str, Path]) -
     testcluster.kubectl("delete", *[f"crd/{c}" for c in CRDS], "--ignore-not-found")
 
 
+@pytest.fixture
+def as_gateway_deployer(
+    testcluster: harness.TestCluster,
+    namespace: str,
+    as_deployer: str,  # noqa: F811 (the fixture imported above)
+) -> str:
+    """The deployer of test_rbac.py, also bound to kimideploy-gateway-deployer in the namespace,
+    as docs/reference/security.md says for a cluster behind a gateway."""
+    testcluster.kubectl("-n", namespace, "create", "rolebinding", "kimideploy-gateway",
+                        "--clusterrole=kimideploy-gateway-deployer",
+                        f"--serviceaccount={namespace}:deployer")  # fmt: skip
+    return as_deployer
+
+
 def test_the_shipped_schemas_are_the_pinned_crds() -> None:
     """render/crd_schemas/ is what scripts/update-crd-schemas derives from the modules' CRDs."""
     check = subprocess.run(
@@ -112,7 +127,10 @@ def test_a_canary_pool_is_applied_judged_moved_and_rolled_back(
     namespace: str,
     edited_config: Callable[..., Path],
     gateway_crds: None,
+    as_gateway_deployer: str,
 ) -> None:
+    """Run as a ServiceAccount bound only to the shipped roles: creating the pickers' Role and
+    RoleBinding is allowed because the deployer holds the reads they grant."""
     weights_synced(testcluster, namespace)
     config = edited_config((B300, B300 + GATEWAY))
     code, out, err = kd(*B300_UP, "--drafter", "v2", config=config)

@@ -255,7 +255,7 @@ def test_the_validator_finds_what_jsonschema_finds_on_a_canary_behind_a_gateway(
     request = PlanRequest("serve", "b300", "v3", monitoring_crd=True, canary_percent=10)
     objects = render_workload(with_gateway("b300"), request).objects
     kinds = {o["kind"] for o in objects}
-    assert {"InferencePool", "HTTPRoute", "Role", "RoleBinding", "ServiceAccount"} <= kinds
+    assert {"InferencePool", "HTTPRoute", "RoleBinding", "ServiceAccount"} <= kinds
     assert _same_errors_as_jsonschema(objects) > 100
 
 

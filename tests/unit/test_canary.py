@@ -215,3 +215,21 @@ def test_the_releases_own_deployment_comes_first_among_a_gateway_revisions() -> 
     for revision in (serving, sort_for_apply([*serving, *canary])):
         deployments = [o["metadata"]["name"] for o in revision if o["kind"] == "Deployment"]
         assert len(deployments) >= 2 and deployments[0] == RELEASE, deployments
+
+
+def test_the_shipped_picker_role_only_reads_what_the_picker_watches() -> None:
+    """k8s/base/rbac.yaml's kimideploy-endpoint-picker is the role every release's RoleBinding
+    names, with exactly the reads formats/endpoint_picker.py documents."""
+    import yaml
+
+    from kimideploy.formats.endpoint_picker import PICKER_CLUSTER_ROLE, PICKER_RULES
+    from tests.conftest import REPO
+
+    shipped = list(yaml.safe_load_all((REPO / "k8s" / "base" / "rbac.yaml").read_text()))
+    [role] = [d for d in shipped if d["metadata"]["name"] == PICKER_CLUSTER_ROLE]
+    assert role["kind"] == "ClusterRole" and role["rules"] == PICKER_RULES
+    found = objects(with_gateway("b300"), "b300")
+    binding = named(found, "RoleBinding", f"{RELEASE}-epp")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": PICKER_CLUSTER_ROLE}  # fmt: skip
+    assert not [o for o in found if o["kind"] in ("Role", "ClusterRole", "ClusterRoleBinding")]

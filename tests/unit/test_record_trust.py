@@ -93,7 +93,7 @@ PICKER = f"{RELEASE}-epp"
 
 def picker_objects() -> list[dict[str, Any]]:
     """What a serve release behind a gateway stores for its endpoint pickers."""
-    from kimideploy.formats.endpoint_picker import PICKER_RULES
+    from kimideploy.formats.endpoint_picker import PICKER_CLUSTER_ROLE
 
     meta = {"name": PICKER, "namespace": NAMESPACE, "labels": LABELS}
     picker = deployment(serviceAccountName=PICKER, automountServiceAccountToken=True)
@@ -101,10 +101,9 @@ def picker_objects() -> list[dict[str, Any]]:
     return [
         picker,
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-         "rules": PICKER_RULES},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PICKER},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": PICKER_CLUSTER_ROLE},
          "subjects": [{"kind": "ServiceAccount", "name": PICKER, "namespace": NAMESPACE}]},
     ]  # fmt: skip
 
@@ -128,14 +127,16 @@ def _widened(index: int, **changes: Any) -> list[dict[str, Any]]:
         # The pickers' account, run by a Deployment that is not a picker.
         ([deployment(serviceAccountName=PICKER, automountServiceAccountToken=True)],
          f"runs as service account '{PICKER}'"),
-        # The Role widened: it would read Secrets with the token the picker mounts.
-        (_widened(2, rules=[{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
-         "grants more than reading pods and InferencePools"),
-        # Bound to another account, or another Role bound to the pickers'.
-        (_widened(3, subjects=[{"kind": "ServiceAccount", "name": "default",
-                                "namespace": NAMESPACE}]), f"binds other than Role {PICKER}"),
-        (_widened(3, roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                              "name": "admin"}), f"binds other than Role {PICKER}"),
+        # A Role of its own: a record holds none (it could grant anything the writer names).
+        ([{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+           "metadata": {"name": PICKER, "namespace": NAMESPACE, "labels": LABELS},
+           "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]}],
+         "kind 'Role' is not one a release holds"),
+        # Bound to another account, or another role bound to the pickers'.
+        (_widened(2, subjects=[{"kind": "ServiceAccount", "name": "default",
+                                "namespace": NAMESPACE}]), "binds other than ClusterRole"),
+        (_widened(2, roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                              "name": "admin"}), "binds other than ClusterRole"),
         (_widened(1, metadata={"name": "other", "namespace": NAMESPACE, "labels": LABELS}),
          f"is not the endpoint pickers' {PICKER}"),
     ],

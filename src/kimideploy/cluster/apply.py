@@ -85,6 +85,16 @@ def apply_object(
             f"{target} was rejected by the API server: {exc}",
             hint="fix the value and run again",
         ) from exc
+    except NotFoundError as exc:
+        if target.kind != "RoleBinding":
+            raise
+        # For anyone but a cluster admin the API server checks a binding against the role it
+        # binds, and answers "not found" when that role is not installed.
+        role = obj.get("roleRef", {}).get("name")
+        raise ClusterError(
+            f"{target}: the API server could not check the ClusterRole {role} it binds ({exc})",
+            hint="a cluster admin applies k8s/base/rbac.yaml once per cluster (it ships that role)",
+        ) from exc
 
 
 def _conflicts(status: dict[str, Any]) -> list[str]:

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from kimideploy.formats.bounded_io import UnreadableFileError, parse_json_object
-from kimideploy.formats.endpoint_picker import PICKER_RULES, PICKER_SUFFIX, picker_account
+from kimideploy.formats.endpoint_picker import PICKER_CLUSTER_ROLE, PICKER_SUFFIX, picker_account
 
 MAX_STORED_BYTES = 2 * 1024 * 1024
 """Base64 text of the record (a Secret holds at most 1 MiB of data)."""
@@ -40,7 +40,6 @@ RELEASE_KINDS = {
     "NetworkPolicy": "networking.k8s.io/v1",
     "PodMonitor": "monitoring.coreos.com/v1",
     "ServiceAccount": "v1",
-    "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
     "InferencePool": "inference.networking.k8s.io/v1",
     "HTTPRoute": "gateway.networking.k8s.io/v1",
@@ -182,26 +181,31 @@ def object_problems(obj: Any, namespace: str, release: str) -> list[str]:
 
 
 def _grant_problems(kind: str, obj: dict[str, Any], release: str) -> list[str]:
-    """A record may create one account, with one Role that only reads pods and InferencePools
-    (the endpoint pickers'), bound to that account alone: never a wider grant."""
+    """A record may create one account and one binding: the shipped read-only ClusterRole of the
+    endpoint pickers (pods and InferencePools) to that account, in its namespace; never a wider
+    grant."""
     picker = picker_account(release)
-    if kind in ("ServiceAccount", "Role", "RoleBinding") and obj["metadata"]["name"] != picker:
+    if kind in ("ServiceAccount", "RoleBinding") and obj["metadata"]["name"] != picker:
         return [f"is not the endpoint pickers' {picker}"]
-    if kind == "Role" and obj.get("rules") != PICKER_RULES:
-        return ["grants more than reading pods and InferencePools"]
     if kind == "RoleBinding":
         subjects = obj.get("subjects")
         wanted = [{"kind": "ServiceAccount", "name": picker, "namespace": obj["metadata"].get(
             "namespace")}]  # fmt: skip
         role = mapping(obj.get("roleRef"))
-        if role.get("kind") != "Role" or role.get("name") != picker or subjects != wanted:
-            return [f"binds other than Role {picker} to ServiceAccount {picker}"]
+        if (
+            role.get("kind") != "ClusterRole"
+            or role.get("name") != PICKER_CLUSTER_ROLE
+            or subjects != wanted
+        ):
+            return [
+                f"binds other than ClusterRole {PICKER_CLUSTER_ROLE} to ServiceAccount {picker}"
+            ]
     return []
 
 
 def pod_problems(pod: Any, account: str | None = None) -> list[str]:
     """What kimideploy never renders into a pod: host access, privilege, an API token; the one
-    exception is `account`, the endpoint pickers' (whose Role only reads, _grant_problems)."""
+    exception is `account`, the endpoint pickers' (bound to a read-only role: _grant_problems)."""
     if not isinstance(pod, dict):
         return ["no pod template"]
     found = [f"sets {key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]

@@ -29,7 +29,6 @@ KINDS: dict[str, Kind] = {
     "PriorityClass": Kind("apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
     "LocalQueue": Kind("apis/kueue.x-k8s.io/v1beta2", "localqueues"),
     "ServiceAccount": Kind("api/v1", "serviceaccounts"),
-    "Role": Kind("apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "InferencePool": Kind("apis/inference.networking.k8s.io/v1", "inferencepools"),
     "HTTPRoute": Kind("apis/gateway.networking.k8s.io/v1", "httproutes"),
@@ -37,7 +36,7 @@ KINDS: dict[str, Kind] = {
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 """LocalQueue versions, newest first: Kueue 0.15 added v1beta2 and 0.17 deprecates v1beta1, which
 older installs still serve alone."""
-GATEWAY_KINDS = ("HTTPRoute", "InferencePool", "RoleBinding", "Role", "ServiceAccount")
+GATEWAY_KINDS = ("HTTPRoute", "InferencePool", "RoleBinding", "ServiceAccount")
 PRUNABLE_KINDS = (
     "Deployment",
     "Job",

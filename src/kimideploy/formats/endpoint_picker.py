@@ -9,6 +9,10 @@ from typing import Any
 PICKER_SUFFIX = "-epp"
 """The picker's Deployment, Service, ServiceAccount, Role and RoleBinding: <pool><suffix>, and
 <release><suffix> for the account the pools' pickers share."""
+PICKER_CLUSTER_ROLE = "kimideploy-endpoint-picker"
+"""The ClusterRole k8s/base/rbac.yaml ships with PICKER_RULES; each release binds it to its
+pickers' account in its namespace (a RoleBinding grants it there only). Shipped rather than
+rendered as a Role: a user's server-side dry run of a RoleBinding must find the role it binds."""
 PICKER_RULES: list[dict[str, Any]] = [
     # What the picker's controllers watch (pkg/lwepp/controller: Pods and its InferencePool).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},

@@ -8,9 +8,10 @@ drafter, `P` percent of the route. The extension's own model kinds (InferenceObj
 InferenceModelRewrite) were removed from it and are not rendered.
 
 Why kimideploy renders its own picker objects rather than llm-d-router's Helm charts: the
-objects are few (a Deployment, a Service, a Role), every release renders through one templating
-path that is validated offline and on the test control plane, and the charts would bring a second
-renderer and a chart version to pin for the same flags the extension's lwepp takes.
+objects are few (a Deployment, a Service, an account bound to the read-only ClusterRole that
+k8s/base/rbac.yaml ships), every release renders through one templating path that is validated
+offline and on the test control plane, and the charts would bring a second renderer and a chart
+version to pin for the same flags the extension's lwepp takes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from kimideploy.config.clusters import GatewaySettings
 from kimideploy.errors import UsageError
-from kimideploy.formats.endpoint_picker import PICKER_RULES, PICKER_SUFFIX, picker_account
+from kimideploy.formats.endpoint_picker import PICKER_CLUSTER_ROLE, PICKER_SUFFIX, picker_account
 from kimideploy.plan import pods
 from kimideploy.plan.inputs import CANARY_SUFFIX, PlanInputs
 from kimideploy.plan.model import ObjectPlan
@@ -70,7 +71,7 @@ def routing_objects(ctx: PlanInputs) -> list[ObjectPlan]:
         return []
     stable = dataclasses.replace(ctx, canary_percent=None)
     pools = [stable] if ctx.canary_percent is None else [stable, ctx]
-    objects = [_access(stable, kind) for kind in ("serviceaccount", "role", "rolebinding")]
+    objects = [_access(stable, kind) for kind in ("serviceaccount", "rolebinding")]
     for pool in pools:
         objects += _pool(pool, gateway)
     objects.append(_route(stable, gateway, ctx.canary_percent or 0))
@@ -88,7 +89,7 @@ def _common(ctx: PlanInputs, name: str, component: str | None = None) -> dict[st
 def _access(ctx: PlanInputs, kind: str) -> ObjectPlan:
     name = picker_account(ctx.release)
     values = _common(ctx, name, "endpoint-picker")
-    values.update(rules=PICKER_RULES, role=name, service_account=name)
+    values.update(cluster_role=PICKER_CLUSTER_ROLE, service_account=name)
     return ObjectPlan(kind, values)
 
 
