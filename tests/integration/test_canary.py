@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.conftest import harness, weights_synced
+from tests.integration.conftest import harness, wait_for, weights_synced
 from tests.integration.test_rbac import as_deployer  # noqa: F401 (a fixture used below)
 
 pytestmark = pytest.mark.integration
@@ -178,7 +178,9 @@ def test_a_canary_pool_is_applied_judged_moved_and_rolled_back(
 
     code, _, err = kd("rollback", "serve", "--to", "1", "--yes", "--poll", "0.2", config=config)
     assert code == 0, err
-    assert live(testcluster, namespace, "deployment", CANARY) is None
+    # Pruned with foreground deletion: the Deployment goes once its pod has.
+    wait_for(lambda: live(testcluster, namespace, "deployment", CANARY) is None,
+             "the canary's Deployment to be pruned")  # fmt: skip
     assert live(testcluster, namespace, "inferencepool", CANARY) is None
     assert weights(testcluster, namespace) == {RELEASE: 100}
 

@@ -310,28 +310,30 @@ def run_canary(
     started = deploy.deploy(session, revision, no_swap, reporter, "canary")
     if not started.waited:
         return started, None
-    plan = revision.release
-    gateway = loaded.project.clusters[rendered.plan.cluster].gateway
+    release = revision.release
+    cluster = loaded.project.clusters[rendered.plan.cluster]
+    gateway = cluster.gateway
     assert gateway is not None  # the plan refused a canary without one
     rates = rendered.plan.break_even.get("rate") or {}
     break_even = rates[min(rates, key=int)] if rates else None
-    gate = loaded.project.clusters[rendered.plan.cluster].gate
     serving_drafter = revision.drafter
-    min_speedup = gate.min_speedup if serving_drafter == NO_DRAFTER else 1.0
-    port = loaded.project.clusters[rendered.plan.cluster].workloads.serve.port
+    min_speedup = cluster.gate.min_speedup if serving_drafter == NO_DRAFTER else 1.0
     reporter.info(
         f"judging the canary ({rendered.plan.drafter}) against revision "
         f"{revision.source_revision} ({serving_drafter}) on live traffic: "
         f"{gateway.canary.windows} windows of {gateway.canary.window_s}s"
     )
-    stable, canary = observe(session, plan, port=port, settings=gateway.canary, reporter=reporter)
+    port = cluster.workloads.serve.port
+    stable, canary = observe(
+        session, release, port=port, settings=gateway.canary, reporter=reporter
+    )
     judged = verdict(
         stable, canary, break_even=break_even, min_speedup=min_speedup, settings=gateway.canary
     )
     word = "promoted: 100%" if judged.promote else "refused: 0%"
     moved = move_weight(
         session,
-        plan,
+        release,
         percent=judged.weight,
         note=f"canary {rendered.plan.drafter} {word} ({judged.reason})",
         options=options,
