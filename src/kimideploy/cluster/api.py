@@ -23,6 +23,10 @@ class NotFoundError(Exception):
     """The object does not exist (404)."""
 
 
+class ForbiddenError(ClusterError):
+    """The API server refused the caller (401/403): RBAC, not the object."""
+
+
 class ConflictError(Exception):
     """409: an apply conflict or an object that already exists; `status` is the API's Status."""
 
@@ -186,7 +190,7 @@ class KubeApi:
                 "PUT": "update",
                 "DELETE": "delete",
             }.get(method, method.lower())
-            raise ClusterError(
+            raise ForbiddenError(
                 f"forbidden: cannot {verb} {_describe(path)}: {message}",
                 hint="ask a cluster admin for that permission, or use a context that has it",
             )

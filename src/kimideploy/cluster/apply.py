@@ -11,6 +11,7 @@ import yaml
 from kimideploy.cluster.api import (
     FIELD_MANAGER,
     ConflictError,
+    ForbiddenError,
     InvalidError,
     KubeApi,
     NotFoundError,
@@ -172,10 +173,10 @@ def live_release_objects(api: KubeApi, namespace: str, release: str) -> list[dic
             )
         except NotFoundError:  # a custom resource (PodMonitor) the cluster does not serve
             continue
-        except ClusterError as exc:
-            # A deployer bound to an older kimideploy-deployer role may not list the gateway's
-            # kinds; creating them takes the same grants, so it has none of them to prune.
-            if kind in GATEWAY_KINDS and exc.message.startswith("forbidden:"):
+        except ForbiddenError:
+            # A deployer without kimideploy-gateway-deployer may not list the gateway's kinds;
+            # creating them takes the same grants, so it has none of them to prune.
+            if kind in GATEWAY_KINDS:
                 continue
             raise
         for item in listed.get("items", []):
