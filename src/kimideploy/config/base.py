@@ -28,11 +28,9 @@ _DECIMAL_SUFFIX = {
 class StrictModel(BaseModel):
     """User-written config: unknown keys are errors, values are immutable once loaded."""
 
-    # Attribute docstrings are the fields' descriptions: the schema and the generated
-    # docs/reference/configuration-keys.md read them.
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True
-    )
+    # Attribute docstrings are the fields' descriptions: config/descriptions.py reads them when
+    # the schema and docs/reference/configuration-keys.md are written, not while classes load.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 def is_quantity(value: str) -> bool:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kimideploy.config.descriptions import describe_from_docstrings
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
@@ -103,6 +104,7 @@ def golden_files(config: Path) -> dict[Path, str]:
 
 def config_json_schema() -> str:
     """The JSON Schema of kimideploy.yaml, for editors; committed and checked for staleness."""
+    describe_from_docstrings(Project)
     schema: dict[str, Any] = Project.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "kimideploy.yaml"
