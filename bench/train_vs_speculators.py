@@ -176,7 +176,9 @@ def inside(spec_path: Path, workdir: Path, epochs: int, out: Path) -> int:
         ratio = len(split.train) / (len(split.train) + len(split.held_out))
         theirs = run_theirs(spec, data, workdir, ours["steps"], total_seq_len, epochs, ratio)
         steps = train_data_steps(split, spec)
-        judge = train.Trainer(spec, features, train._ranks(), d2t, t2d, split, steps)
+        judge = train.Trainer(
+            spec, features, train._ranks(), d2t, t2d=t2d, split=split, steps_per_epoch=steps
+        )
         # The run's own held-out judgement, on speculators' checkpoint instead of its model.
         judge.model = load_speculators_checkpoint(theirs.pop("checkpoint")).to(judge.device)
         judged = judge._judge()

@@ -321,7 +321,9 @@ def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(
               for c, a in ((1, 0.15), (8, 0.4), (64, 1.2)) for k in (1, 2, 3)
               for length in (1.5, 2.5)]  # fmt: skip
     measured = MeasuredCost(replace_calibration(points))
-    schedule = choose_schedule("auto", measured, [0.8, 0.7, 0.6], 3, 256, "0.32.0")
+    schedule = choose_schedule(
+        "auto", measured, [0.8, 0.7, 0.6], 3, max_num_seqs=256, vllm="0.32.0"
+    )
     assert len({k for _, _, k in schedule.ranges}) > 1, schedule  # k changes with batch size
     cases.append({"name": "schedule", "argv": [*base[: at + 1], json.dumps(
         {**spec, "num_speculative_tokens_per_batch_size": [list(r) for r in schedule.ranges]}

@@ -92,8 +92,8 @@ def test_a_lock_taken_over_during_the_question_stops_up_before_any_write(
             loaded,
             PlanRequest("serve", drafter="v3"),
             deploy.ApplyOptions(
-                deploy.ChangeOptions(yes=False),
-                deploy.WaitOptions(poll_s=0.2, scheduling_grace_s=2),
+                change=deploy.ChangeOptions(yes=False),
+                wait=deploy.WaitOptions(poll_s=0.2, scheduling_grace_s=2),
             ),
             TakeOverWhileAsking(session),
         )

@@ -84,7 +84,7 @@ def doctor(loaded: LoadedProject, outcome: ReplayOutcome, served: dict[str, Serv
     """What `drafter doctor` prints for each drafter, with the bench's counts as measured."""
     measured = {name: measured_from_bench(served[name].bench, 4, f"bench of {name}")
                 for name in DOCTOR_DRAFTERS}  # fmt: skip
-    found = diagnoses(loaded, "cpu", outcome, measured, (), prompt_set)
+    found = diagnoses(loaded, "cpu", outcome, measured, calibrations=(), prompt_set=prompt_set)
     return {d.drafter: d for d in found}
 
 

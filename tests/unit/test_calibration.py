@@ -230,17 +230,19 @@ def test_an_image_without_synthetic_rejection_sampling_is_refused_naming_one_tha
 def test_the_k_schedule_stops_drafting_where_it_cannot_pay() -> None:
     costs = cal.MeasuredCost(calibration_of(measured(noise=0.0)))
     good = [0.8, 0.7, 0.6]
-    schedule = choose_schedule("auto", costs, good, 3, 64, "0.32.0")
+    schedule = choose_schedule("auto", costs, good, 3, max_num_seqs=64, vllm="0.32.0")
     assert schedule.ranges[0][:2] == (1, 5) and schedule.ranges[0][2] >= 2
     assert schedule.ranges[-1] == (6, 64, 0) or schedule.ranges[-1][2] < schedule.ranges[0][2]
     assert schedule.ranges[-1][1] == 64
     predicted = {c: (k, s) for c, k, s in schedule.predicted}
     assert predicted[32][1] >= 1.0
     assert "k by batch size 1-5" in schedule.describe()
-    assert choose_schedule("fixed", costs, good, 3, 64, "0.32.0").ranges == ()
-    old = choose_schedule("auto", costs, good, 3, 64, "0.16.0")
+    assert choose_schedule("fixed", costs, good, 3, max_num_seqs=64, vllm="0.32.0").ranges == ()
+    old = choose_schedule("auto", costs, good, 3, max_num_seqs=64, vllm="0.16.0")
     assert old.ranges == () and "needs >= 0.32" in old.note
-    default = choose_schedule("auto", cal.DefaultCost(0.14, "b200"), good, 3, 64, "0.32.0")
+    default = choose_schedule(
+        "auto", cal.DefaultCost(0.14, "b200"), good, 3, max_num_seqs=64, vllm="0.32.0"
+    )
     assert default.ranges == () and "needs a calibration" in default.note
 
 
@@ -368,20 +370,22 @@ def test_the_bakeoff_gives_each_drafter_its_k_by_batch_size_from_what_it_measure
         {1: "v4", 32: "v4"},
         {},
     )
-    judged = with_k_schedules(table, {"v4": 3, "v2": 3, "v1": 3}, costs, 64, "0.32.0")
+    judged = with_k_schedules(table, {"v4": 3, "v2": 3, "v1": 3}, costs, 64, vllm="0.32.0")
     assert (
         judged.k_schedules["v4"]
-        == choose_schedule("auto", costs, strong, 3, 64, "0.32.0").describe()
+        == choose_schedule("auto", costs, strong, 3, max_num_seqs=64, vllm="0.32.0").describe()
     )
     assert (
         judged.k_schedules["v2"]
-        == choose_schedule("auto", costs, weak_tail, 3, 64, "0.32.0").describe()
+        == choose_schedule("auto", costs, weak_tail, 3, max_num_seqs=64, vllm="0.32.0").describe()
     )
-    v2 = choose_schedule("auto", costs, weak_tail, 3, 64, "0.32.0")
+    v2 = choose_schedule("auto", costs, weak_tail, 3, max_num_seqs=64, vllm="0.32.0")
     assert [k for _, _, k in v2.ranges] != [3]  # it varies: fewer drafts where steps cost more
     assert "k by batch size" in judged.k_schedules["v4"]
     assert judged.k_schedules["v1"] == "no per-position acceptance counted; k stays as served"
     assert "ngram" not in judged.k_schedules  # model-free: not an EAGLE-3 candidate
     assert judged.as_dict()["k_schedules"] == judged.k_schedules
-    uncalibrated = with_k_schedules(table, {"v4": 3}, cal.DefaultCost(0.14, "b200"), 64, "0.32.0")
+    uncalibrated = with_k_schedules(
+        table, {"v4": 3}, cal.DefaultCost(0.14, "b200"), 64, vllm="0.32.0"
+    )
     assert "needs a calibration" in uncalibrated.k_schedules["v4"]

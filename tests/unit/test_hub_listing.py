@@ -81,5 +81,5 @@ def test_a_redirect_to_plain_http_drops_the_token_even_on_the_same_host() -> Non
     )
     for target, kept in [("https://hub.example/cdn/f", True), ("http://hub.example/cdn/f", False),
                          ("https://cdn.example/f", False)]:  # fmt: skip
-        new = handler.redirect_request(original, None, 302, "Found", {}, target)
+        new = handler.redirect_request(original, None, 302, "Found", headers={}, newurl=target)
         assert new.has_header("Authorization") is kept, target

@@ -62,11 +62,11 @@ def test_an_outcome_has_every_key_of_its_command_and_refuses_others() -> None:
     assert expect("up serve", "prose", RELEASE_KEYS) is None
     pending = expect("run train", "json", RUN_KEYS)
     assert pending is not None
-    document = pending.document(0, "complete", "done", None, {"run": {"id": "abc123"}})
+    document = pending.document(0, "complete", "done", None, facts={"run": {"id": "abc123"}})
     assert list(document)[7:] == list(RUN_KEYS)
     assert document["comparison"] is None and document["run"] == {"id": "abc123"}
     with pytest.raises(ValueError, match="revision"):
-        pending.document(4, "failed", "x", None, {"revision": 3})
+        pending.document(4, "failed", "x", None, facts={"revision": 3})
 
 
 def test_a_failure_before_the_command_ran_prints_no_outcome(

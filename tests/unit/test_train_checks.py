@@ -56,6 +56,6 @@ def test_each_rank_gets_the_same_number_of_distinct_samples_every_epoch() -> Non
     assert [len(o) for o in orders] == [3, 3, 3]
     assert len({i for o in orders for i in o}) == 9
     everything = list(range(10))
-    assert epoch_order(everything, 0, 2, 0, 3) == orders[0]
-    assert epoch_order(everything, 0, 3, 0, 3) != orders[0]
+    assert epoch_order(everything, 0, 2, 0, world=3) == orders[0]
+    assert epoch_order(everything, 0, 3, 0, world=3) != orders[0]
     assert steps_per_epoch(10, 3, 2) == 1

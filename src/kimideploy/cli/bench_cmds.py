@@ -22,7 +22,7 @@ def bench() -> None:
 @output_option()
 @click.pass_obj
 def list_runs(
-    state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
+    state: CliState, *, cluster: str | None, context: str | None, namespace: str | None, output: str
 ) -> None:
     """Every stored run of the serve release, oldest first."""
     from kimideploy.services.connection import open_session
@@ -50,6 +50,7 @@ def list_runs(
 @click.pass_obj
 def report(
     state: CliState,
+    *,
     run_id: str,
     cluster: str | None,
     context: str | None,

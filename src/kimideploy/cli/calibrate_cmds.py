@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -11,6 +11,11 @@ from kimideploy.cli.options import cluster_option, cluster_options, output_optio
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
+
+if TYPE_CHECKING:
+    from kimideploy.plan.calibration import Calibration
+    from kimideploy.services.calibrate.sweep import CalibrateOptions
+    from kimideploy.services.release.deploy import ApplyOptions
 
 
 def numbers(kind: type, option: str) -> Any:
@@ -32,12 +37,13 @@ def run_calibrate(
     cluster: str | None,
     drafter: str | None,
     overrides: tuple[str, ...],
+    *,
     context: str | None,
     namespace: str | None,
-    options: Any,
-    apply: Any,
+    options: CalibrateOptions,
+    apply: ApplyOptions,
     quiet: bool = False,
-) -> Any:
+) -> Calibration:
     """Measure and store; `quiet` leaves stdout to the caller's outcome document."""
     from kimideploy.services.calibrate import calibrations
     from kimideploy.services.calibrate.report import cannot_pay
@@ -50,11 +56,13 @@ def run_calibrate(
     from kimideploy.services.rendering import refuse_before_contact
 
     loaded = state.project("run calibrate deploys serve revisions on a cluster", pulls=True)
-    _, requests, base = calibration_requests(loaded, cluster, drafter, overrides, options)
+    _, requests, base = calibration_requests(loaded, cluster, drafter, overrides, options=options)
     refuse_before_contact(loaded, [*requests.values(), base])
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    plan = plan_calibration(session, loaded, session.cluster, drafter, overrides, options)
+    plan = plan_calibration(
+        session, loaded, session.cluster, drafter, overrides=overrides, options=options
+    )
     result = calibrate(session, loaded, plan, options, apply, reporter)
     calibrations.stored(session, loaded, result.cluster)  # refresh the local copy
     if quiet:
@@ -89,6 +97,7 @@ def calibrate() -> None:
 @click.pass_obj
 def show(
     state: CliState,
+    *,
     cluster: str | None,
     context: str | None,
     namespace: str | None,

@@ -82,6 +82,7 @@ def inspect(path: Path, output: str, number: int | None, model: Path | None) -> 
 @click.pass_obj
 def publish(
     state: CliState,
+    *,
     name: str,
     cluster: str,
     to: str | None,
@@ -100,7 +101,14 @@ def publish(
     loaded = state.project(f"data publish {name} runs a Job and edits kimideploy.yaml", pulls=True)
     session = open_session(loaded, cluster, context, namespace)
     done = publish_dataset(
-        session, loaded, name, session.cluster, to, TerminalReporter(), poll, overrides
+        session,
+        loaded,
+        name,
+        session.cluster,
+        to=to,
+        reporter=TerminalReporter(),
+        poll_s=poll,
+        overrides=overrides,
     )
     click.echo(done.reference)
     what = "added to" if done.created else "updated in"
@@ -134,6 +142,7 @@ def publish(
 @click.pass_obj
 def put(
     state: CliState,
+    *,
     source: Path,
     cluster: str | None,
     relative: str | None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -11,6 +11,9 @@ from kimideploy.cli.options import cluster_options, output_option, poll_option, 
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
+
+if TYPE_CHECKING:
+    from kimideploy.plan.drafter_doctor import Diagnosis
 
 
 @click.group()
@@ -58,6 +61,7 @@ def list_drafters(state: CliState, output: str) -> None:
 @click.pass_obj
 def check(
     state: CliState,
+    *,
     name: str,
     folder: Path | None,
     cluster: str | None,
@@ -72,7 +76,16 @@ def check(
     from kimideploy.errors import UsageError
 
     if replay_file is not None:
-        _predict(state, name, cluster, replay_file, output, context, namespace, poll)
+        _predict(
+            state,
+            name,
+            cluster,
+            replay_file,
+            output=output,
+            context=context,
+            namespace=namespace,
+            poll=poll,
+        )
         return
     from kimideploy.plan.refusal import findings_refusal
     from kimideploy.plan.resolve import serve_cost_model
@@ -112,6 +125,7 @@ def _predict(
     name: str,
     cluster: str | None,
     prompts: Path,
+    *,
     output: str,
     context: str | None,
     namespace: str | None,
@@ -125,10 +139,10 @@ def _predict(
         (name,),
         cluster,
         read_prompts(prompts),
-        context,
-        namespace,
-        poll,
-        "drafter check --replay runs a replay Job on the cluster",
+        context=context,
+        namespace=namespace,
+        poll=poll,
+        why="drafter check --replay runs a replay Job on the cluster",
     )
     diagnosis = result[0]
     prediction = {
@@ -151,6 +165,7 @@ def _replay(
     names: tuple[str, ...],
     cluster: str | None,
     prompts: tuple[dict[str, Any], ...],
+    *,
     context: str | None,
     namespace: str | None,
     poll: float,
@@ -171,11 +186,20 @@ def _replay(
         )
     session = open_session(loaded, cluster, context, namespace)
     where = session.cluster
-    outcome = run_replay(session, loaded, names, where, prompts, TerminalReporter(), poll)
+    outcome = run_replay(
+        session, loaded, names, where, prompts=prompts, reporter=TerminalReporter(), poll_s=poll
+    )
     calibrations = session.calibrations_of(where)
     level = serve_cost_model(loaded, where, calibrations)[2]
     found = {n: measured(session, loaded, n, where, level) for n in names}
-    return diagnoses(loaded, where, outcome, found, calibrations, USER_PROMPTS if prompts else None)
+    return diagnoses(
+        loaded,
+        where,
+        outcome,
+        found,
+        calibrations=calibrations,
+        prompt_set=USER_PROMPTS if prompts else None,
+    )
 
 
 def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
@@ -229,6 +253,7 @@ def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
 @click.pass_context
 def doctor(
     ctx: click.Context,
+    *,
     names: tuple[str, ...],
     cluster: str | None,
     prompts: Path | None,
@@ -250,10 +275,10 @@ def doctor(
         names,
         cluster,
         rows,
-        context,
-        namespace,
-        poll,
-        "drafter doctor runs a replay Job on the cluster",
+        context=context,
+        namespace=namespace,
+        poll=poll,
+        why="drafter doctor runs a replay Job on the cluster",
     )
     text = machine([d.as_dict() for d in found], output)
     click.echo(text if text is not None else "\n\n".join(_report(d) for d in found))
@@ -261,7 +286,7 @@ def doctor(
         ctx.exit(int(ExitCode.UNHEALTHY))
 
 
-def _report(diagnosis: Any) -> str:
+def _report(diagnosis: Diagnosis) -> str:
     lines = [
         f"drafter {diagnosis.drafter} on {diagnosis.cluster} (k={diagnosis.k}): {diagnosis.verdict}"
     ]
@@ -296,6 +321,7 @@ def _report(diagnosis: Any) -> str:
 @click.pass_obj
 def publish(
     state: CliState,
+    *,
     name: str,
     cluster: str,
     to: str | None,
@@ -314,7 +340,14 @@ def publish(
     )
     session = open_session(loaded, cluster, context, namespace)
     done = publish_drafter(
-        session, loaded, name, session.cluster, to, TerminalReporter(), poll, overrides
+        session,
+        loaded,
+        name,
+        session.cluster,
+        to=to,
+        reporter=TerminalReporter(),
+        poll_s=poll,
+        overrides=overrides,
     )
     click.echo(f"{done.reference}")
     lengths = ", ".join(f"k={k} {v}" for k, v in sorted((done.held_out or {}).items()))
@@ -335,6 +368,7 @@ def publish(
 @click.pass_obj
 def pull(
     state: CliState,
+    *,
     names: tuple[str, ...],
     cluster: str | None,
     output: str,
@@ -353,7 +387,9 @@ def pull(
     loaded = state.project("drafter pull runs a Job on a cluster", pulls=True)
     refuse_before_contact(loaded, [PlanRequest("pull", cluster, names[0], pull_drafters=names)])
     session = open_session(loaded, cluster, context, namespace)
-    done = pull_drafters(session, loaded, names, session.cluster, TerminalReporter(), poll)
+    done = pull_drafters(
+        session, loaded, names, session.cluster, reporter=TerminalReporter(), poll_s=poll
+    )
     rows = [
         {"drafter": d.name, "state": d.state, "reference": d.reference, "path": d.dest}
         for d in done

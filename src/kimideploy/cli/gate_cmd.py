@@ -22,6 +22,7 @@ from kimideploy.errors import ExitCode
 @click.pass_obj
 def gate(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     drafter: str | None,
@@ -49,26 +50,28 @@ def gate(
     state.outcome = pending = expect(f"gate {workload}", output, RELEASE_KEYS)
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
-    options = GateOptions(min_speedup, at_concurrency, None, bench_poll_s=poll)
+    options = GateOptions(min_speedup=min_speedup, concurrency=at_concurrency, bench_poll_s=poll)
     request = PlanRequest(
         workload, session.cluster, drafter or NO_DRAFTER, overrides, gate_levels=at_concurrency
     )
     if request.drafter == NO_DRAFTER:
-        stored = measure_serving_baseline(session, loaded, request, options, TerminalReporter())
+        stored = measure_serving_baseline(
+            session, loaded, request, options, reporter=TerminalReporter()
+        )
         message = f"baseline stored: bench run {stored.run_id}"
         if pending:
             released = {"release": stored.release}
-            pending.print(ExitCode.OK, "baseline-stored", message, None, released)
+            pending.print(ExitCode.OK, "baseline-stored", message, None, facts=released)
         else:
             click.echo(message)
         return
-    release, verdict = judge_serving(session, loaded, request, options, TerminalReporter())
+    release, verdict = judge_serving(session, loaded, request, options, reporter=TerminalReporter())
     kept = verdict.decision == KEEP
     code = ExitCode.OK if kept else ExitCode.ROLLOUT
     facts = {"release": release, "verdict": verdict.details()}
     if pending:
         status = "gate-keep" if kept else "gate-would-roll-back"
-        pending.print(code, status, verdict.summary(), None, facts)
+        pending.print(code, status, verdict.summary(), None, facts=facts)
     else:
         click.echo(f"gate: {verdict.summary()}")
     if not kept:

@@ -47,6 +47,7 @@ def host() -> None:
 @click.pass_obj
 def check(
     state: CliState,
+    *,
     cluster: str | None,
     only: str | None,
     allreduce: bool,
@@ -147,6 +148,7 @@ def provision(state: CliState, cluster: str | None, dry: bool, tags: str) -> Non
 @click.pass_obj
 def sync_model(
     state: CliState,
+    *,
     cluster: str | None,
     only: str | None,
     no_drafters: bool,
@@ -184,5 +186,7 @@ def sync_model(
 
         reporter.info(f"published drafters {', '.join(published)}: pulled by a Job on {cluster}")
         session = open_session(loaded, cluster, context, namespace)
-        for done in pull_drafters(session, loaded, published, session.cluster, reporter, poll):
+        for done in pull_drafters(
+            session, loaded, published, session.cluster, reporter=reporter, poll_s=poll
+        ):
             reporter.info(f"drafter {done.name}: {done.reference} {done.state} at {done.dest}")

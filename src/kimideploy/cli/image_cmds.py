@@ -101,13 +101,18 @@ def kernels(state: CliState, name: str, write: bool, output: str) -> None:
 )
 @click.pass_obj
 def build(
-    state: CliState, name: str, push: bool, on_cluster: str | None, context_only: Path | None
+    state: CliState, *, name: str, push: bool, on_cluster: str | None, context_only: Path | None
 ) -> None:
     """Build from a deterministic context; the tag is the context's content hash."""
     from kimideploy.services.images.lifecycle import build_image
 
     result = build_image(
-        state.project().project, name, push, on_cluster, context_only, TerminalReporter()
+        state.project().project,
+        name,
+        push,
+        on_cluster,
+        context_only=context_only,
+        reporter=TerminalReporter(),
     )
     click.echo(result)
 

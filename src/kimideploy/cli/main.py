@@ -125,10 +125,10 @@ def _main(argv: list[str] | None) -> int:
         click.echo(f"error: {exc.message}", err=True)
         if exc.hint:
             click.echo(f"hint: {exc.hint}", err=True)
-        return _failed(state, exc.exit_code, exc.message, exc.hint, exc.outcome)
+        return _failed(state, exc.exit_code, exc.message, exc.hint, facts=exc.outcome)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
-        return _failed(state, ExitCode.INTERRUPTED, "interrupted", None, {})
+        return _failed(state, ExitCode.INTERRUPTED, "interrupted", None, facts={})
     except click.ClickException as exc:
         exc.show()
         return int(ExitCode.USAGE)
@@ -138,7 +138,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _failed(
-    state: CliState, code: ExitCode, reason: str, hint: str | None, facts: Mapping[str, Any]
+    state: CliState, code: ExitCode, reason: str, hint: str | None, *, facts: Mapping[str, Any]
 ) -> int:
     pending = state.outcome
     if pending is not None:
@@ -146,7 +146,7 @@ def _failed(
 
         status = failure_status(code, facts)
         known = {k: v for k, v in facts.items() if k in pending.keys}
-        pending.print(code, status, reason, hint, known)
+        pending.print(code, status, reason, hint, facts=known)
     return int(code)
 
 

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kimideploy.cli.table import MACHINE_FORMATS, machine
 from kimideploy.errors import ExitCode
+
+if TYPE_CHECKING:
+    from kimideploy.services.gate.verdict import Verdict
+    from kimideploy.services.release.canary import CanaryVerdict
+    from kimideploy.services.release.deploy import Outcome
 
 OUTCOME_SCHEMA = "kimideploy.outcome.v1"
 
@@ -51,7 +56,7 @@ class PendingOutcome:
     known: dict[str, Any] = field(default_factory=dict)
 
     def document(
-        self, exit_code: int, status: str, reason: str, hint: str | None, facts: dict[str, Any]
+        self, exit_code: int, status: str, reason: str, hint: str | None, *, facts: dict[str, Any]
     ) -> dict[str, Any]:
         unknown = set(facts) - set(self.keys)
         if unknown:  # a typo here would silently change the documented shape
@@ -74,9 +79,10 @@ class PendingOutcome:
         status: str,
         reason: str,
         hint: str | None = None,
+        *,
         facts: dict[str, Any] | None = None,
     ) -> None:
-        document = self.document(exit_code, status, reason, hint, facts or {})
+        document = self.document(exit_code, status, reason, hint, facts=facts or {})
         click.echo(machine(document, self.output))
 
 
@@ -94,7 +100,9 @@ def failure_status(exit_code: int, facts: Mapping[str, Any]) -> str:
     return STATUS_FOR_EXIT.get(ExitCode(exit_code), "error")
 
 
-def print_release(pending: PendingOutcome, outcome: Any, verdict: Any = None) -> None:
+def print_release(
+    pending: PendingOutcome, outcome: Outcome, verdict: Verdict | CanaryVerdict | None = None
+) -> None:
     """A revision that is ready (or applied, under --no-wait) and, with --gate, its verdict."""
     pending.print(
         ExitCode.OK,

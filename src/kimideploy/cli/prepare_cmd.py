@@ -25,6 +25,7 @@ from kimideploy.cli.table import format_table, machine
 @click.pass_obj
 def prepare(
     state: CliState,
+    *,
     cluster: str | None,
     context: str | None,
     namespace: str | None,

@@ -25,6 +25,7 @@ def _session(  # type: ignore[no-untyped-def]
     cluster: str | None,
     context: str | None,
     namespace: str | None,
+    *,
     changes: str | None = None,
 ):
     from kimideploy.services.connection import open_session
@@ -51,6 +52,7 @@ def _release(state: CliState, workload: str) -> str:
 @click.pass_obj
 def rollback(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     context: str | None,
@@ -74,10 +76,12 @@ def rollback(
     state.outcome = pending = expect(f"rollback {workload}", output, RELEASE_KEYS)
     if no_spec and to is not None:
         raise UsageError("--no-spec and --to exclude each other")
-    session = _session(state, cluster, context, namespace, "rollback changes a cluster")
+    session = _session(state, cluster, context, namespace, changes="rollback changes a cluster")
     apply = deploy.ApplyOptions(
-        deploy.ChangeOptions(yes=yes, auto_rollback=False),
-        deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace),
+        change=deploy.ChangeOptions(yes=yes, auto_rollback=False),
+        wait=deploy.WaitOptions(
+            wait=not no_wait, timeout_s=timeout, poll_s=poll, scheduling_grace_s=scheduling_grace
+        ),
     )
     target = deploy.RollbackTo(to=to, no_spec=no_spec)
     outcome = deploy.rollback(session, _release(state, workload), target, apply, TerminalReporter())
@@ -95,6 +99,7 @@ def rollback(
 @click.pass_obj
 def history(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     context: str | None,
@@ -117,7 +122,7 @@ def history(
 @output_option()
 @click.pass_obj
 def status(
-    state: CliState, cluster: str | None, context: str | None, namespace: str | None, output: str
+    state: CliState, *, cluster: str | None, context: str | None, namespace: str | None, output: str
 ) -> None:
     """The serving release, its phase, and running and recent jobs."""
     from kimideploy.services.release.status import ignored_records, status_report
@@ -148,6 +153,7 @@ def status(
 @click.pass_obj
 def down(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     context: str | None,
@@ -159,7 +165,7 @@ def down(
     from kimideploy.services.release import deploy
 
     state.outcome = pending = expect(f"down {workload}", output, DOWN_KEYS)
-    session = _session(state, cluster, context, namespace, "down changes a cluster")
+    session = _session(state, cluster, context, namespace, changes="down changes a cluster")
     removed = deploy.down(
         session, _release(state, workload), deploy.ChangeOptions(yes=yes), TerminalReporter()
     )
@@ -191,6 +197,7 @@ def down(
 @click.pass_obj
 def watch(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     context: str | None,
@@ -203,7 +210,7 @@ def watch(
     from kimideploy.services.release.watch import watch_release
 
     acting = "watch --act may roll a cluster back" if act else None
-    session = _session(state, cluster, context, namespace, acting)
+    session = _session(state, cluster, context, namespace, changes=acting)
     click.echo(
         watch_release(
             session, state.project(), TerminalReporter(), windows, interval_s=interval, act=act

@@ -51,6 +51,7 @@ from kimideploy.cli.state import WORKLOAD_CHOICE, CliState
 @click.pass_obj
 def render(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     drafter: str | None,
@@ -88,7 +89,7 @@ def render(
         base = loaded.project.cluster_name(cluster)
         others = [c for c in (overlays or sorted(loaded.project.clusters)) if c != base]
         files, warnings = kustomize_files(
-            loaded, workload, drafter, overrides, [base, *others], force=force
+            loaded, workload, drafter, overrides, clusters=[base, *others], force=force
         )
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +20,13 @@ from kimideploy.cli.table import format_table
 from kimideploy.cli.terminal import TerminalReporter
 from kimideploy.config.workload_names import JOB_WORKLOADS
 from kimideploy.errors import ExitCode
+
+if TYPE_CHECKING:
+    from kimideploy.config.loading import LoadedProject
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.services.connection import ClusterSession, JobSnapshot, StoredBench
+    from kimideploy.services.release.deploy import WaitOptions
+    from kimideploy.services.runs.batch_runs import RunStarted
 
 JOB_CHOICE = click.Choice([*JOB_WORKLOADS, "calibrate"])
 CALIBRATE_ONLY = ("--k", "--acceptance-length", "--concurrency", "--image", "--again", "--yes")
@@ -85,6 +92,7 @@ SHARED_WITH_BAKEOFF = ("--concurrency", "--image", "--yes")
 @click.pass_obj
 def run(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     drafter: str | None,
@@ -114,8 +122,10 @@ def run(
     served before is restored. `run bench --drafters none,ngram,suffix,k25` is the bake-off:
     every candidate served and benched in turn, side by side, the serving revision restored."""
     from kimideploy.errors import UsageError
+    from kimideploy.services.release.deploy import WaitOptions
 
     state.outcome = expect(f"run {workload}", output, RUN_KEYS)
+    waits = WaitOptions(timeout_s=timeout, poll_s=poll, scheduling_grace_s=scheduling_grace)
     values = (ks, lengths, levels, image, again or None, yes or None)
     given = [n for n, v in zip(CALIBRATE_ONLY, values, strict=True) if v is not None]
     if workload == "calibrate":
@@ -126,15 +136,15 @@ def run(
             cluster,
             drafter,
             overrides,
-            context,
-            namespace,
-            ks,
-            lengths,
-            levels,
-            image,
-            again,
-            yes,
-            (timeout, poll, scheduling_grace),
+            context=context,
+            namespace=namespace,
+            ks=ks,
+            lengths=lengths,
+            levels=levels,
+            image=image,
+            again=again,
+            yes=yes,
+            waits=waits,
         )
         return
     if rounds is not None and candidates is None:
@@ -158,13 +168,13 @@ def run(
             cluster,
             names,
             overrides,
-            context,
-            namespace,
-            image,
-            levels,
-            yes,
-            (timeout, poll, scheduling_grace),
-            rounds or 1,
+            context=context,
+            namespace=namespace,
+            image=image,
+            levels=levels,
+            yes=yes,
+            waits=waits,
+            rounds=rounds or 1,
         )
         return
     if given:
@@ -174,7 +184,18 @@ def run(
             "--baseline compares a bench run that this command follows to its end",
             hint="use it as `kimideploy run bench --baseline [RUN_ID]`, without --detach",
         )
-    _job(state, workload, cluster, drafter, overrides, context, namespace, detach, baseline, poll)
+    _job(
+        state,
+        workload,
+        cluster,
+        drafter,
+        overrides=overrides,
+        context=context,
+        namespace=namespace,
+        detach=detach,
+        baseline=baseline,
+        poll=poll,
+    )
 
 
 def _calibrate(
@@ -182,6 +203,7 @@ def _calibrate(
     cluster: str | None,
     drafter: str | None,
     overrides: tuple[str, ...],
+    *,
     context: str | None,
     namespace: str | None,
     ks: tuple[int, ...] | None,
@@ -190,34 +212,31 @@ def _calibrate(
     image: str | None,
     again: bool,
     yes: bool,
-    waits: tuple[int, float, int],
+    waits: WaitOptions,
 ) -> None:
     from kimideploy.plan.calibration import DEFAULT_KS, DEFAULT_LENGTHS
     from kimideploy.services.calibrate.sweep import CalibrateOptions
     from kimideploy.services.release import deploy
 
     pending = state.outcome
-    timeout, poll, grace = waits
     options = CalibrateOptions(
         ks=ks or DEFAULT_KS,
         lengths=lengths or DEFAULT_LENGTHS,
         concurrency=levels,
         image=image,
         again=again,
-        bench_poll_s=poll,
+        bench_poll_s=waits.poll_s,
     )
-    apply = deploy.ApplyOptions(
-        deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, grace)
-    )
+    apply = deploy.ApplyOptions(change=deploy.ChangeOptions(yes=yes), wait=waits)
     result = run_calibrate(
         state,
         cluster,
         drafter,
         overrides,
-        context,
-        namespace,
-        options,
-        apply,
+        context=context,
+        namespace=namespace,
+        options=options,
+        apply=apply,
         quiet=pending is not None,
     )
     if pending:
@@ -235,6 +254,7 @@ def _job(
     workload: str,
     cluster: str | None,
     drafter: str | None,
+    *,
     overrides: tuple[str, ...],
     context: str | None,
     namespace: str | None,
@@ -277,7 +297,7 @@ def _job(
                 "started",
                 f"run {started.run_id} started",
                 f"follow with: {follow_hint}",
-                {"run": batch_runs.run_facts(snapshot, started.run_id)},
+                facts={"run": batch_runs.run_facts(snapshot, started.run_id)},
             )
             return
         click.echo(f"{started.run_id}\nfollow with: {follow_hint}")
@@ -289,14 +309,18 @@ def _job(
         snapshot = batch_runs.follow_run(
             session, started.job, started.run_id, reporter, poll_s=poll, resume=resume
         )
-        rows = _after_the_run(session, loaded, started, snapshot, request, chosen, reporter)
+        rows = _after_the_run(
+            session, loaded, started, snapshot, request=request, chosen=chosen, reporter=reporter
+        )
         if pending:
             facts = {
                 "run": batch_runs.run_facts(snapshot, started.run_id),
                 "results": batch_runs.run_results(snapshot),
                 "comparison": rows,
             }
-            pending.print(ExitCode.OK, "complete", f"run {started.run_id} complete", None, facts)
+            pending.print(
+                ExitCode.OK, "complete", f"run {started.run_id} complete", None, facts=facts
+            )
         elif rows is not None:
             click.echo(format_table(rows))
     except KeyboardInterrupt:
@@ -305,12 +329,13 @@ def _job(
 
 
 def _after_the_run(
-    session: Any,
-    loaded: Any,
-    started: Any,
-    snapshot: Any,
-    request: Any,
-    chosen: Any,
+    session: ClusterSession,
+    loaded: LoadedProject,
+    started: RunStarted,
+    snapshot: JobSnapshot,
+    *,
+    request: PlanRequest,
+    chosen: StoredBench | None,
     reporter: TerminalReporter,
 ) -> list[dict[str, Any]] | None:
     """A finished training run's held-out figures against each cluster's break-even; a bench
@@ -345,12 +370,13 @@ def run_bakeoff_command(
     cluster: str | None,
     names: tuple[str, ...],
     overrides: tuple[str, ...],
+    *,
     context: str | None,
     namespace: str | None,
     image: str | None,
     levels: tuple[int, ...] | None,
     yes: bool,
-    waits: tuple[int, float, int],
+    waits: WaitOptions,
     rounds: int = 1,
 ) -> None:
     from kimideploy.services.connection import open_session
@@ -365,13 +391,17 @@ def run_bakeoff_command(
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
     plan = plan_bakeoff(
-        session, loaded, session.cluster, names, overrides, image, levels, rounds=rounds
+        session,
+        loaded,
+        session.cluster,
+        names,
+        overrides=overrides,
+        image=image,
+        concurrency=levels,
+        rounds=rounds,
     )
-    timeout, poll, grace = waits
-    apply = deploy.ApplyOptions(
-        deploy.ChangeOptions(yes=yes), deploy.WaitOptions(True, timeout, poll, grace)
-    )
-    result = run_bakeoff(session, loaded, plan, apply, reporter, bench_poll_s=poll)
+    apply = deploy.ApplyOptions(change=deploy.ChangeOptions(yes=yes), wait=waits)
+    result = run_bakeoff(session, loaded, plan, apply, reporter=reporter, bench_poll_s=waits.poll_s)
     picks = ", ".join(f"c={c}: {m}" for c, m in sorted(result.recommended.items()))
     if pending:
         pending.print(
@@ -405,6 +435,7 @@ def run_bakeoff_command(
 @click.pass_obj
 def logs(
     state: CliState,
+    *,
     target: str,
     cluster: str | None,
     context: str | None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +17,16 @@ from kimideploy.cli.options import (
 from kimideploy.cli.outcome import PLAN_KEYS, RELEASE_KEYS, expect, print_release
 from kimideploy.cli.state import CliState
 from kimideploy.cli.terminal import TerminalReporter
+
+if TYPE_CHECKING:
+    from kimideploy.cli.outcome import PendingOutcome
+    from kimideploy.config.loading import LoadedProject
+    from kimideploy.plan.model import PlanRequest
+    from kimideploy.services.connection import ClusterSession
+    from kimideploy.services.gate.gating import GateOptions
+    from kimideploy.services.gate.verdict import Verdict
+    from kimideploy.services.release.canary import CanaryVerdict
+    from kimideploy.services.release.deploy import ApplyOptions
 
 
 @click.command()
@@ -93,6 +103,7 @@ from kimideploy.cli.terminal import TerminalReporter
 @click.pass_obj
 def up(
     state: CliState,
+    *,
     workload: str,
     cluster: str | None,
     drafter: str | None,
@@ -170,21 +181,32 @@ def up(
         _dry_run_server(session, loaded, request, force)
         return
     apply = deploy.ApplyOptions(
-        deploy.ChangeOptions(
+        change=deploy.ChangeOptions(
             yes=yes, force=force, auto_rollback=not no_auto_rollback, swap=not no_swap
         ),
-        deploy.WaitOptions(not no_wait, timeout, poll, scheduling_grace),
+        wait=deploy.WaitOptions(
+            wait=not no_wait, timeout_s=timeout, poll_s=poll, scheduling_grace_s=scheduling_grace
+        ),
     )
-    gate_options = (min_speedup, at_concurrency, gate_fail_open, poll) if gate else None
+    gate_options = None
+    if gate:
+        from kimideploy.services.gate.gating import GateOptions
+
+        gate_options = GateOptions(
+            min_speedup=min_speedup,
+            concurrency=at_concurrency,
+            fail_open=gate_fail_open,
+            bench_poll_s=poll,
+        )
     _deploy(
         session,
         loaded,
         request,
-        apply,
-        gate_options,
-        pending,
-        watch_windows if watch_after else None,
-        watch_after,
+        apply=apply,
+        gate=gate_options,
+        pending=pending,
+        watch_windows=watch_windows if watch_after else None,
+        watch_after=watch_after,
     )
 
 
@@ -211,7 +233,9 @@ def _refuse_mixed(
         raise UsageError(f"{', '.join(given)} only apply with --gate")
 
 
-def _dry_run_client(loaded: Any, request: Any, force: bool, pending: Any) -> None:
+def _dry_run_client(
+    loaded: LoadedProject, request: PlanRequest, force: bool, pending: PendingOutcome | None
+) -> None:
     """The plan as `up` would apply it, and `up`'s own refusal of a failing drafter (exit 2,
     the same message): a dry run that passes is one the real command passes. With -o, the plan
     document (kimideploy.plan.v1) in the outcome, the refusal in both."""
@@ -233,7 +257,9 @@ def _dry_run_client(loaded: Any, request: Any, force: bool, pending: Any) -> Non
     click.echo("Dry run (client): nothing was sent to a cluster.")
 
 
-def _dry_run_server(session: Any, loaded: Any, request: Any, force: bool) -> None:
+def _dry_run_server(
+    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, force: bool
+) -> None:
     from kimideploy.services.preflight import require_prerequisites
     from kimideploy.services.release.deploy import refuse_failing_drafter
     from kimideploy.services.rendering import render_workload
@@ -254,12 +280,13 @@ def _dry_run_server(session: Any, loaded: Any, request: Any, force: bool) -> Non
 
 
 def _deploy(
-    session: Any,
-    loaded: Any,
-    request: Any,
-    apply: Any,
-    gate: tuple[Any, ...] | None,
-    pending: Any,
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    *,
+    apply: ApplyOptions,
+    gate: GateOptions | None,
+    pending: PendingOutcome | None,
     watch_windows: int | None,
     watch_after: bool,
 ) -> None:
@@ -267,7 +294,7 @@ def _deploy(
     from kimideploy.services.release import deploy
 
     reporter = TerminalReporter()
-    verdict: Any = None
+    verdict: Verdict | CanaryVerdict | None = None
     if request.canary_percent is not None:
         from kimideploy.services.release.canary import run_canary
 
@@ -276,11 +303,11 @@ def _deploy(
     elif gate is None:
         outcome = deploy.up(session, loaded, request, apply, reporter)
     else:
-        from kimideploy.services.gate.gating import GateOptions, up_gated
+        from kimideploy.services.gate.gating import up_gated
 
-        min_speedup, levels, fail_open, poll = gate
-        options = GateOptions(min_speedup, levels, fail_open, bench_poll_s=poll)
-        outcome, verdict = up_gated(session, loaded, request, apply, options, reporter)
+        outcome, verdict = up_gated(
+            session, loaded, request, apply, options=gate, reporter=reporter
+        )
     if pending:
         print_release(pending, outcome, verdict)
         return
@@ -293,7 +320,9 @@ def _deploy(
         _watch(session, loaded, reporter, watch_windows)
 
 
-def _watch(session: Any, loaded: Any, reporter: TerminalReporter, windows: int | None) -> None:
+def _watch(
+    session: ClusterSession, loaded: LoadedProject, reporter: TerminalReporter, windows: int | None
+) -> None:
     from kimideploy.services.release.watch import watch_release
 
     click.echo(watch_release(session, loaded, reporter, max_windows=windows))

@@ -25,7 +25,7 @@ def pod_events(api: KubeApi, namespace: str, pod: str) -> list[dict[str, Any]]:
 
 
 def pod_log(
-    api: KubeApi, namespace: str, pod: str, tail: int | None = None, container: str | None = None
+    api: KubeApi, namespace: str, pod: str, tail: int | None = None, *, container: str | None = None
 ) -> str:
     query: dict[str, Any] = {}
     if tail:

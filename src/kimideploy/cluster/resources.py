@@ -55,6 +55,7 @@ def path(
     namespace: str | None = None,
     name: str | None = None,
     sub: str = "",
+    *,
     version: str | None = None,
 ) -> str:
     """/api/v1/namespaces/ns/configmaps/name[/sub]; `version` replaces the kind's API version

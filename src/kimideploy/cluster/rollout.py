@@ -137,7 +137,7 @@ def classify(
     if not current:
         return RolloutState("waiting", "waiting for new pods (old ones are stopping)")
     states = [
-        _pod_state(p, events.get(p["metadata"]["name"], []), elapsed, budget, grace)
+        _pod_state(p, events.get(p["metadata"]["name"], []), elapsed, budget, grace=grace)
         for p in current
     ]
     failed = [s for s in states if s.phase == "failed"]
@@ -157,6 +157,7 @@ def _pod_state(
     events: list[dict[str, Any]],
     elapsed: Callable[[str, str], float],
     budget: float,
+    *,
     grace: float,
 ) -> RolloutState:
     name = pod["metadata"]["name"]

@@ -139,7 +139,16 @@ def build(
             f"cannot make a build directory on {runner.host}: {made.stderr.strip() or made.stdout}"
         )
     try:
-        return _build_in(runner, context, repository, vcs_ref, push, watch, staging, remote_dir)
+        return _build_in(
+            runner,
+            context,
+            repository,
+            vcs_ref,
+            push=push,
+            watch=watch,
+            staging=staging,
+            remote_dir=remote_dir,
+        )
     finally:
         runner.run(["rm", "-rf", "--", remote_dir])
 
@@ -149,6 +158,7 @@ def _build_in(
     context: BuildContext,
     repository: str,
     vcs_ref: str,
+    *,
     push: bool,
     watch: Watch,
     staging: Path,

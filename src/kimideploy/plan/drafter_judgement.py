@@ -59,6 +59,7 @@ def registry_findings(
     name: str,
     drafter: Drafter,
     cluster: str | None = None,
+    *,
     costs: CostModel | None = None,
     concurrency: int = 1,
     held_out: HeldOutAcceptance | None = None,
@@ -67,7 +68,9 @@ def registry_findings(
     with the step cost `costs` measures there (else the cluster's constant). `held_out` is the
     drafter's own lineage file's judgement, used when the registry records none."""
     findings = lineage_findings(project, drafter, cluster)
-    findings += _token_findings(project, drafter, cluster, costs, concurrency, held_out)
+    findings += _token_findings(
+        project, drafter, cluster, costs, concurrency=concurrency, held_out=held_out
+    )
     return findings + _record_findings(name, drafter)
 
 
@@ -76,6 +79,7 @@ def method_findings(
     name: str,
     method: ModelFreeMethod,
     cluster: str | None = None,
+    *,
     costs: CostModel | None = None,
     concurrency: int = 1,
 ) -> list[CheckResult]:
@@ -214,6 +218,7 @@ def _token_findings(
     drafter: Drafter,
     cluster_name: str | None,
     costs: CostModel | None,
+    *,
     concurrency: int,
     held_out: HeldOutAcceptance | None = None,
 ) -> list[CheckResult]:

@@ -39,6 +39,7 @@ def choose_schedule(
     costs: CostModel,
     acceptance: list[float],
     k_max: int,
+    *,
     max_num_seqs: int,
     vllm: str | None,
 ) -> KSchedule:

@@ -192,7 +192,7 @@ def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
         # server itself (OnlineTrainSpec.server_wait_s = startup_budget_s) and exits 1 when the
         # budget runs out, so the Job's retry limit bounds a broken server. Readiness only tells
         # `kimideploy run` that the load is done; liveness starts once the budget has passed.
-        "readinessProbe": http_probe(READY_PATH, online.port, period, 5, 1),
+        "readinessProbe": http_probe(READY_PATH, online.port, period, 5, failures=1),
         "livenessProbe": liveness_probe(online.port, initial_delay_s=online.startup_budget_s),
         "volumeMounts": [*claim_mounts, scratch_mount, shm_mount, *pods.writable_volumes()[1]],
         "securityContext": pods.container_hardening(

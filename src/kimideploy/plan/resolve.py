@@ -591,13 +591,13 @@ def _drafter_findings(ctx: PlanInputs) -> tuple[CheckResult, ...]:
     on_stack = [f for f in (stack.stack_finding(ctx),) if f is not None]
     if ctx.model_free is not None:
         found = method_findings(
-            ctx.project, ctx.drafter_name, ctx.model_free, ctx.cluster_name, ctx.cost_model
+            ctx.project, ctx.drafter_name, ctx.model_free, ctx.cluster_name, costs=ctx.cost_model
         )
         return (*on_stack, *found)
     if ctx.drafter is None:
         return ()
     found = registry_findings(
-        ctx.project, ctx.drafter_name, ctx.drafter, ctx.cluster_name, ctx.cost_model
+        ctx.project, ctx.drafter_name, ctx.drafter, ctx.cluster_name, costs=ctx.cost_model
     )
     return (*on_stack, *found)
 

@@ -104,8 +104,8 @@ def k_schedule(ctx: PlanInputs) -> KSchedule:
         ctx.cost_model,
         list(drafter.acceptance),
         drafter.num_speculative_tokens,
-        ctx.cluster.workloads.serve.max_num_seqs,
-        ctx.image.vllm,
+        max_num_seqs=ctx.cluster.workloads.serve.max_num_seqs,
+        vllm=ctx.image.vllm,
     )
 
 
@@ -246,9 +246,9 @@ def probes(ctx: PlanInputs) -> dict[str, Any]:
     ready = HEALTH_PATH if serve.api_key else READY_PATH
     return {
         "startupProbe": http_probe(
-            ready, port, period, 5, math.ceil(serve.startup_budget_s / period)
+            ready, port, period, 5, failures=math.ceil(serve.startup_budget_s / period)
         ),
-        "readinessProbe": http_probe(ready, port, period, 5, 3),
+        "readinessProbe": http_probe(ready, port, period, 5, failures=3),
         "livenessProbe": liveness_probe(port),
     }
 

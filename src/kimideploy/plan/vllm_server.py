@@ -41,7 +41,7 @@ def base_args(server: ServerBase, *own: str) -> list[str]:
 
 
 def http_probe(
-    path: str, port: int, period_s: int, timeout_s: int, failures: int
+    path: str, port: int, period_s: int, timeout_s: int, *, failures: int
 ) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": port},

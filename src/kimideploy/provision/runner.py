@@ -84,6 +84,7 @@ def run_playbook(
     inventory: dict[str, Any],
     check: bool,
     tags: list[str],
+    *,
     on_line: Callable[[str, str], None],
 ) -> PlaybookResult:
     """Run it through ansible-runner, calling on_line(kind, text) for each task start and host

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from kimideploy.cluster.bench_results import StoredBench
+from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.session import ClusterSession, connect
 from kimideploy.config.loading import LoadedProject
+
+# The cluster-side types the CLI names in its annotations: cli/ imports services/, not cluster/.
+__all__ = ["ClusterSession", "JobSnapshot", "StoredBench", "open_session"]
 
 
 def open_session(

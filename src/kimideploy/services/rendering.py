@@ -119,7 +119,7 @@ def config_reference() -> str:
     (the descriptions in config/ are the one source): docs/reference/configuration-keys.md."""
     schema = json.loads(config_json_schema())
     rows: list[tuple[str, str, str, str]] = []
-    _reference_rows(schema, schema, "", rows, set())
+    _reference_rows(schema, schema, "", rows, seen=set())
     lines = [
         "# Every key of kimideploy.yaml",
         "",
@@ -141,6 +141,7 @@ def _reference_rows(
     node: dict[str, Any],
     path: str,
     rows: list[tuple[str, str, str, str]],
+    *,
     seen: set[str],
 ) -> None:
     for name, prop in sorted(node.get("properties", {}).items()):
@@ -157,7 +158,7 @@ def _reference_rows(
         for child, suffix in children:
             if child.get("title", "") + key not in seen:
                 _reference_rows(
-                    root, child, key + suffix, rows, seen | {child.get("title", "") + key}
+                    root, child, key + suffix, rows, seen=seen | {child.get("title", "") + key}
                 )
 
 
@@ -262,8 +263,8 @@ def kustomize_files(
     workload: str,
     drafter: str | None,
     overrides: tuple[str, ...],
-    clusters: list[str],
     *,
+    clusters: list[str],
     force: bool = False,
 ) -> tuple[dict[PurePosixPath, str], list[str]]:
     """The Kustomize tree of `workload` over `clusters` (the first is the base); every cluster's

@@ -237,11 +237,11 @@ def run(spec: DatagenSpec) -> int:
         leftovers = remove_dead_temporaries(shard_dir)
         if leftovers:
             log(f"shard {index}: removed what a dead writer left half-written: {leftovers}")
-        return _generate(spec, index, shard_dir, prompts, mine)
+        return _generate(spec, index, shard_dir, prompts, mine=mine)
 
 
 def _generate(
-    spec: DatagenSpec, index: int, shard_dir: Path, prompts: Any, mine: list[Prompt]
+    spec: DatagenSpec, index: int, shard_dir: Path, prompts: Any, *, mine: list[Prompt]
 ) -> int:
     done_ids, next_chunk = finished_ids(shard_dir)
     todo = [p for p in mine if p.id not in done_ids]

@@ -57,7 +57,7 @@ def run(spec: ExtractSpec) -> int:
     _check_space(spec, out, len(todo) / len(samples))
     if spec.backend == "vllm":
         return extract_vllm.extract(spec, index, out, samples, todo)
-    return _extract(spec, index, out, samples, todo)
+    return _extract(spec, index, out, samples, todo=todo)
 
 
 def _final_norm_input(model: Any) -> list[Any]:
@@ -89,6 +89,7 @@ def _extract(
     index: int,
     out: Path,
     samples: list[dict[str, Any]],
+    *,
     todo: list[dict[str, Any]],
 ) -> int:
     import torch
@@ -100,7 +101,7 @@ def _extract(
     model = AutoModelForCausalLM.from_pretrained(spec.target.path, dtype=dtype).to(device).eval()
     positions = hidden_state_indexes(spec.layers.ids, spec.layers.convention)
     final_norm_input = _final_norm_input(model)
-    shard = ShardWriter(spec, index, out, samples, todo)
+    shard = ShardWriter(spec, index, out, samples, todo=todo)
     for sample in todo:
         if shard.stopper.stopping:
             return EXIT_INTERRUPTED

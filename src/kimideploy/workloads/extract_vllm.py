@@ -65,7 +65,7 @@ def engine_kwargs(spec: ExtractSpec, storage: Path, longest_sample: int) -> dict
 
 
 def convert(
-    saved: dict[str, Any], ids: list[int], mask: list[int], aux_count: int, dtype: Any
+    saved: dict[str, Any], ids: list[int], mask: list[int], aux_count: int, *, dtype: Any
 ) -> dict[str, Any]:
     """The connector's [tokens, layers, hidden] file as this pipeline's sample tensors."""
     import torch
@@ -128,7 +128,7 @@ def extract(
     llm = LLM(**kwargs)
     once = SamplingParams(max_tokens=1, temperature=0.0)
     aux_count = len(spec.layers.vllm_ids)
-    shard = ShardWriter(spec, index, out, samples, todo)
+    shard = ShardWriter(spec, index, out, samples, todo=todo)
 
     def save_batch(first: int, outputs: list[Any]) -> None:
         """Read each request's file from the scratch folder, check and convert it, write the
@@ -141,7 +141,7 @@ def extract(
                     f"vLLM reported no hidden-states file for sample {sample['id']}"
                 )
             saved = connector_files.read(path)
-            shard.add(sample["id"], convert(saved, ids, mask, aux_count, dtype), len(ids))
+            shard.add(sample["id"], convert(saved, ids, mask, aux_count, dtype=dtype), len(ids))
             connector_files.remove(path)
 
     # The conversion of one batch runs while the engine prefills the next: the GPUs do not wait

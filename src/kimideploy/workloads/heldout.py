@@ -311,6 +311,7 @@ def pack(
     max_seq_len: int,
     device: Any,
     dtype: Any = None,
+    *,
     multiple: int = 1,
 ) -> dict[str, Any]:
     """Samples (input_ids, loss_mask, aux_hidden_states [layers, T, H], last_hidden_state) packed

@@ -181,6 +181,7 @@ def push(
     kind: str,
     repository: str,
     tag: str,
+    *,
     annotations: dict[str, str],
     access: RegistryAccess,
 ) -> Pushed:

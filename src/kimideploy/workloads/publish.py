@@ -52,7 +52,12 @@ def run(spec: PublishSpec) -> int:
         started = time.monotonic()
         try:
             pushed = oci_artifacts.push(
-                folder, spec.kind, spec.repository, spec.tag, notes, spec.registry
+                folder,
+                spec.kind,
+                spec.repository,
+                spec.tag,
+                annotations=notes,
+                access=spec.registry,
             )
         except oci_artifacts.RegistryError as exc:
             log(f"error: {exc}")

@@ -215,12 +215,16 @@ def run(spec: ReplaySpec) -> int:
             atomic_write(root / ANSWERS_FILE, json.dumps(answers).encode())
             emit({"event": "progress", "stage": "replay-capture", "answered": len(answers)})
     for key, prompt in work.prompts.items():
-        _compare_prompt(tokenizer, prompt, answers[key]["ids"], answers[key]["mask"], agreement)
+        _compare_prompt(
+            tokenizer, prompt, answers[key]["ids"], answers[key]["mask"], agreement=agreement
+        )
     _with_answers(work, answers)
     todo = [k for k in work.sequences if not (root / f"{k}.safetensors").is_file()]
     if todo:
         assert llm is not None
-        code = _prefill(llm, spec, root, storage, [(k, *work.sequences[k]) for k in todo], stopper)
+        code = _prefill(
+            llm, spec, root, storage, todo=[(k, *work.sequences[k]) for k in todo], stopper=stopper
+        )
         if code != EXIT_OK:
             return code
     from importlib.metadata import version
@@ -306,6 +310,7 @@ def _compare_prompt(
     prompt: tuple[list[dict[str, Any]], Any],
     ids: list[int],
     mask: list[int],
+    *,
     agreement: dict[str, int],
 ) -> None:
     """Does kimideploy's renderer give the prompt ids vLLM rendered? (It renders training's.)"""
@@ -327,6 +332,7 @@ def _prefill(
     spec: ReplaySpec,
     root: Path,
     storage: Path,
+    *,
     todo: list[tuple[str, list[int], list[int]]],
     stopper: Stopper,
 ) -> int:
@@ -348,7 +354,7 @@ def _prefill(
             path = Path((output.kv_transfer_params or {}).get("hidden_states_path") or "")
             if not path.name or not connector_files.exists(path):
                 raise ExtractionMismatchError(f"vLLM reported no hidden-states file for {key}")
-            tensors = convert(connector_files.read(path), ids, mask, aux_count, dtype)
+            tensors = convert(connector_files.read(path), ids, mask, aux_count, dtype=dtype)
             connector_files.remove(path)
             partial = root / f".{key}.partial.safetensors"
             save_file(tensors, str(partial))

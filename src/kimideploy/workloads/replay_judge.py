@@ -67,7 +67,7 @@ def run(spec: ReplaySpec) -> int:
         if head is None:
             eps = float(model.config.transformer_layer_config.rms_norm_eps)
             head = heldout.TargetHead(spec.target.path, eps, device)
-        judge = Judge(spec, root, record["requests"], model, head, device)
+        judge = Judge(spec, root, record["requests"], model, head=head, device=device)
         judged[drafter.name] = judge.drafter(drafter, record.get("rendering", {}))
         log(
             f"judged {drafter.name}: "
@@ -134,6 +134,7 @@ class Judge:
         root: Path,
         requests: dict[str, Any],
         model: Any,
+        *,
         head: heldout.TargetHead,
         device: Any,
     ) -> None:

@@ -41,6 +41,7 @@ class ShardWriter:
         index: int,
         out: Path,
         samples: list[dict[str, Any]],
+        *,
         todo: list[dict[str, Any]],
     ) -> None:
         self.spec, self.index, self.out, self.samples = spec, index, out, samples

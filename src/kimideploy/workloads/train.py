@@ -114,7 +114,9 @@ def run(spec: TrainSpec) -> int:
                 f"the vocab maps in {spec.vocab_dir} have {len(d2t)} draft tokens, drafter "
                 f"{spec.drafter} wants {spec.draft_vocab_size}; run `kimideploy run vocab` again"
             )
-        return Trainer(spec, features, ranks, d2t, t2d, split, steps).train()
+        return Trainer(
+            spec, features, ranks, d2t, t2d=t2d, split=split, steps_per_epoch=steps
+        ).train()
     except ServerUnavailableError as exc:
         log(f"error: {exc}")
         log(
@@ -155,6 +157,7 @@ class Trainer:
         features: Features,
         ranks: Ranks,
         d2t: Any,
+        *,
         t2d: Any,
         split: heldout.Split,
         steps_per_epoch: int,
@@ -256,7 +259,7 @@ class Trainer:
                 self.spec.seed,
                 self.position.epoch,
                 self.ranks.rank,
-                self.ranks.world,
+                world=self.ranks.world,
             )
             batches = list(train_data.batches(order, self.spec.batch_size))
             todo = batches[self.position.step_in_epoch :]
@@ -312,7 +315,7 @@ class Trainer:
         saved = [self.features.load(index) for index in sample_ids]
         dtype = heldout.feature_dtype(self.spec.precision)
         multiple = heldout.pack_multiple(self.device)
-        return heldout.pack(saved, self.spec.max_seq_len, self.device, dtype, multiple)
+        return heldout.pack(saved, self.spec.max_seq_len, self.device, dtype, multiple=multiple)
 
     def _report(
         self,
@@ -502,7 +505,9 @@ class Trainer:
                 "resuming would train on samples it was judged on",
                 hint="keep train.held_out_fraction as it was, or start a new run",
             )
-        train_checkpoints.restore(found, self.model, self.optimizer, self.scheduler, self.device)
+        train_checkpoints.restore(
+            found, self.model, self.optimizer, self.scheduler, device=self.device
+        )
         self.position = Position(
             state["step"], state["epoch"], state["step_in_epoch"], state["tokens"]
         )

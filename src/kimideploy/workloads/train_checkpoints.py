@@ -73,7 +73,7 @@ def state(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def restore(path: Path, model: Any, optimizer: Any, scheduler: Any, device: Any) -> None:
+def restore(path: Path, model: Any, optimizer: Any, scheduler: Any, *, device: Any) -> None:
     """Weights, optimizer and scheduler exactly as they were at that step. A checkpoint written
     before schedules existed has no scheduler.pt: the scheduler then starts at the step count."""
     import torch

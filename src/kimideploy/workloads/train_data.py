@@ -112,7 +112,7 @@ def check_dataset(manifests: list[dict[str, Any]], spec: TrainSpec) -> list[str]
     return notes
 
 
-def epoch_order(indexes: list[int], seed: int, epoch: int, rank: int, world: int) -> list[int]:
+def epoch_order(indexes: list[int], seed: int, epoch: int, rank: int, *, world: int) -> list[int]:
     """This rank's training samples for one epoch: a seeded shuffle, dealt round-robin across
     ranks, cut to the same length on every rank (DDP needs the same number of steps
     everywhere). Held-out samples are not in `indexes`."""

@@ -232,7 +232,7 @@ class OnlineFeatures:
             if echoed is not None and list(echoed) != ids:
                 raise ExtractionMismatchError("the server tokenized the prompt differently")
             aux_count = len(self.online.aux_layer_ids) - 1
-            return convert(connector_files.read(path), ids, mask, aux_count, torch.float32)
+            return convert(connector_files.read(path), ids, mask, aux_count, dtype=torch.float32)
         except ExtractionMismatchError as exc:
             raise BadInputError(
                 f"the server at {self.online.endpoint} returned hidden states that do not belong "

@@ -44,7 +44,7 @@ class PackedStoredBatches:
         from safetensors.torch import load_file
 
         saved = [load_file(self.files[i]) for i in self.batches[index]]
-        return heldout.pack(saved, self.max_seq_len, "cpu", self.dtype, self.multiple)
+        return heldout.pack(saved, self.max_seq_len, "cpu", self.dtype, multiple=self.multiple)
 
 
 def packed_batches(
@@ -83,4 +83,6 @@ def packed_batches(
         upcoming = batches[number + 1] if number + 1 < len(batches) else []
         features.prefetch(ids + upcoming)
         saved = [features.load(i) for i in ids]
-        yield heldout.pack(saved, max_seq_len, device, dtype, heldout.pack_multiple(device))
+        yield heldout.pack(
+            saved, max_seq_len, device, dtype, multiple=heldout.pack_multiple(device)
+        )

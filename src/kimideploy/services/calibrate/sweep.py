@@ -127,6 +127,7 @@ def calibration_requests(
     cluster: str | None,
     drafter: str | None,
     overrides: tuple[str, ...],
+    *,
     options: CalibrateOptions,
     namespace: str | None = None,
 ) -> tuple[str, dict[int, PlanRequest], PlanRequest]:
@@ -166,13 +167,14 @@ def plan_calibration(
     loaded: LoadedProject,
     cluster: str | None,
     drafter: str | None,
+    *,
     overrides: tuple[str, ...],
     options: CalibrateOptions,
 ) -> CalibrationPlan:
     """Render every revision and bench before anything is created (the resolver's refusals)."""
     project = loaded.project
     drafter, requests, base_request = calibration_requests(
-        loaded, cluster, drafter, overrides, options, session.namespace
+        loaded, cluster, drafter, overrides, options=options, namespace=session.namespace
     )
     lengths = {k: lengths_for(k, options.lengths) for k in requests}
     revisions = {k: render_workload(loaded, request) for k, request in requests.items()}
@@ -269,7 +271,7 @@ def calibrate(
             if str(k) in calibration.runs:
                 continue
             latest = _deploy(sweep, rendered, f"k={k}")
-            calibration = _measure_k(sweep, k, latest, baseline, calibration)
+            calibration = _measure_k(sweep, k, latest, baseline, calibration=calibration)
             session.store_calibration(plan.calibration_id, calibration)
         calibration = replace(calibration, complete=True, measured_at=_now(session))
         session.store_calibration(plan.calibration_id, calibration)
@@ -357,7 +359,9 @@ def _deploy(sweep: Sweep, rendered: Rendered, what: str) -> int:
     note = f"calibration revision ({what})"
     revision = deploy.revision_from_render(sweep.loaded, rendered, note=note)
     sweep.reporter.info(f"calibrate: deploying the {what} revision")
-    return deploy.deploy(sweep.session, revision, sweep.apply, sweep.reporter, "calibrate").revision
+    return deploy.deploy(
+        sweep.session, revision, sweep.apply, sweep.reporter, action="calibrate"
+    ).revision
 
 
 def _measure_baseline(sweep: Sweep, found: ReleaseRecord | None) -> tuple[StoredBench, int | None]:
@@ -377,7 +381,7 @@ def _measure_baseline(sweep: Sweep, found: ReleaseRecord | None) -> tuple[Stored
 
 
 def _measure_k(
-    sweep: Sweep, k: int, revision: int, baseline: StoredBench, calibration: Calibration
+    sweep: Sweep, k: int, revision: int, baseline: StoredBench, *, calibration: Calibration
 ) -> Calibration:
     plan, reporter = sweep.plan, sweep.reporter
     request = PlanRequest(
@@ -447,9 +451,9 @@ def _restore(sweep: Sweep, found: ReleaseRecord | None, latest: int | None) -> s
         sweep.plan.release,
         found,
         latest,
-        sweep.apply,
-        sweep.reporter,
-        f"calibration {sweep.plan.calibration_id}",
+        apply=sweep.apply,
+        reporter=sweep.reporter,
+        after=f"calibration {sweep.plan.calibration_id}",
     )
 
 

@@ -35,13 +35,14 @@ def publish_dataset(
     loaded: LoadedProject,
     name: str,
     cluster: str,
+    *,
     to: str | None,
     reporter: Reporter,
     poll_s: float = 2.0,
     overrides: tuple[str, ...] = (),
 ) -> PublishedData:
     request = PlanRequest("publish", cluster, None, overrides, publish_to=to, publish_dataset=name)
-    result = batch_runs.publish_result(session, loaded, request, reporter, poll_s)
+    result = batch_runs.publish_result(session, loaded, request, reporter, poll_s=poll_s)
     return pin_dataset(loaded.path, name, cluster, result)
 
 

@@ -56,6 +56,7 @@ def run_replay(
     loaded: LoadedProject,
     names: tuple[str, ...],
     cluster: str | None,
+    *,
     prompts: tuple[dict[str, Any], ...],
     reporter: Reporter,
     poll_s: float = 2.0,
@@ -66,7 +67,7 @@ def run_replay(
     # The capture on the serving engine, then the judgement on one GPU: two Jobs in turn.
     job = started.job
     while True:
-        snapshot = batch_runs.follow_run(session, job, started.run_id, reporter, poll_s)
+        snapshot = batch_runs.follow_run(session, job, started.run_id, reporter, poll_s=poll_s)
         following = batch_runs.next_job(session, started, job, reporter)
         if following is None:
             break
@@ -123,6 +124,7 @@ def diagnoses(
     cluster: str,
     outcome: ReplayOutcome,
     measured_by_drafter: dict[str, Measured | None],
+    *,
     calibrations: tuple[Any, ...],
     prompt_set: str | None,
 ) -> list[Diagnosis]:

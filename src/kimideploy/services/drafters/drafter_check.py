@@ -40,10 +40,14 @@ def check(
                 f"--dir: {name} is a model-free method ({method.method}); it has no files",
                 hint=f"run `kimideploy drafter check {name}` without --dir",
             )
-        return stack + method_findings(project, name, method, cluster, costs, concurrency)
+        return stack + method_findings(
+            project, name, method, cluster, costs=costs, concurrency=concurrency
+        )
     drafter = project.eagle_drafter(name)
     held_out = lineage_held_out(folder) if folder is not None else None
-    findings = registry_findings(project, name, drafter, cluster, costs, concurrency, held_out)
+    findings = registry_findings(
+        project, name, drafter, cluster, costs=costs, concurrency=concurrency, held_out=held_out
+    )
     if folder is not None:
         findings = files_findings(expected_files(project, drafter, cluster), folder) + findings
     return stack + findings

@@ -36,13 +36,14 @@ def publish_drafter(
     loaded: LoadedProject,
     name: str,
     cluster: str | None,
+    *,
     to: str | None,
     reporter: Reporter,
     poll_s: float = 2.0,
     overrides: tuple[str, ...] = (),
 ) -> Published:
     request = PlanRequest("publish", cluster, name, overrides, publish_to=to)
-    result = batch_runs.publish_result(session, loaded, request, reporter, poll_s)
+    result = batch_runs.publish_result(session, loaded, request, reporter, poll_s=poll_s)
     return pin_published(loaded.path, name, result)
 
 

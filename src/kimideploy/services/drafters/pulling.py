@@ -40,13 +40,14 @@ def pull_drafters(
     loaded: LoadedProject,
     names: tuple[str, ...],
     cluster: str | None,
+    *,
     reporter: Reporter,
     poll_s: float = 2.0,
 ) -> list[PulledDrafter]:
     """Run the pull Job to its end; each drafter's reference and where it now is."""
     request = PlanRequest("pull", cluster, names[0], pull_drafters=names)
     started = batch_runs.start_run(session, loaded, request, reporter)
-    snapshot = batch_runs.follow_run(session, started.job, started.run_id, reporter, poll_s)
+    snapshot = batch_runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll_s)
     result = batch_runs.run_results(snapshot).get("0")
     if not result or "pulled" not in result:
         raise KimiDeployError(

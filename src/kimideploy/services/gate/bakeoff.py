@@ -122,7 +122,7 @@ def _recommend(rows: list[BakeoffRow], needed: list[tuple[str, int]]) -> dict[in
 
 
 def with_k_schedules(
-    result: Bakeoff, ks: dict[str, int], costs: CostModel, max_num_seqs: int, vllm: str | None
+    result: Bakeoff, ks: dict[str, int], costs: CostModel, max_num_seqs: int, *, vllm: str | None
 ) -> Bakeoff:
     """`ks`: the EAGLE-3 candidates and the k each served at. Its acceptance per position is the
     mean over the table's prompt sets and concurrencies (a property of the drafter and the
@@ -139,7 +139,9 @@ def with_k_schedules(
             continue
         depth = min(k, *(len(m) for m in measured))
         acceptance = [sum(m[i] for m in measured) / len(measured) for i in range(depth)]
-        schedule = choose_schedule("auto", costs, acceptance, depth, max_num_seqs, vllm)
+        schedule = choose_schedule(
+            "auto", costs, acceptance, depth, max_num_seqs=max_num_seqs, vllm=vllm
+        )
         schedules[name] = schedule.describe()
     return replace(result, k_schedules=schedules)
 

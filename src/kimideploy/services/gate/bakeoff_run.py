@@ -82,6 +82,7 @@ def bakeoff_requests(
     candidates: tuple[str, ...],
     overrides: tuple[str, ...],
     image: str | None = None,
+    *,
     namespace: str | None = None,
 ) -> dict[str, PlanRequest]:
     """One serve request per candidate, `none` first (what every speedup is over): resolved
@@ -103,6 +104,7 @@ def plan_bakeoff(
     loaded: LoadedProject,
     cluster: str | None,
     candidates: tuple[str, ...],
+    *,
     overrides: tuple[str, ...],
     image: str | None = None,
     concurrency: tuple[int, ...] | None = None,
@@ -110,7 +112,7 @@ def plan_bakeoff(
 ) -> BakeoffPlan:
     """Render every candidate before anything is created; with rounds > 1, refuse unless at
     least two candidates can be swapped into one server (naming why the others cannot)."""
-    requests = bakeoff_requests(cluster, candidates, overrides, image, session.namespace)
+    requests = bakeoff_requests(cluster, candidates, overrides, image, namespace=session.namespace)
     rendered = {name: render_workload(loaded, request) for name, request in requests.items()}
     gate = gate_terms(
         session,
@@ -166,6 +168,7 @@ def run_bakeoff(
     loaded: LoadedProject,
     plan: BakeoffPlan,
     apply: deploy.ApplyOptions,
+    *,
     reporter: Reporter,
     bench_poll_s: float = 5.0,
 ) -> Bakeoff:
@@ -192,7 +195,9 @@ def run_bakeoff(
                 loaded, plan.candidates[name], note=f"bake-off revision ({name})"
             )
             reporter.info(f"bake-off: deploying {name}")
-            latest = deploy.deploy(session, revision, unattended, reporter, "bake-off").revision
+            latest = deploy.deploy(
+                session, revision, unattended, reporter, action="bake-off"
+            ).revision
             results[name] = bench_revision(gate_run, _bench_request(plan, name), latest).result
         rounds: dict[str, list[dict[str, Any]]] = {}
         if plan.interleaved:
@@ -203,7 +208,9 @@ def run_bakeoff(
                     loaded, plan.candidates[name], note=f"bake-off round ({name})"
                 )
                 reporter.info(f"bake-off: swapping in {name}")
-                latest = deploy.deploy(session, revision, unattended, reporter, "bake-off").revision
+                latest = deploy.deploy(
+                    session, revision, unattended, reporter, action="bake-off"
+                ).revision
 
             def bench(name: str) -> dict[str, Any]:
                 assert latest is not None
@@ -227,7 +234,13 @@ def run_bakeoff(
     except (KimiDeployError, GateMeasurementError) as exc:
         message = exc.message if isinstance(exc, KimiDeployError) else str(exc)
         restored = restore_serving(
-            session, plan.release, found, latest, unattended, reporter, "the bake-off"
+            session,
+            plan.release,
+            found,
+            latest,
+            apply=unattended,
+            reporter=reporter,
+            after="the bake-off",
         )
         raise RolloutError(
             f"bake-off stopped: {message}; {restored}",
@@ -235,7 +248,15 @@ def run_bakeoff(
             f"({', '.join(sorted(results)) or 'none'}) are not loaded again",
         ) from exc
     reporter.info(
-        restore_serving(session, plan.release, found, latest, unattended, reporter, "the bake-off")
+        restore_serving(
+            session,
+            plan.release,
+            found,
+            latest,
+            apply=unattended,
+            reporter=reporter,
+            after="the bake-off",
+        )
     )
     ordered = {name: results[name] for name in plan.candidates}
     judged = bakeoff(ordered, plan.gate.needed, plan.gate.settings.min_speedup)
@@ -262,4 +283,4 @@ def _k_schedules(
     serve = plan.candidates[NO_DRAFTER].plan.spec
     max_num_seqs = loaded.project.clusters[plan.cluster].workloads.serve.max_num_seqs
     vllm = getattr(serve, "vllm_version", None)
-    return with_k_schedules(judged, ks, costs, max_num_seqs, vllm)
+    return with_k_schedules(judged, ks, costs, max_num_seqs, vllm=vllm)

@@ -50,7 +50,7 @@ class GateRejectedError(RolloutError):
     """The gate rolled the drafter back (too slow, or the gate could not measure it)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GateOptions:
     """Command-line overrides of the cluster's `gate:` settings; None keeps the config's."""
 
@@ -134,6 +134,7 @@ def up_gated(
     loaded: LoadedProject,
     request: PlanRequest,
     apply: deploy.ApplyOptions,
+    *,
     options: GateOptions,
     reporter: Reporter,
 ) -> tuple[deploy.Outcome, Verdict]:
@@ -160,8 +161,8 @@ def up_gated(
         reporter.info(f"gate: break-even acceptance rate {at} (step cost: {even['source']})")
     run = GateRun(session, loaded, gate, reporter, apply, options.bench_poll_s)
     baseline, note = _baseline(run, request)
-    outcome = deploy.apply_up(session, loaded, rendered, apply, reporter)
-    verdict = _measure_and_judge(run, request, outcome.revision, baseline, note)
+    outcome = deploy.apply_up(session, loaded, rendered, apply, reporter=reporter)
+    verdict = _measure_and_judge(run, request, outcome.revision, baseline, note=note)
     _record_verdict(session, gate.release, outcome.revision, verdict)
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
     if verdict.decision == KEEP:
@@ -402,7 +403,7 @@ def _fingerprint_of(record: ReleaseRecord) -> str:
 
 
 def _measure_and_judge(
-    run: GateRun, request: PlanRequest, revision: int, baseline: StoredBench | None, note: str
+    run: GateRun, request: PlanRequest, revision: int, baseline: StoredBench | None, *, note: str
 ) -> Verdict:
     gate = run.gate
     settings = gate.settings
@@ -479,6 +480,7 @@ def judge_serving(
     loaded: LoadedProject,
     request: PlanRequest,
     options: GateOptions,
+    *,
     reporter: Reporter,
 ) -> tuple[str, Verdict]:
     """The gate without applying anything (GitOps): the release that serves now, applied by Argo
@@ -496,7 +498,7 @@ def judge_serving(
         )
     reporter.info(f"gate: comparing with {why}")
     run = GateRun(session, loaded, gate, reporter, bench_poll_s=options.bench_poll_s)
-    verdict = _measure_and_judge(run, request, revision, baseline, why)
+    verdict = _measure_and_judge(run, request, revision, baseline, note=why)
     reporter.info(f"gate: {request.drafter} {verdict.summary()}")
     return gate.release, verdict
 
@@ -506,6 +508,7 @@ def measure_serving_baseline(
     loaded: LoadedProject,
     request: PlanRequest,
     options: GateOptions,
+    *,
     reporter: Reporter,
 ) -> StoredBench:
     """`gate serve --drafter none`: bench the non-speculative release GitOps applied (it must be

@@ -15,6 +15,7 @@ def restore_serving(
     release: str,
     found: ReleaseRecord | None,
     latest: int | None,
+    *,
     apply: deploy.ApplyOptions,
     reporter: Reporter,
     after: str,

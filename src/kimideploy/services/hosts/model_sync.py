@@ -132,7 +132,7 @@ def sync_weights_job(
     synced (repo, revision, the folder the pods read)."""
     request = PlanRequest("weights", session.cluster)
     started = batch_runs.start_run(session, loaded, request, reporter)
-    snapshot = batch_runs.follow_run(session, started.job, started.run_id, reporter, poll_s)
+    snapshot = batch_runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll_s)
     result = batch_runs.run_results(snapshot).get("0") or {}
     synced = [dict(one) for one in result.get("synced") or [] if isinstance(one, dict)]
     if not synced:

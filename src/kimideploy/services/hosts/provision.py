@@ -57,7 +57,7 @@ def provision(
             reporter.info(f"note: {text} ({task})")
 
     result = run_playbook(
-        playbook_for(cluster), inventory(project, cluster_name), check, tags, on_line
+        playbook_for(cluster), inventory(project, cluster_name), check, tags, on_line=on_line
     )
     for line in result.failures:
         reporter.info(line)

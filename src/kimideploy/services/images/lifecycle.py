@@ -78,18 +78,20 @@ def serve_cases(
     cases = []
     for cluster_name, cluster in sorted(project.clusters.items()):
         if cluster.images.serve == name:
-            cases += _serve_cases_for(loaded, cluster_name, "", target, drafters)
+            cases += _serve_cases_for(loaded, cluster_name, "", target, drafters=drafters)
         elif _could_move(project, cluster_name, name):
-            cases += _moved_cases(loaded, cluster_name, name, "after", target, drafters)
+            cases += _moved_cases(
+                loaded, cluster_name, name, "after", target=target, drafters=drafters
+            )
     image, default = project.images[name], project.default_cluster
     kept = image.role == "serve" and image.vllm is not None
     if kept and not cases and project.clusters[default].gpu.arch in image.cuda_archs:
-        cases += _moved_cases(loaded, default, name, "if", target, drafters)
+        cases += _moved_cases(loaded, default, name, "if", target=target, drafters=drafters)
     return cases
 
 
 def _moved_cases(
-    loaded: LoadedProject, cluster_name: str, name: str, word: str, target: Path, drafters: Path
+    loaded: LoadedProject, cluster_name: str, name: str, word: str, *, target: Path, drafters: Path
 ) -> list[dict[str, Any]]:
     project = loaded.project
     cluster = project.clusters[cluster_name]
@@ -97,7 +99,7 @@ def _moved_cases(
     clusters = {**project.clusters, cluster_name: moved}
     copy = replace(loaded, project=project.model_copy(update={"clusters": clusters}))
     label = f" ({word} images.serve: {name})"
-    return _serve_cases_for(copy, cluster_name, label, target, drafters)
+    return _serve_cases_for(copy, cluster_name, label, target, drafters=drafters)
 
 
 def _could_move(project: Project, cluster_name: str, name: str) -> bool:
@@ -109,7 +111,7 @@ def _could_move(project: Project, cluster_name: str, name: str) -> bool:
 
 
 def _serve_cases_for(
-    loaded: LoadedProject, cluster_name: str, label: str, target: Path, drafters: Path
+    loaded: LoadedProject, cluster_name: str, label: str, target: Path, *, drafters: Path
 ) -> list[dict[str, Any]]:
     project, cases = loaded.project, []
     for drafter in [NO_DRAFTER, *sorted(project.drafters)]:
@@ -294,7 +296,7 @@ def _engine_steps(
         CheckResult(f"vLLM accepts: {r['name']}", r["ok"], r["error"] or "engine config built")
         for r in results
     ]
-    return [*steps, _kernel_step(loaded, name, image, python, overlay, reporter)]
+    return [*steps, _kernel_step(loaded, name, image, python, overlay=overlay, reporter=reporter)]
 
 
 def _kernel_step(
@@ -302,6 +304,7 @@ def _kernel_step(
     name: str,
     image: Any,
     python: Path,
+    *,
     overlay: Path | None,
     reporter: Reporter,
 ) -> CheckResult:
@@ -332,6 +335,7 @@ def build_image(
     name: str,
     push: bool,
     on_cluster: str | None,
+    *,
     context_only: Path | None,
     reporter: Reporter,
 ) -> str:

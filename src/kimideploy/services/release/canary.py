@@ -284,7 +284,9 @@ def move_weight(
         manifests=manifests,
         follow=f"{release}{CANARY_SUFFIX}",
     )
-    return deploy.deploy(session, revision, options.unattended(swap=False), reporter, "canary")
+    return deploy.deploy(
+        session, revision, options.unattended(swap=False), reporter, action="canary"
+    )
 
 
 def canary_share(manifests: list[dict[str, Any]], release: str) -> int | None:
@@ -307,7 +309,7 @@ def run_canary(
     route's weight to 100 (promote) or 0 (refuse). --no-wait: apply and return."""
     revision = canary_revision(session, loaded, rendered)
     no_swap = replace(options, change=replace(options.change, swap=False))
-    started = deploy.deploy(session, revision, no_swap, reporter, "canary")
+    started = deploy.deploy(session, revision, no_swap, reporter, action="canary")
     if not started.waited:
         return started, None
     release = revision.release

@@ -30,7 +30,7 @@ from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WaitOptions:
     wait: bool = True
     timeout_s: float = 3600
@@ -38,7 +38,7 @@ class WaitOptions:
     scheduling_grace_s: float = 120
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChangeOptions:
     yes: bool = False
     force: bool = False
@@ -48,7 +48,7 @@ class ChangeOptions:
     """Swap a new drafter into the running pods where only the drafter changes (swap.py)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ApplyOptions:
     """How a revision is applied: the confirmation, force and rollback policy, and how the rollout
     is followed. One value from the CLI to every service that changes the release."""
@@ -123,7 +123,7 @@ def up(
 ) -> Outcome:
     """Render, show the change, apply a new revision, follow the rollout, roll back on failure."""
     rendered = plan_up(session, loaded, request, options.change.force)
-    return apply_up(session, loaded, rendered, options, reporter)
+    return apply_up(session, loaded, rendered, options, reporter=reporter)
 
 
 def plan_up(
@@ -144,6 +144,7 @@ def apply_up(
     loaded: LoadedProject,
     rendered: Rendered,
     options: ApplyOptions,
+    *,
     reporter: Reporter,
 ) -> Outcome:
     for warning in rendered.plan.warnings:
@@ -154,7 +155,7 @@ def apply_up(
         require_prerequisites(session, rendered.objects, rendered.plan.cluster)
         if session.ensure_namespace():
             reporter.info(f"created namespace {session.namespace}")
-    return deploy(session, revision_from_render(loaded, rendered), options, reporter, "up")
+    return deploy(session, revision_from_render(loaded, rendered), options, reporter, action="up")
 
 
 def refuse_failing_drafter(plan: Plan, force: bool) -> None:
@@ -168,6 +169,7 @@ def deploy(
     revision: Revision,
     options: ApplyOptions,
     reporter: Reporter,
+    *,
     action: str,
 ) -> Outcome:
     """Apply one revision under the release lock; a failed rollout returns to the last good one.

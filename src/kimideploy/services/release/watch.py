@@ -158,6 +158,7 @@ def watch_release(
     loaded: LoadedProject,
     reporter: Reporter,
     max_windows: int | None = None,
+    *,
     interval_s: float | None = None,
     act: bool | None = None,
 ) -> str:

@@ -116,6 +116,7 @@ def follow_run(
     job: str,
     run_id: str,
     reporter: Reporter,
+    *,
     poll_s: float = 2,
     resume: str | None = None,
 ) -> JobSnapshot:
@@ -150,12 +151,13 @@ def publish_result(
     loaded: LoadedProject,
     request: PlanRequest,
     reporter: Reporter,
+    *,
     poll_s: float,
 ) -> dict[str, Any]:
     """Run a publish Job to the end; its pod's result (digest, files' sha256, lineage or
     dataset fingerprint). Nothing is pinned here: the caller writes the config only after this."""
     started = start_run(session, loaded, request, reporter)
-    snapshot = follow_run(session, started.job, started.run_id, reporter, poll_s)
+    snapshot = follow_run(session, started.job, started.run_id, reporter, poll_s=poll_s)
     result = run_results(snapshot).get("0")
     if not result or not result.get("digest"):
         raise KimiDeployError(
