@@ -7,8 +7,8 @@ from typing import Any, TypedDict
 
 
 class ExitCode(IntEnum):
-    """Process exit codes, documented in the README and docs/reference/cli.md; scripts may rely
-    on them."""
+    """Process exit codes; scripts may rely on them. Their meanings are EXIT_CODE_MEANINGS, which
+    `--help`, the README and docs/reference/cli.md render."""
 
     OK = 0
     RUNTIME = 1
@@ -18,6 +18,24 @@ class ExitCode(IntEnum):
     UNHEALTHY = 5
     """`drafter doctor`: the replay ran and named a cause (a verdict, not a failure)."""
     INTERRUPTED = 130
+
+
+EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "ok",
+    ExitCode.RUNTIME: "runtime failure",
+    ExitCode.USAGE: "usage or config error, or bad input",
+    ExitCode.CLUSTER: "cluster unreachable or forbidden, or another run holds the release's lock",
+    ExitCode.ROLLOUT: "a rollout or a Job failed, or the gate rolled a drafter back",
+    ExitCode.UNHEALTHY: "the drafter doctor named a cause of low acceptance (a verdict, not a "
+    "failure)",
+    ExitCode.INTERRUPTED: "interrupted",
+}
+"""The one list of what each exit code means."""
+
+
+def exit_codes_sentence() -> str:
+    """The meanings in one line, as `kimideploy --help` ends."""
+    return "; ".join(f"{int(code)} {meaning}" for code, meaning in EXIT_CODE_MEANINGS.items())
 
 
 class OutcomeFacts(TypedDict, total=False):

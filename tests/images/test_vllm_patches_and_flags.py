@@ -19,7 +19,7 @@ import pytest
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.images import verify as checks
-from kimideploy.services.images.lifecycle import serve_cases, write_tiny_models
+from kimideploy.services.images.operations import serve_cases, write_tiny_models
 
 IMAGE = "vllm-0.16-kimi"
 ON_HOST = f" (if images.serve: {IMAGE})"
@@ -143,7 +143,7 @@ def test_the_032_image_accepts_everything_rendered_for_it(
     MLA through patch 0001), the rtx6000 host's (it serves 0.32 too), and the extraction flags
     with the final pre-norm id 61, are accepted by vLLM 0.32 itself, for the Kimi-K2.5-shaped
     target."""
-    from kimideploy.services.images.lifecycle import verify_image
+    from kimideploy.services.images.operations import verify_image
     from kimideploy.services.reporting import SilentReporter
 
     steps = verify_image(example, "vllm-0.32-kimi", SilentReporter(), pins=False)
@@ -168,7 +168,7 @@ def test_vllm_032_rejects_what_would_fail_on_the_cluster(
     """The 0.32 check can fail: vLLM's own messages for a misspelt method, unknown keys in the
     speculative config, a missing drafter and a final-layer id past the model."""
     from kimideploy.images.cpu_vllm import engine_python
-    from kimideploy.services.images.lifecycle import extraction_cases
+    from kimideploy.services.images.operations import extraction_cases
 
     target, drafters = tiny
     base = serve_cases(example, "vllm-0.32-kimi", target, drafters)[1]["argv"]  # b200, v1

@@ -24,7 +24,7 @@ from tests.pipeline import pods
 from kimideploy.config.loading import LoadedProject
 from kimideploy.formats.vllm_metrics import acceptance
 from kimideploy.images import verify
-from kimideploy.services.images.lifecycle import serve_cases, write_tiny_models
+from kimideploy.services.images.operations import serve_cases, write_tiny_models
 
 CPU_MLA = {"q_lora_rank": 64, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64,
            "v_head_dim": 32}  # fmt: skip

@@ -23,7 +23,7 @@ from kimideploy.images.dockerfile import default_image_name, render_dockerfile
 from kimideploy.images.lock import lock_digest
 from kimideploy.images.selfcheck import run as selfcheck
 from kimideploy.remote.runner import CommandResult
-from kimideploy.services.images.lifecycle import verify_image
+from kimideploy.services.images.operations import verify_image
 from kimideploy.services.reporting import SilentReporter
 from kimideploy.workloads.gpucheck import problems
 from tests.conftest import EXAMPLE, REPO
@@ -250,7 +250,7 @@ def test_the_local_runner_streams_lines_as_they_are_printed() -> None:
 
 
 def test_lock_refuses_a_digest_of_another_repository(tmp_path: Path) -> None:
-    from kimideploy.services.images.lifecycle import lock_image
+    from kimideploy.services.images.operations import lock_image
 
     config = tmp_path / "kimideploy.yaml"
     config.write_text(EXAMPLE.read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ ALLOWED = {
     "cluster": {"config", "plan", "formats"},
     "images": {"config", "plan", "render", "remote", "formats"},
     "remote": {"config"},
-    "provision": {"config", "remote"},
+    "provision": {"config"},
     "services": {
         "config",
         "plan",
@@ -58,7 +59,7 @@ ANYWHERE = {"errors", "paths", "__init__", "__version__"}
 # services/<use case>/ -> the other use cases it builds on; the modules directly in services/
 # (rendering, reporting, preflight, connection) are shared by all.
 SERVICE_ROOMS = {
-    "release": {"drafters", "runs"},
+    "release": {"runs"},
     "gate": {"release", "runs"},
     "calibrate": {"gate", "release"},
     "runs": set(),
@@ -70,7 +71,6 @@ SERVICE_ROOMS = {
 # third-party modules confined to one package
 CONFINED = {
     "click": "cli",
-    "rich": "cli",
     "kubernetes": "cluster",
     "fabric": "remote",
     "invoke": "remote",
@@ -145,9 +145,91 @@ def test_services_rooms(path: Path) -> None:
     room = service_room_of(path)
     assert room in SERVICE_ROOMS, f"{path}: services/{room}/ is not in SERVICE_ROOMS"
     for module, _ in imports_of(path):
-        parts = module.split(".")
-        if parts[:2] == ["kimideploy", "services"] and len(parts) > 3:
-            assert parts[2] in SERVICE_ROOMS[room] | {room}, f"{path}: {room} -> {parts[2]}"
+        target = _service_room_imported(module)
+        if target is not None:
+            assert target in SERVICE_ROOMS[room] | {room}, f"{path}: {room} -> {target}"
+
+
+def _service_room_imported(module: str) -> str | None:
+    """The services/ room a module path reaches (`kimideploy.services.runs` and
+    `kimideploy.services.runs.batch_runs` alike), None for the shared modules and the rest."""
+    parts = module.split(".")
+    if parts[:2] != ["kimideploy", "services"] or len(parts) < 3:
+        return None
+    return parts[2] if (SRC / "services" / parts[2] / "__init__.py").exists() else None
+
+
+def used_arrows() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """What the source imports: package -> packages, services room -> rooms."""
+    packages: dict[str, set[str]] = {package: set() for package in ALLOWED}
+    rooms: dict[str, set[str]] = {room: set() for room in SERVICE_ROOMS}
+    for path in MODULES:
+        package, room = package_of(path), service_room_of(path)
+        for module, _ in imports_of(path):
+            parts = module.split(".")
+            ours = package and parts[0] == "kimideploy" and len(parts) > 1
+            if ours and parts[1] not in ANYWHERE | {package}:
+                packages[package].add(parts[1])
+            target = _service_room_imported(module)
+            if room and target and target != room:
+                rooms[room].add(target)
+    return packages, rooms
+
+
+def directions_text() -> str:
+    """CONTRIBUTING.md's import-direction block, from ALLOWED and SERVICE_ROOMS."""
+    # Top-down: the packages that import most come first; the services rooms likewise.
+    order = sorted(ALLOWED, key=lambda p: (-len(ALLOWED[p]), p))
+    lines = [f"    {p:<10} -> {', '.join(sorted(ALLOWED[p])) or 'nothing'}" for p in order]
+    rooms = sorted(SERVICE_ROOMS, key=lambda r: (-len(SERVICE_ROOMS[r]), r))
+    lines += [
+        f"    {'services/' + r:<18} -> {', '.join(sorted(SERVICE_ROOMS[r])) or 'nothing'}"
+        for r in rooms
+    ]
+    return "\n".join(lines)
+
+
+def test_every_allowed_arrow_is_used_and_contributing_lists_exactly_them() -> None:
+    """The map a newcomer reads is the contract, and the contract is what the code does: an arrow
+    no import uses is taken out of both."""
+    packages, rooms = used_arrows()
+    unused = {p: sorted(ALLOWED[p] - packages[p]) for p in ALLOWED if ALLOWED[p] - packages[p]}
+    unused |= {
+        f"services/{r}": sorted(SERVICE_ROOMS[r] - rooms[r])
+        for r in SERVICE_ROOMS
+        if SERVICE_ROOMS[r] - rooms[r]
+    }
+    assert not unused, f"allowed imports that nothing uses (take them out): {unused}"
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    begin = "<!-- import directions: tests/unit/test_import_contract.py -->\n"
+    block = text.split(begin, 1)[1].split("\n<!-- end of import directions -->", 1)[0]
+    assert block == directions_text(), (
+        f"CONTRIBUTING.md's import directions should read:\n{directions_text()}"
+    )
+
+
+def test_the_map_names_every_room_and_only_files_that_exist() -> None:
+    """ "Where things live" names every package, every services/ room and shared module, and
+    every file it names exists where it says."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    map_text = text.split("## Where things live", 1)[1].split("Import directions,", 1)[0]
+    packages = [p.name for p in SRC.iterdir() if (p / "__init__.py").exists()]
+    missing = [f"{p}/" for p in packages if f"      {p}/" not in map_text]
+    services = SRC / "services"
+    missing += [
+        f"services/{p.name}/"
+        for p in services.iterdir()
+        if (p / "__init__.py").exists() and f"{p.name}/" not in map_text
+    ]
+    missing += [
+        f"services/{p.stem}"
+        for p in services.glob("*.py")
+        if p.stem != "__init__" and p.stem not in map_text
+    ]
+    assert not missing, f"CONTRIBUTING.md's map does not name: {missing}"
+    named = set(re.findall(r"\b([a-z_]+\.py)\b", map_text))
+    existing = {p.name for p in SRC.rglob("*.py")}
+    assert named <= existing, f"the map names files that do not exist: {sorted(named - existing)}"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))

@@ -101,3 +101,23 @@ def test_job_specs_carry_every_setting_of_the_same_name(
 def resolve_settings(example: LoadedProject, overrides: tuple[str, ...]) -> object:
     project = apply_overrides(example.project, "rtx6000", overrides)
     return project.clusters["rtx6000"].workloads
+
+
+def test_every_exit_code_is_described_once_and_help_and_the_docs_render_that_list(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pathlib import Path
+
+    from kimideploy.cli.main import main
+    from kimideploy.errors import EXIT_CODE_MEANINGS, ExitCode, exit_codes_sentence
+    from kimideploy.services.rendering import EXIT_CODE_PAGES, with_exit_code_table
+
+    assert set(EXIT_CODE_MEANINGS) == set(ExitCode)
+    root = Path(__file__).resolve().parents[2]
+    for page in EXIT_CODE_PAGES:
+        text = (root / page).read_text(encoding="utf-8")
+        assert with_exit_code_table(text) == text, f"{page} is stale; run scripts/update-golden"
+        for code, meaning in EXIT_CODE_MEANINGS.items():
+            assert f"| {int(code)} | {meaning} |" in text
+    assert main(["--help"]) == 0
+    assert " ".join(exit_codes_sentence().split()) in " ".join(capsys.readouterr().out.split())

@@ -22,7 +22,7 @@ def image() -> None:
 @click.pass_obj
 def list_images(state: CliState, output: str) -> None:
     """Name, base, vLLM, torch, speculators, patches, digest, and which clusters use it."""
-    from kimideploy.services.images.lifecycle import image_rows
+    from kimideploy.services.images.operations import image_rows
 
     rows = image_rows(state.project().project)
     click.echo(machine(rows, output) or format_table(rows))
@@ -33,7 +33,7 @@ def list_images(state: CliState, output: str) -> None:
 @click.pass_obj
 def render(state: CliState, name: str) -> None:
     """The image's Dockerfile on stdout."""
-    from kimideploy.services.images.lifecycle import dockerfile
+    from kimideploy.services.images.operations import dockerfile
 
     click.echo(dockerfile(state.project().project, name), nl=False)
 
@@ -45,7 +45,7 @@ def render(state: CliState, name: str) -> None:
 def verify(state: CliState, name: str, skip_pins: bool) -> None:
     """Pins resolve; patches apply (fuzz 0) and work; vLLM accepts every rendered serve flag."""
     from kimideploy.errors import KimiDeployError
-    from kimideploy.services.images.lifecycle import verify_image
+    from kimideploy.services.images.operations import verify_image
 
     steps = verify_image(state.project(), name, TerminalReporter(), pins=not skip_pins)
     click.echo(
@@ -72,7 +72,7 @@ def verify(state: CliState, name: str, skip_pins: bool) -> None:
 def kernels(state: CliState, name: str, write: bool, output: str) -> None:
     """The attention kernels the image's vLLM selects on each GPU it claims, derived from its
     pinned sources, and whether a speculative verification runs on the decode path there."""
-    from kimideploy.services.images.lifecycle import kernel_plans
+    from kimideploy.services.images.operations import kernel_plans
 
     derived = kernel_plans(state.project(), name, write, TerminalReporter())
     rows = [
@@ -104,7 +104,7 @@ def build(
     state: CliState, *, name: str, push: bool, on_cluster: str | None, context_only: Path | None
 ) -> None:
     """Build from a deterministic context; the tag is the context's content hash."""
-    from kimideploy.services.images.lifecycle import build_image
+    from kimideploy.services.images.operations import build_image
 
     result = build_image(
         state.project().project,
@@ -123,7 +123,7 @@ def build(
 @click.pass_obj
 def lock(state: CliState, name: str, digest: str | None) -> None:
     """Write the pushed digest into kimideploy.yaml so manifests pin it."""
-    from kimideploy.services.images.lifecycle import lock_image
+    from kimideploy.services.images.operations import lock_image
 
     loaded = state.project("image lock edits the project file")
     click.echo(lock_image(loaded.path, loaded.project, name, digest))

@@ -13,7 +13,7 @@ from kimideploy import __version__
 from kimideploy.cli.root_help import MAX_HELP_WIDTH, terminal_width
 from kimideploy.cli.state import CliState
 from kimideploy.cli.terminal import printable_output
-from kimideploy.errors import ExitCode, KimiDeployError
+from kimideploy.errors import ExitCode, KimiDeployError, exit_codes_sentence
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("init_cmd", "Write a project file for your clusters, from the example."),
@@ -76,6 +76,7 @@ def _shortened(text: str, limit: int) -> str:
         "max_content_width": MAX_HELP_WIDTH,
         "terminal_width": terminal_width(),
     },
+    epilog=f"Exit codes: {exit_codes_sentence()}.",
 )
 @click.option(
     "--config",
@@ -89,12 +90,7 @@ def _shortened(text: str, limit: int) -> str:
 @click.version_option(__version__, prog_name="kimideploy")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, debug: bool) -> None:
-    """Deploy, train and measure EAGLE-3 speculative decoding for Kimi-K2.5 on Kubernetes.
-
-    Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 3 cluster unreachable or
-    forbidden, 4 rollout or job failed (or the gate rolled a drafter back), 5 the drafter doctor
-    named a cause, 130 interrupted.
-    """
+    """Deploy, train and measure EAGLE-3 speculative decoding for Kimi-K2.5 on Kubernetes."""
     # pathlib is imported here, not at start-up: `kimideploy --help` never reaches this.
     from pathlib import Path
 

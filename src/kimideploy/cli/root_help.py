@@ -2,10 +2,10 @@
 
 Importing click alone costs more than the start-up budget for `--help` (3.5x a bare `python -c
 pass`; click measures 3.5-3.7x on this project's 2-core machine). The top-level help is a pure
-function of cli/main.py (the commands' summaries, the global options), of click (its formatting)
-and of the help width, so it is cached under the cache root with exactly those as its first
-line: the size and mtime of cli/main.py, of this file and of click's package, kimideploy's version
-and the width. Any change to one of them is a miss, and a miss goes through click, which writes
+function of cli/main.py (the commands' summaries, the global options), of errors.py (the exit
+codes it ends with), of click (its formatting) and of the help width, so it is cached under the
+cache root with exactly those as its first line: the size and mtime of cli/main.py, errors.py,
+this file and click's package, kimideploy's version and the width. Any change to one of them is a miss, and a miss goes through click, which writes
 the cache again. Only the bare `kimideploy --help` / `-h` is served from here; every other
 argument list goes through click.
 
@@ -61,7 +61,13 @@ def _click_origin() -> str | None:
 
 def _cache_key(width: int) -> str:
     here = os.path.dirname(os.path.abspath(__file__))
-    sources = (os.path.join(here, "main.py"), os.path.join(here, "root_help.py"), _click_origin())
+    package = os.path.dirname(here)
+    sources = (
+        os.path.join(here, "main.py"),
+        os.path.join(package, "errors.py"),
+        os.path.join(here, "root_help.py"),
+        _click_origin(),
+    )
     return "|".join((__version__, str(width), *(_stamp(source) for source in sources)))
 
 

@@ -14,7 +14,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
 from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
-from kimideploy.errors import KimiDeployError, MethodNotServedError, UsageError
+from kimideploy.errors import EXIT_CODE_MEANINGS, KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.plan.resolve import resolve
@@ -112,6 +112,21 @@ def config_json_schema() -> str:
 
 
 CONFIG_REFERENCE_FILE = Path("docs") / "reference" / "configuration-keys.md"
+EXIT_CODE_PAGES = (Path("README.md"), Path("docs") / "reference" / "cli.md")
+"""The pages that show the exit-code table, between EXIT_CODES_BEGIN and EXIT_CODES_END."""
+EXIT_CODES_BEGIN = "<!-- exit codes: generated from kimideploy.errors by scripts/update-golden -->"
+EXIT_CODES_END = "<!-- end of exit codes -->"
+
+
+def with_exit_code_table(page: str) -> str:
+    """The page with its exit-code table rendered from errors.EXIT_CODE_MEANINGS."""
+    before, begin, rest = page.partition(EXIT_CODES_BEGIN)
+    _, end, after = rest.partition(EXIT_CODES_END)
+    if not begin or not end:
+        raise ValueError(f"no {EXIT_CODES_BEGIN} ... {EXIT_CODES_END} section")
+    rows = [f"| {int(code)} | {meaning} |" for code, meaning in EXIT_CODE_MEANINGS.items()]
+    table = "\n".join(["| code | meaning |", "|---|---|", *rows])
+    return f"{before}{begin}\n{table}\n{end}{after}"
 
 
 def config_reference() -> str:
