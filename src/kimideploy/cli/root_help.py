@@ -6,8 +6,8 @@ function of cli/main.py (the commands' summaries, the global options), of errors
 codes it ends with), of click (its formatting) and of the help width, so it is cached under the
 cache root with exactly those as its first line: the size and mtime of cli/main.py, errors.py,
 this file and click's package, kimideploy's version and the width. Any change to one of them
-is a miss, and a miss goes through click, which writes the cache again. Only the bare `kimideploy --help` / `-h` is served from here; every other
-argument list goes through click.
+is a miss, and a miss goes through click, which writes the cache again. Only the bare
+`kimideploy --help` / `-h` is served from here; every other argument list goes through click.
 
 This module imports nothing but os and sys (pathlib alone would cost about 1x a bare interpreter,
 hashlib and importlib.util as much): it runs before everything else.
