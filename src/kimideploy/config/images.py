@@ -25,6 +25,10 @@ SUFFIX_SELFCHECK = "suffix-decoding"
 build runs it where Arctic Inference is installed, the serve pod's drafter-check before a load."""
 
 
+SERVE_ROLE = "serve"
+"""The image role of a vLLM server image (an image's role, not a workload's name)."""
+
+
 class Image(StrictModel):
     """A pinned image. Manifests reference `repository@digest`, never a tag."""
 

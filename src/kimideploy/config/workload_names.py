@@ -17,7 +17,5 @@ WEIGHTS = "weights"
 """`host sync-model` on a cluster whose pods mount a shared models claim (the rented NVL8
 clusters): a Job downloads the pinned revision into that claim, though not one `run` starts."""
 WORKLOAD_NAMES = (*JOB_WORKLOADS, PUBLISH, REPLAY, PULL, WEIGHTS, SERVE)
-PIPELINE_WORKLOADS = ("datagen", "extract", "vocab", "train")
-"""These build the train drafter's data, so they default to (and need) a drafter record."""
 GPU_WORKLOADS = frozenset({SERVE, "extract", "train"})
 """datagen and bench are clients of a serve release; vocab counts tokens on CPU."""

@@ -160,6 +160,11 @@ class DatagenSettings(WorkloadSettings):
         description="'serve' for the non-speculative serve release, or an http(s) base URL.",
     )
 
+    @property
+    def asks_the_serve_release(self) -> bool:
+        """Its endpoint is this project's serve release (sized, keyed and reached by kimideploy)."""
+        return self.endpoint == "serve"
+
 
 class ExtractSettings(WorkloadSettings):
     shards: Annotated[int, Field(ge=1, le=1024)]

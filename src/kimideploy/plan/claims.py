@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kimideploy.config.base import quantity_to_float
 from kimideploy.config.project import Project
+from kimideploy.plan import online
 from kimideploy.plan.inputs import PlanInputs
 from kimideploy.plan.model import ObjectPlan
 from kimideploy.plan.pods import LABEL_PREFIX, standard_labels
@@ -16,36 +17,11 @@ from kimideploy.plan.storage import (
     human_bytes,
 )
 
-# claim -> read-only? per workload. Training writes the finished drafter onto the models volume.
-# Every GPU workload compiles kernels at run time and keeps them on the compile cache.
-WORKLOAD_CLAIMS: dict[str, dict[str, bool]] = {
-    "serve": {"models": True, "compile_cache": False},
-    "datagen": {"datasets": False},
-    "extract": {"models": True, "datasets": True, "hidden_states": False, "compile_cache": False},
-    "vocab": {"datasets": False},
-    "train": {
-        "models": False,
-        "datasets": True,
-        "hidden_states": True,
-        "checkpoints": False,
-        "compile_cache": False,
-    },
-    "bench": {"datasets": False},
-    # Writable datasets: `data publish` holds each shard's writer lock while it pushes.
-    "publish": {"models": True, "datasets": False},
-    # The captured sequences are kept on the hidden-states claim (reused, resumed).
-    "replay": {"models": True, "hidden_states": False, "compile_cache": False},
-    # The pull is the one container that writes the drafters it fetches.
-    "pull": {"models": False},
-    # The weights download writes the target (and hub drafters) into the models claim.
-    "weights": {"models": False},
-}
-
 
 def workload_claims(ctx: PlanInputs) -> dict[str, bool]:
-    """The claims this plan's pods mount; online training stores no hidden states."""
-    claims = dict(WORKLOAD_CLAIMS[ctx.workload])
-    if ctx.workload == "train" and ctx.cluster.workloads.train.mode == "online":
+    """The claims this plan's pods mount (its kind's); online training stores no hidden states."""
+    claims = dict(ctx.kind.claims)
+    if online.is_online(ctx):
         claims.pop("hidden_states")
     return claims
 

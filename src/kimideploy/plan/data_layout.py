@@ -10,6 +10,7 @@ from kimideploy.config.datasets import PublishedDataset
 from kimideploy.config.drafters import to_vllm_layer_ids
 from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.project import Project
+from kimideploy.plan import online
 from kimideploy.plan.inputs import (
     CHECKPOINTS_MOUNT,
     DATASETS_MOUNT,
@@ -17,6 +18,7 @@ from kimideploy.plan.inputs import (
     PlanInputs,
     published_dataset_path,
 )
+from kimideploy.plan.kinds import FEATURES
 
 
 def dataset_fingerprints(ctx: PlanInputs) -> dict[str, dict[str, Any]]:
@@ -89,6 +91,14 @@ def _published(project: Project, cluster_name: str) -> tuple[str, PublishedDatas
 def conversations_id(project: Project, cluster_name: str) -> str:
     """The fingerprint id of the conversations the cluster's pipeline makes (or takes)."""
     return fingerprint_id(pipeline_fingerprints(project, cluster_name)["conversations"])
+
+
+def data_flow(ctx: PlanInputs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(read, written) data_dirs keys of this plan's run, from its kind; training reads the
+    conversations instead of stored hidden states when its target server computes them."""
+    features = "conversations" if online.is_online(ctx) else "hidden_states"
+    reads = tuple(features if name == FEATURES else name for name in ctx.kind.reads)
+    return reads, ctx.kind.writes
 
 
 def data_dirs(ctx: PlanInputs) -> dict[str, str]:

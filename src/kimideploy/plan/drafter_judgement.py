@@ -14,7 +14,7 @@ from kimideploy.config.drafters import (
     SuffixMethod,
     to_vllm_layer_ids,
 )
-from kimideploy.config.images import Image
+from kimideploy.config.images import SERVE_ROLE, Image
 from kimideploy.config.project import Project, variant_mismatch
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.drafter_files import Expected
@@ -91,7 +91,9 @@ def method_findings(
     image = project.images[image_name]
     if isinstance(method, SuffixMethod):
         carried = image.arctic_inference is not None
-        having = [n for n, i in project.images.items() if i.role == "serve" and i.arctic_inference]
+        having = [
+            n for n, i in project.images.items() if i.role == SERVE_ROLE and i.arctic_inference
+        ]
         image_finding = CheckResult(
             "serve image",
             carried,

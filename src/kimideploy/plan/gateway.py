@@ -30,7 +30,7 @@ POOL_GROUP = "inference.networking.k8s.io"
 
 
 def gateway_of(ctx: PlanInputs) -> GatewaySettings | None:
-    return ctx.cluster.gateway if ctx.workload == "serve" and ctx.run_id is None else None
+    return ctx.cluster.gateway if ctx.kind.release and ctx.run_id is None else None
 
 
 def canary_refusal(ctx: PlanInputs) -> UsageError | None:

@@ -16,6 +16,7 @@ from kimideploy.config.specs import LayerSelection, TargetRef
 from kimideploy.config.target import TargetModel
 from kimideploy.errors import UsageError
 from kimideploy.plan.calibration import CostModel
+from kimideploy.plan.kinds import KINDS, WorkloadKind
 from kimideploy.plan.step_cost import uncalibrated
 
 CANARY_SUFFIX = "-canary"
@@ -63,6 +64,11 @@ class PlanInputs:
     pull_drafters: tuple[str, ...] = ()
     canary_percent: int | None = None
     """serve: the canary's share of the route (the objects are the canary pool's)."""
+
+    @property
+    def kind(self) -> WorkloadKind:
+        """What the workload is (plan/kinds.py): read instead of comparing its name."""
+        return KINDS[self.workload]
 
     @property
     def speculative_tokens(self) -> int | None:

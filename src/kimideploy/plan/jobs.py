@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
@@ -22,7 +23,7 @@ from kimideploy.config.specs import (
     WorkloadExit,
     WorkloadSpec,
 )
-from kimideploy.config.workloads import WorkloadSettings
+from kimideploy.config.workloads import DatagenSettings, WorkloadSettings
 from kimideploy.errors import ConfigError, UsageError
 from kimideploy.plan import online, pods, publish, replay
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
@@ -72,7 +73,7 @@ def datagen_spec(ctx: PlanInputs, run_id: str) -> DatagenSpec:
             hint=f"run extract (or train online) next; to generate here, remove "
             f"clusters.{ctx.cluster_name}.workloads.train.conversations",
         )
-    endpoint = serve_endpoint(ctx) if settings.endpoint == "serve" else settings.endpoint
+    endpoint = serve_endpoint(ctx) if settings.asks_the_serve_release else settings.endpoint
     return spec_from(
         DatagenSpec,
         settings,
@@ -96,7 +97,7 @@ def datagen_concurrency(ctx: PlanInputs) -> int:
     max_num_seqs) shared over the shards. More would only queue in vLLM, where the wait counts
     against each request's timeout: the tail times out, is retried, and is dropped."""
     settings, serve = ctx.cluster.workloads.datagen, ctx.cluster.workloads.serve
-    if settings.endpoint != "serve":
+    if not settings.asks_the_serve_release:
         return settings.concurrency or DATAGEN_OWN_ENDPOINT_CONCURRENCY
     capacity = serve.replicas * serve.max_num_seqs
     share = max(1, capacity // settings.shards)
@@ -360,28 +361,14 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
     artifacts = publish.pulls(ctx)
     init_containers = publish.pull_container(ctx, artifacts, spec_mount, writable_mounts)
     volumes = [*volumes, *publish.pull_volumes(ctx, artifacts)]
-    if ctx.workload == "pull":
-        # The pull is the Job's own container: the same command, Secret and CA as the init one.
+    own = _POD_PARTS.get(ctx.workload, _no_pod_parts)(ctx)
+    volumes, mounts = [*volumes, *own.volumes], [*mounts, *own.mounts]
+    if own.pulls_itself:
         init_containers = []
-        registry = publish.require_registry(ctx, "a published drafter is pulled")
-        mounts = [*mounts, *publish.secret_volumes(registry, registry.pull_secret)[1]]
-    token = ctx.model.hf_token
-    if ctx.workload == "weights" and token is not None:
-        # The one pod that downloads from the hub is the one that gets the token.
-        secret = {"secretName": token.name, "items": [{"key": token.key, "path": "token"}]}
-        volumes = [*volumes, {"name": "hub-token", "secret": secret}]
-        mounts = [*mounts, {"name": "hub-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True}]
-    if ctx.workload == "extract":
-        scratch_vol, scratch_mount = extract_scratch_volume(ctx)
-        volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
     if online.is_online(ctx):
         scratch_vol, scratch_mount = online.scratch_volume(ctx)
         volumes, mounts = [*volumes, scratch_vol], [*mounts, scratch_mount]
         init_containers.append(online.server_container(ctx, online.check(ctx)))
-    if ctx.workload == "publish":
-        registry = publish.require_registry(ctx, "publishing")
-        auth_vols, auth_mounts = publish.secret_volumes(registry, registry.push_secret)
-        volumes, mounts = [*volumes, *auth_vols], [*mounts, *auth_mounts]
     security_context = pods.container_hardening()
     pod_annotations = dict(_settings(ctx).pod_annotations)
     resources = pods.resources(shape.cpu, shape.memory, shape.gpus)
@@ -423,9 +410,8 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         "init_containers": init_containers,
     }
     spec_map = {**common, "name": f"{ctx.object_name}-spec", "data": pods.spec_data(ctx, spec_json)}
-    objects = [ObjectPlan("configmap-spec", spec_map), ObjectPlan(f"job-{ctx.workload}", job)]
-    if ctx.workload == "replay":
-        objects = [objects[0], *_replay_jobs(ctx, job)]
+    stages = _STAGES.get(ctx.workload, _one_stage)
+    objects = [ObjectPlan("configmap-spec", spec_map), *stages(ctx, job)]
     if shape.subdomain:
         objects.append(ObjectPlan("service-train", {**common, "port": shape.port}))
     if ctx.cluster.network_policy.enabled:
@@ -440,6 +426,64 @@ ENGINE_SHM = "64Gi"
 AFTER_ANNOTATION = f"{pods.LABEL_PREFIX}/after"
 """On a Job of a run that is created only once the named Job of the same run has succeeded."""
 STAGE_LABEL = f"{pods.LABEL_PREFIX}/stage"
+
+
+@dataclass(frozen=True)
+class PodParts:
+    """What a kind's pods mount besides what every Job's pods mount."""
+
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    pulls_itself: bool = False
+    """The Job's own container is the artifact pull: no init container pulls before it."""
+
+
+def _no_pod_parts(ctx: PlanInputs) -> PodParts:
+    return PodParts()
+
+
+def _pull_parts(ctx: PlanInputs) -> PodParts:
+    # The pull is the Job's own container: the same command, Secret and CA as the init one.
+    registry = publish.require_registry(ctx, "a published drafter is pulled")
+    return PodParts(
+        mounts=publish.secret_volumes(registry, registry.pull_secret)[1], pulls_itself=True
+    )
+
+
+def _weights_parts(ctx: PlanInputs) -> PodParts:
+    # The one pod that downloads from the hub is the one that gets the token.
+    token = ctx.model.hf_token
+    if token is None:
+        return PodParts()
+    secret = {"secretName": token.name, "items": [{"key": token.key, "path": "token"}]}
+    return PodParts(
+        volumes=[{"name": "hub-token", "secret": secret}],
+        mounts=[{"name": "hub-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True}],
+    )
+
+
+def _extract_parts(ctx: PlanInputs) -> PodParts:
+    scratch_vol, scratch_mount = extract_scratch_volume(ctx)
+    return PodParts(volumes=[scratch_vol], mounts=[scratch_mount])
+
+
+def _publish_parts(ctx: PlanInputs) -> PodParts:
+    registry = publish.require_registry(ctx, "publishing")
+    auth_vols, auth_mounts = publish.secret_volumes(registry, registry.push_secret)
+    return PodParts(volumes=auth_vols, mounts=auth_mounts)
+
+
+_POD_PARTS: dict[str, Callable[[PlanInputs], PodParts]] = {
+    "pull": _pull_parts,
+    "weights": _weights_parts,
+    "extract": _extract_parts,
+    "publish": _publish_parts,
+}
+"""Per kind, the pods' own volumes and mounts; a kind not named mounts nothing more."""
+
+
+def _one_stage(ctx: PlanInputs, job: dict[str, Any]) -> list[ObjectPlan]:
+    return [ObjectPlan(f"job-{ctx.workload}", job)]
 
 
 def _replay_jobs(ctx: PlanInputs, judge: dict[str, Any]) -> list[ObjectPlan]:
@@ -478,12 +522,16 @@ def _replay_jobs(ctx: PlanInputs, judge: dict[str, Any]) -> list[ObjectPlan]:
     return [ObjectPlan("job-replay", capture), ObjectPlan("job-replay", judged)]
 
 
+_STAGES: dict[str, Callable[[PlanInputs, dict[str, Any]], list[ObjectPlan]]] = {
+    "replay": _replay_jobs,
+}
+"""Per kind, the Jobs one run is made of; a kind not named is one Job."""
+
+
 def _settings(ctx: PlanInputs) -> Any:
-    """The workload's cluster settings; the replay runs in the extraction's shape, a pull in
-    publish's (both move an artifact between a volume and the registry)."""
-    workloads = ctx.cluster.workloads
-    borrowed = {"replay": "extract", "pull": "publish"}
-    return getattr(workloads, borrowed.get(ctx.workload, ctx.workload))
+    """The kind's cluster settings (kinds.py: settings); the replay runs in the extraction's
+    shape, a pull in publish's (both move an artifact between a volume and the registry)."""
+    return getattr(ctx.cluster.workloads, ctx.kind.settings)
 
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -502,10 +550,10 @@ def _job_env(ctx: PlanInputs, gpus: int) -> list[dict[str, Any]]:
     caches = pods.compile_cache_env(ctx.image) if "compile_cache" in workload_claims(ctx) else {}
     entries = pods.env(ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH, **caches})
 
-    calls_serve = ctx.workload == "bench" or (
-        ctx.workload == "datagen" and ctx.cluster.workloads.datagen.endpoint == "serve"
-    )
-    if calls_serve:
+    # The bench measures the serve release; datagen asks it when it is the endpoint.
+    settings = _settings(ctx)
+    asks = isinstance(settings, DatagenSettings) and settings.asks_the_serve_release
+    if ctx.kind.measures_serving or asks:
         entries += pods.api_key_env(ctx, API_KEY_ENV)
     # Declared explicitly so `$(JOB_COMPLETION_INDEX)` in torchrun's arguments always expands.
     index = {"fieldRef": {"fieldPath": INDEX_ANNOTATION}}
@@ -513,56 +561,64 @@ def _job_env(ctx: PlanInputs, gpus: int) -> list[dict[str, Any]]:
 
 
 def _job_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
-    w = ctx.cluster.workloads
-    if ctx.workload == "train":
-        return _train_shape(ctx)
-    command = ["python", "-m", "kimideploy.workloads"]
+    return _SHAPES.get(ctx.workload, _cpu_shape)(ctx, spec)
+
+
+WORKLOADS_ENTRYPOINT = ["python", "-m", "kimideploy.workloads"]
+
+
+def _cpu_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
+    """datagen, vocab, bench and publish: CPU-only, one index per shard; datagen retries most
+    (its requests are idempotent), publish too (a push skips the blobs already there)."""
+    res = _settings(ctx).resources
     args = [ctx.workload, "--spec", SPEC_PATH]
-    if ctx.workload == "extract":
-        gpus = w.extract.gpus_per_shard
-        copies = max(1, ctx.cluster.total_gpus // gpus)
-        res = w.extract.resources
-        parallelism = min(spec.shards, copies)
-        return JobShape(
-            res.cpu,
-            res.memory,
-            command,
-            args,
-            spec.shards,
-            parallelism,
-            3,
-            gpus=gpus,
-            shm=ENGINE_SHM,
-        )
-    if ctx.workload == "replay":
-        # The judgement: the drafters and the target's head on one GPU (the capture container
-        # before it held the extraction shape's). Retried once: both stages resume.
-        res = w.train.resources
-        args = ["replay-judge", "--spec", SPEC_PATH]
-        return JobShape(res.cpu, res.memory, command, args, 1, 1, 1, gpus=1, shm="16Gi")
-    if ctx.workload == "weights":
-        # Retried like a pull: the downloader resumes every piece from its journal.
-        res = w.weights.resources
-        return JobShape(res.cpu, res.memory, command, args, 1, 1, 3)
-    if ctx.workload == "pull":
-        # Retried like a push: ORAS resumes from the blobs already there; bad input fails at once.
-        return JobShape(
-            w.publish.resources.cpu,
-            w.publish.resources.memory,
-            command,
-            ["artifact-pull", "--spec", SPEC_PATH],
-            1,
-            1,
-            3,
-        )
-    # datagen, vocab, bench and publish are CPU-only; datagen retries most (its requests are
-    # idempotent), publish too (a push skips the blobs already there).
-    res = getattr(w, ctx.workload).resources
-    retries = {"datagen": 5, "vocab": 2, "bench": 1, "publish": 3}[ctx.workload]
-    return JobShape(res.cpu, res.memory, command, args, spec.shards, spec.shards, retries)
+    retries = ctx.kind.retries
+    return JobShape(res.cpu, res.memory, WORKLOADS_ENTRYPOINT, args, spec.shards, spec.shards,
+                    retries)  # fmt: skip
 
 
-def _train_shape(ctx: PlanInputs) -> JobShape:
+def _extract_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
+    extract = ctx.cluster.workloads.extract
+    gpus = extract.gpus_per_shard
+    copies = max(1, ctx.cluster.total_gpus // gpus)
+    args = [ctx.workload, "--spec", SPEC_PATH]
+    return JobShape(
+        extract.resources.cpu,
+        extract.resources.memory,
+        WORKLOADS_ENTRYPOINT,
+        args,
+        spec.shards,
+        min(spec.shards, copies),
+        ctx.kind.retries,
+        gpus=gpus,
+        shm=ENGINE_SHM,
+    )
+
+
+def _replay_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
+    # The judgement: the drafters and the target's head on one GPU (the capture container
+    # before it held the extraction shape's). Retried once: both stages resume.
+    res = ctx.cluster.workloads.train.resources
+    args = ["replay-judge", "--spec", SPEC_PATH]
+    return JobShape(res.cpu, res.memory, WORKLOADS_ENTRYPOINT, args, 1, 1, ctx.kind.retries,
+                    gpus=1, shm="16Gi")  # fmt: skip
+
+
+def _weights_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
+    # Retried like a pull: the downloader resumes every piece from its journal.
+    res = _settings(ctx).resources
+    args = [ctx.workload, "--spec", SPEC_PATH]
+    return JobShape(res.cpu, res.memory, WORKLOADS_ENTRYPOINT, args, 1, 1, ctx.kind.retries)
+
+
+def _pull_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
+    # Retried like a push: ORAS resumes from the blobs already there; bad input fails at once.
+    res = _settings(ctx).resources
+    args = ["artifact-pull", "--spec", SPEC_PATH]
+    return JobShape(res.cpu, res.memory, WORKLOADS_ENTRYPOINT, args, 1, 1, ctx.kind.retries)
+
+
+def _train_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
     """torchrun: standalone on one node; static ranks from the completion index across nodes."""
     train, gpus = ctx.cluster.workloads.train, ctx.cluster.gpu.per_node
     if online.is_online(ctx):
@@ -588,9 +644,19 @@ def _train_shape(ctx: PlanInputs) -> JobShape:
         args + tail,
         completions=train.nodes,
         parallelism=train.nodes,
-        retries=2,
+        retries=ctx.kind.retries,
         gpus=gpus,
         shm=train.shm_size,
         subdomain=subdomain,
         port=train.rendezvous_port,
     )
+
+
+_SHAPES: dict[str, Callable[[PlanInputs, WorkloadSpec], JobShape]] = {
+    "train": _train_shape,
+    "extract": _extract_shape,
+    "replay": _replay_shape,
+    "weights": _weights_shape,
+    "pull": _pull_shape,
+}
+"""Per kind, its Job's shape; a kind not named is a CPU Job with one index per shard."""

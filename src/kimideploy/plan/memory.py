@@ -172,7 +172,7 @@ def engine_shapes(ctx: PlanInputs) -> list[EngineShape]:
     where = f"clusters.{ctx.cluster_name}.workloads"
     workloads = cluster.workloads
     found: list[EngineShape] = []
-    if ctx.workload == "serve":
+    if ctx.kind.release:
         serve = workloads.serve
         drafter = ctx.drafter if isinstance(ctx.drafter, Drafter) else None
         found.append(EngineShape(
@@ -182,10 +182,10 @@ def engine_shapes(ctx: PlanInputs) -> list[EngineShape]:
             max_num_batched_tokens=serve.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,
             kv_cache_dtype=serve.kv_cache_dtype, drafter=drafter,
         ))  # fmt: skip
-    elif ctx.workload in ("extract", "replay"):
+    elif ctx.kind.engine is not None:  # the extraction engine, or the replay's capture in its shape
         extract = workloads.extract
         found.append(EngineShape(
-            engine="extraction" if ctx.workload == "extract" else "replay capture",
+            engine=ctx.kind.engine,
             setting=f"{where}.extract", tensor_parallel=extract.gpus_per_shard,
             gpu_memory_gb=gpu_gb, utilization=extract.gpu_memory_utilization,
             max_model_len=model.max_model_len,

@@ -10,6 +10,7 @@ from kimideploy.config.project import release_name
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.plan.calibration import Calibration
+from kimideploy.plan.kinds import KINDS
 
 
 @dataclass(frozen=True)
@@ -109,4 +110,4 @@ class Plan:
 
     @property
     def speculative(self) -> bool:
-        return self.workload == "serve" and self.drafter != NO_DRAFTER
+        return KINDS[self.workload].release and self.drafter != NO_DRAFTER

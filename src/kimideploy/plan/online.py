@@ -57,7 +57,7 @@ class OnlineLayout:
 
 
 def is_online(ctx: PlanInputs) -> bool:
-    return ctx.workload == "train" and ctx.cluster.workloads.train.mode == "online"
+    return ctx.kind.trains and ctx.cluster.workloads.train.mode == "online"
 
 
 def _where(ctx: PlanInputs, field: str) -> str:

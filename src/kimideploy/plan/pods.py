@@ -101,7 +101,7 @@ def priority_class(ctx: PlanInputs) -> str:
     classes = ctx.cluster.priority_classes
     if classes is None:
         return ""
-    return classes.serve if ctx.workload == "serve" else classes.batch
+    return classes.serve if ctx.kind.release else classes.batch
 
 
 def api_key_env(ctx: PlanInputs, variable: str) -> list[dict[str, Any]]:

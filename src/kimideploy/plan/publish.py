@@ -19,7 +19,7 @@ from kimideploy.config.specs import (
 )
 from kimideploy.errors import UsageError
 from kimideploy.plan import pods
-from kimideploy.plan.data_layout import data_dirs, published_conversations
+from kimideploy.plan.data_layout import data_dirs, data_flow, published_conversations
 from kimideploy.plan.inputs import (
     DATASETS_MOUNT,
     MODELS_MOUNT,
@@ -165,14 +165,15 @@ def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
     pipeline takes from the registry (extract, vocab, online train)."""
     found: list[PulledArtifact] = []
     names: list[str] = []
-    if ctx.workload == "serve" and ctx.drafter is not None:
+    pulls, base = ctx.kind.pulls, ctx.cluster.workloads.train.base_drafter
+    if pulls == "served" and ctx.drafter is not None:
         names.append(ctx.drafter_name)
-    if ctx.workload == "replay":
+    if pulls == "replayed":
         names += list(ctx.replay_drafters or (ctx.drafter_name,))
-    if ctx.workload == "pull":
+    if pulls == "pulled":
         names += list(ctx.pull_drafters or (ctx.drafter_name,))
-    if ctx.workload == "train" and ctx.cluster.workloads.train.base_drafter:
-        names.append(ctx.cluster.workloads.train.base_drafter)
+    if pulls == "base" and base:
+        names.append(base)
     for name in names:
         drafter = ctx.project.eagle_drafter(name)
         if drafter.source.oci is not None:
@@ -188,10 +189,7 @@ def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
                 )
             )
     dataset = ctx.cluster.workloads.train.conversations
-    reads_conversations = ctx.workload in ("extract", "vocab") or (
-        ctx.workload == "train" and ctx.cluster.workloads.train.mode == "online"
-    )
-    if dataset and reads_conversations:
+    if dataset and "conversations" in data_flow(ctx)[0]:
         published = ctx.project.datasets[dataset]
         registry = require_registry(ctx, f"dataset {dataset} is a published artifact")
         found.append(

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, SuffixMethod, to_vllm_layer_ids
+from kimideploy.config.images import SERVE_ROLE
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.config.specs import PullSpec, WorkloadSpec
-from kimideploy.config.workload_names import GPU_WORKLOADS, PIPELINE_WORKLOADS, WORKLOAD_NAMES
+from kimideploy.config.workload_names import WORKLOAD_NAMES
 from kimideploy.errors import MethodNotServedError, UsageError
 from kimideploy.formats.check_result import CheckResult
 from kimideploy.formats.extraction_engine import version_tuple
@@ -39,6 +41,7 @@ from kimideploy.plan.drafter_judgement import (
     serving_warnings,
 )
 from kimideploy.plan.inputs import PlanInputs, deterministic_run_id, gate_threshold, gated_levels
+from kimideploy.plan.kinds import KINDS, WorkloadKind
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
@@ -58,7 +61,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
     spec_sha256 = hashlib.sha256(
         (spec_json + (ctx.cluster.network.nccl_topology or "")).encode()
     ).hexdigest()
-    if ctx.workload == "serve":
+    if ctx.kind.release:
         objects = [
             *serve.serve_objects(ctx, spec_json, spec_sha256),
             *gateway.routing_objects(ctx),
@@ -84,13 +87,13 @@ def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
         inputs=_inputs(ctx, request),
         break_even=_break_even(ctx),
         preflight=tuple(p for p in (weights.probe(ctx),) if p is not None),
-        gpu_probe=node_probe.allreduce_job(ctx) if ctx.workload == "serve" else None,
+        gpu_probe=node_probe.allreduce_job(ctx) if ctx.kind.release else None,
     )
 
 
 def _break_even(ctx: PlanInputs) -> dict[str, Any]:
     k = ctx.speculative_tokens
-    if ctx.workload != "serve" or k is None or ctx.synthetic_k is not None:
+    if not ctx.kind.release or k is None or ctx.synthetic_k is not None:
         return {}
     levels = gated_levels(ctx)
     costs = ctx.cost_model
@@ -114,10 +117,11 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
     cluster_name = project.cluster_name(request.cluster)
     project = apply_overrides(project, cluster_name, request.overrides)
     cluster = project.clusters[cluster_name]
-    drafter_name = _drafter_name(project, cluster_name, request)
-    image_name = _image_name(project, cluster_name, request)
+    kind = KINDS[request.workload]
+    drafter_name = _drafter_name(project, cluster_name, request, kind)
+    image_name = _image_name(project, cluster_name, request, kind)
     run_id = None
-    if request.workload != "serve":
+    if not kind.release:
         run_id = request.run_id or deterministic_run_id(
             loaded.sha256, request.workload, cluster_name, drafter_name, request.overrides
         )
@@ -167,20 +171,12 @@ def serve_cost_model(
     return ctx.cost_model, _cost_source(ctx), min(levels)
 
 
-def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
+def _image_name(project: Project, cluster: str, request: PlanRequest, kind: WorkloadKind) -> str:
     if request.image is None:
         images = project.clusters[cluster].images
-        if request.workload == "publish":
-            return images.publish or images.vocab  # a CPU image that has the ORAS CLI
-        if request.workload == "replay":
-            return images.train  # the judgement; the capture container names its own image
-        if request.workload == "pull":
-            return images.serve  # what the serve pod's own artifact-pull runs on
-        if request.workload == "weights":
-            return images.publish or images.vocab  # a CPU image: the downloader is stdlib
-        return str(getattr(images, request.workload))
-    serving = sorted(n for n, image in project.images.items() if image.role == "serve")
-    if request.workload != "serve" or request.image not in serving:
+        return next(str(name) for entry in kind.images if (name := getattr(images, entry)))
+    serving = sorted(n for n, image in project.images.items() if image.role == SERVE_ROLE)
+    if not kind.release or request.image not in serving:
         raise UsageError(
             f"--image: '{request.image}' is not a serve image of this project "
             f"(serve images: {', '.join(serving)})",
@@ -191,7 +187,7 @@ def _image_name(project: Project, cluster: str, request: PlanRequest) -> str:
 
 def _serve_view(ctx: PlanInputs) -> PlanInputs:
     """The cluster's serve configuration seen from any plan (train asks what serving will cost)."""
-    if ctx.workload == "serve":
+    if ctx.kind.release:
         return ctx
     name = ctx.cluster.images.serve
     return dataclasses.replace(ctx, image_name=name, image=ctx.project.images[name])
@@ -227,7 +223,7 @@ def _check_capacity(ctx: PlanInputs) -> None:
     replicas would stay Pending (train.nodes is checked with the config)."""
     cluster, gpus = ctx.cluster, ctx.cluster.gpu.per_node
     where = f"cluster {ctx.cluster_name} has {cluster.nodes} node(s) of {gpus} GPUs"
-    if ctx.workload == "serve":
+    if ctx.kind.release:
         replicas = cluster.workloads.serve.replicas
         if replicas * gpus > cluster.total_gpus:
             raise UsageError(
@@ -248,12 +244,12 @@ def _serve_image_hint(ctx: PlanInputs, having: list[str]) -> str:
 
 def _check_method_on_image(ctx: PlanInputs) -> None:
     """What the serve image must carry for the method named: refused here, not after a load."""
-    if ctx.workload != "serve":
+    if not ctx.kind.release:
         return
     images = ctx.project.images
     where = f"image {ctx.image_name} (serve on {ctx.cluster_name})"
     if isinstance(ctx.model_free, SuffixMethod) and ctx.image.arctic_inference is None:
-        having = sorted(n for n, i in images.items() if i.role == "serve" and i.arctic_inference)
+        having = sorted(n for n, i in images.items() if i.role == SERVE_ROLE and i.arctic_inference)
         raise MethodNotServedError(
             f"--drafter {ctx.drafter_name}: suffix decoding needs Arctic Inference and {where} "
             "has none",
@@ -268,7 +264,7 @@ def _check_method_on_image(ctx: PlanInputs) -> None:
         having = sorted(
             n
             for n, i in images.items()
-            if i.role == "serve" and i.vllm and version_tuple(i.vllm) >= MLA_DRAFTER_MIN_VLLM
+            if i.role == SERVE_ROLE and i.vllm and version_tuple(i.vllm) >= MLA_DRAFTER_MIN_VLLM
         )
         raise MethodNotServedError(
             f"--drafter {ctx.drafter_name}: an MLA EAGLE-3 drafter needs vLLM >= 0.32 "
@@ -297,13 +293,13 @@ def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
         raise UsageError(
             f"--acceptance-length: {bad} outside [1, {k + 1}], the range vLLM accepts for k={k}"
         )
-    if ctx.workload == "serve":
+    if ctx.kind.release:
         found = ctx.image.vllm
         if found is None or version_tuple(found) < SYNTHETIC_MIN_VLLM:
             having = sorted(
                 name
                 for name, image in ctx.project.images.items()
-                if image.role == "serve"
+                if image.role == SERVE_ROLE
                 and image.vllm
                 and version_tuple(image.vllm) >= SYNTHETIC_MIN_VLLM
             )
@@ -322,15 +318,15 @@ def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
     )
 
 
-def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
-    """serve and bench default to no drafter; the data pipeline (and publishing what it makes)
-    defaults to the train drafter."""
-    pipeline = request.workload in (*PIPELINE_WORKLOADS, "publish", "replay")
-    if request.workload == "pull":
+def _drafter_name(project: Project, cluster: str, request: PlanRequest, kind: WorkloadKind) -> str:
+    """serve and bench default to no drafter; the data pipeline (and publishing and judging what
+    it makes) defaults to the train drafter (kinds.py: default_drafter)."""
+    if kind.default_drafter == "pulled":
         return _pulled_drafters(project, request)[0]
-    if request.workload == "weights":
+    if kind.default_drafter == "never":
         return NO_DRAFTER
-    default = project.clusters[cluster].workloads.train.drafter if pipeline else NO_DRAFTER
+    train_drafter = project.clusters[cluster].workloads.train.drafter
+    default = train_drafter if kind.default_drafter == "train drafter" else NO_DRAFTER
     name = request.drafter or default
     valid = [NO_DRAFTER, *sorted(project.drafters)]
     if name != NO_DRAFTER and name not in project.drafters:
@@ -338,13 +334,10 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest) -> str:
             f"--drafter: unknown drafter '{name}' (valid: {', '.join(valid)})",
             hint="`kimideploy drafter list` shows the registry",
         )
-    if request.workload == "replay" and name not in project.eagle_drafters:
-        raise UsageError(
-            f"drafter {name}: the replay judges EAGLE-3 drafters; model-free methods have "
-            "nothing to replay offline",
-            hint="`kimideploy run bench --drafters ...` measures them served",
-        )
-    if pipeline and name not in project.eagle_drafters:
+    if kind.model_free_refusal is not None and name not in project.eagle_drafters:
+        reason, hint = kind.model_free_refusal
+        raise UsageError(f"drafter {name}: {reason}", hint=hint)
+    if kind.for_eagle_drafter and name not in project.eagle_drafters:
         raise UsageError(
             f"--drafter {name}: {request.workload} builds data for an EAGLE-3 drafter and needs "
             "its layer ids",
@@ -379,21 +372,25 @@ def _pulled_drafters(project: Project, request: PlanRequest) -> tuple[str, ...]:
     return names
 
 
+SPEC_BUILDERS: dict[str, Callable[[PlanInputs, str, HiddenStateEstimate], WorkloadSpec]] = {
+    "serve": lambda ctx, run_id, estimate: serve.serve_spec(ctx),
+    "datagen": lambda ctx, run_id, estimate: jobs.datagen_spec(ctx, run_id),
+    "extract": jobs.extract_spec,
+    "vocab": lambda ctx, run_id, estimate: jobs.vocab_spec(ctx, run_id),
+    "train": lambda ctx, run_id, estimate: jobs.train_spec(ctx, run_id),
+    "bench": lambda ctx, run_id, estimate: jobs.bench_spec(ctx, run_id),
+    "publish": lambda ctx, run_id, estimate: publish.publish_spec(ctx, run_id, ctx.publish_to),
+    "replay": lambda ctx, run_id, estimate: replay.replay_spec(ctx, run_id),
+    "pull": lambda ctx, run_id, estimate: PullSpec(
+        run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref()
+    ),
+    "weights": lambda ctx, run_id, estimate: jobs.weights_spec(ctx, run_id),
+}
+"""Per kind, how its spec (what the pod reads from /etc/kimideploy/spec.json) is built."""
+
+
 def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
-    run_id = ctx.run_id or "serve"
-    builders: dict[str, Any] = {
-        "serve": lambda: serve.serve_spec(ctx),
-        "datagen": lambda: jobs.datagen_spec(ctx, run_id),
-        "extract": lambda: jobs.extract_spec(ctx, run_id, estimate),
-        "vocab": lambda: jobs.vocab_spec(ctx, run_id),
-        "train": lambda: jobs.train_spec(ctx, run_id),
-        "bench": lambda: jobs.bench_spec(ctx, run_id),
-        "publish": lambda: publish.publish_spec(ctx, run_id, ctx.publish_to),
-        "replay": lambda: replay.replay_spec(ctx, run_id),
-        "pull": lambda: PullSpec(run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref()),
-        "weights": lambda: jobs.weights_spec(ctx, run_id),
-    }
-    spec: WorkloadSpec = builders[ctx.workload]()
+    spec = SPEC_BUILDERS[ctx.workload](ctx, ctx.run_id or "serve", estimate)
     # What the pod's artifact-pull init container fetches (the same list it mounts volumes for).
     return spec.model_copy(update={"pulls": publish.pulls(ctx)})
 
@@ -409,14 +406,14 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
     ]
     if image.patches:
         facts.append(("patches", ", ".join(image.patches)))
-    if ctx.workload in GPU_WORKLOADS:
+    if ctx.kind.gpus:
         gpu = ctx.cluster.gpu
         facts.append(("GPUs", f"{gpu.per_node} x {gpu.product} ({gpu.arch}) per pod"))
-    if ctx.workload == "serve":
+    if ctx.kind.release:
         facts += _serve_facts(ctx)
     facts += [("memory", found.describe()) for found in memory.memory_plans(ctx)]
-    serves = ctx.workload == "serve" and ctx.image.vllm is not None
-    if serves or (ctx.workload in ("train", "datagen") and ctx.drafter is not None):
+    serves = ctx.kind.release and ctx.image.vllm is not None
+    if serves or (ctx.kind.trains_for_serving and ctx.drafter is not None):
         facts.append(("kernels", stack.kernels_fact(ctx)))
     if online.is_online(ctx):
         scratch = ctx.cluster.workloads.train.online.scratch_size
@@ -428,9 +425,9 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
                 f"(pod-local scratch {scratch})",
             ),
         ]
-    elif ctx.workload in ("extract", "train", "datagen"):
+    elif ctx.kind.plans_hidden_states:
         facts.append(("hidden states", estimate.describe()))
-    if ctx.workload in ("train", "datagen") and ctx.drafter is not None:
+    if ctx.kind.trains_for_serving and ctx.drafter is not None:
         key, text, _ = _training_target_fact(ctx)
         facts.append((key, text))
     datasets = _datasets_fact(ctx)
@@ -444,17 +441,10 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
 def _datasets_fact(ctx: PlanInputs) -> str:
     """Which dataset folders the run reads and writes: each is named by its fingerprint, so a
     changed input shows here as a new folder before anything runs."""
-    dirs = data_layout.data_dirs(ctx)
-    reads_features = "conversations" if online.is_online(ctx) else "hidden_states"
-    flow = {
-        "datagen": ([], ["conversations"]),
-        "extract": (["conversations"], ["hidden_states"]),
-        "vocab": (["conversations"], ["vocab"]),
-        "train": ([reads_features, "vocab"], []),
-    }.get(ctx.workload)
-    if flow is None:
+    reads, writes = data_layout.data_flow(ctx)
+    if not reads and not writes:
         return ""
-    reads, writes = flow
+    dirs = data_layout.data_dirs(ctx)
     parts = [f"reads {dirs[name]}" for name in reads] + [f"writes {dirs[name]}" for name in writes]
     return "; ".join(parts) + " (folders named by what makes them: `kimideploy data inspect`)"
 
@@ -586,7 +576,7 @@ def _training_target_fact(ctx: PlanInputs) -> tuple[str, str, str | None]:
 def _drafter_findings(ctx: PlanInputs) -> tuple[CheckResult, ...]:
     """The registry judgement of a drafter served on this plan's cluster, with the cost model the
     plan predicts with; none for a calibration, whose acceptance is synthetic."""
-    if ctx.workload != "serve" or ctx.synthetic_k is not None:
+    if not ctx.kind.release or ctx.synthetic_k is not None:
         return ()
     on_stack = [f for f in (stack.stack_finding(ctx),) if f is not None]
     if ctx.model_free is not None:
@@ -605,19 +595,19 @@ def _drafter_findings(ctx: PlanInputs) -> tuple[CheckResult, ...]:
 def _warnings(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[str]:
     warnings: list[str] = []
     drafter, project = ctx.drafter, ctx.project
-    if drafter is not None and ctx.workload == "train":
+    if drafter is not None and ctx.kind.trains:
         found = lineage_findings(project, drafter, ctx.cluster_name)
         warnings += serving_warnings(found, ctx.drafter_name)
     warnings += serving_warnings(list(_drafter_findings(ctx)), ctx.drafter_name)
-    if ctx.workload in ("train", "datagen") and drafter is not None:
+    if ctx.kind.trains_for_serving and drafter is not None:
         _, _, impossible = _training_target_fact(ctx)
         if impossible:
             warnings.append(impossible)
         why = stack.cannot_pay(ctx)
         if why:
             warnings.append(f"a drafter trained for {ctx.cluster_name} would be wasted: {why}")
-    stores = ctx.workload == "extract" or (ctx.workload == "train" and not online.is_online(ctx))
-    if stores and estimate.claim_bytes < estimate.total_bytes:
+    reads, writes = data_layout.data_flow(ctx)
+    if "hidden_states" in (*reads, *writes) and estimate.claim_bytes < estimate.total_bytes:
         warnings.append(
             f"the hidden-state claim ({estimate.claim_size}) is smaller than the "
             f"{human_bytes(estimate.total_bytes)} extraction will write"
@@ -638,7 +628,7 @@ def _inputs(ctx: PlanInputs, request: PlanRequest) -> dict[str, Any]:
         "config_sha256": ctx.config_sha256,
         **(
             {"serve_fingerprint": serve.config_fingerprint(_serve_view(ctx))}
-            if ctx.workload in ("serve", "bench")
+            if ctx.kind.measures_serving
             else {}
         ),
         **(

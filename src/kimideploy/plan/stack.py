@@ -12,7 +12,7 @@ from kimideploy.plan.kernel_plan import KernelPlan, stored_plan
 
 def serve_image_name(ctx: PlanInputs) -> str:
     """The image the drafter is (or will be) served on: this plan's own for serve."""
-    return ctx.image_name if ctx.workload == "serve" else ctx.cluster.images.serve
+    return ctx.image_name if ctx.kind.release else ctx.cluster.images.serve
 
 
 def kernel_plan(ctx: PlanInputs) -> KernelPlan | None:

@@ -17,7 +17,6 @@ from kimideploy.plan.model import ObjectPlan
 
 MARKER = ".kimideploy-complete"
 """What the downloader writes last, once every file of the revision is verified."""
-READS_WEIGHTS = frozenset({"serve", "extract", "train", "replay"})
 PROBE_CONTAINER = "probe"
 PROBE_SCRIPT = (
     'missing=0; for path in "$@"; do if [ -f "$path" ]; then echo "present $path"; '
@@ -31,7 +30,7 @@ def markers(ctx: PlanInputs) -> list[tuple[str, str]]:
     model = ctx.model
     found = [(f"{model.repo}@{model.revision[:12]}", f"{target_model_path(model)}/{MARKER}")]
     drafter = ctx.drafter
-    if ctx.workload == "serve" and isinstance(drafter, Drafter) and drafter.source.hub:
+    if ctx.kind.release and isinstance(drafter, Drafter) and drafter.source.hub:
         hub = drafter.source.hub
         where = drafter_path(ctx.drafter_name, drafter)
         found.append(
@@ -43,7 +42,7 @@ def markers(ctx: PlanInputs) -> list[tuple[str, str]]:
 def probe(ctx: PlanInputs) -> ObjectPlan | None:
     """The probe Job for this plan, or None where the pods read no downloaded weights or the
     volume is the hosts' own disk (checked by `host check` over SSH)."""
-    if ctx.workload not in READS_WEIGHTS or ctx.cluster.weights_via != "job":
+    if not ctx.kind.reads_weights or ctx.cluster.weights_via != "job":
         return None
     settings = ctx.cluster.workloads.weights
     image = ctx.project.images[ctx.cluster.images.publish or ctx.cluster.images.vocab]
