@@ -11,7 +11,7 @@ import pytest
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import ManifestError
-from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.model import ClusterAnswers, PlanRequest
 from kimideploy.render.validate import validate_objects
 from kimideploy.services.rendering import render_workload
 from tests.conftest import REPO
@@ -97,18 +97,18 @@ def test_base_manifests_validate_strictly(path: Path) -> None:
 
 
 def test_pod_monitor_follows_the_setting_and_the_cluster(example: LoadedProject) -> None:
-    def monitors(request: PlanRequest) -> list[dict[str, Any]]:
-        objects = render_workload(example, request).objects
+    def monitors(request: PlanRequest, served: bool | None = None) -> list[dict[str, Any]]:
+        objects = render_workload(example, request, ClusterAnswers(monitoring_crd=served)).objects
         return [o for o in objects if o["kind"] == "PodMonitor"]
 
     assert monitors(PlanRequest("serve", "rtx6000", "v3")) == []  # offline: unknown, not rendered
-    assert monitors(PlanRequest("serve", "rtx6000", "v3", monitoring_crd=False)) == []
-    [monitor] = monitors(PlanRequest("serve", "rtx6000", "v3", monitoring_crd=True))
+    assert monitors(PlanRequest("serve", "rtx6000", "v3"), served=False) == []
+    [monitor] = monitors(PlanRequest("serve", "rtx6000", "v3"), served=True)
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
     forced = PlanRequest("serve", "b300", "v3", ("serve.pod_monitor=always",))
     assert len(monitors(forced)) == 1
-    never = PlanRequest("serve", "b300", "v3", ("serve.pod_monitor=never",), monitoring_crd=True)
-    assert monitors(never) == []
+    never = PlanRequest("serve", "b300", "v3", ("serve.pod_monitor=never",))
+    assert monitors(never, served=True) == []
     bad = copy.deepcopy(monitor)
     bad["spec"]["podMetricsEndpoints"][0]["intervall"] = "15s"
     bad["spec"]["podMetricsEndpoints"][0]["path"] = "metrics"
@@ -244,16 +244,18 @@ def test_the_validator_finds_what_jsonschema_finds(example: LoadedProject, workl
     on each object spoiled in every place it has, the same errors at the same paths, worded
     the same."""
     drafter = "v3" if workload == "serve" else None
-    request = PlanRequest(workload, "b300", drafter, monitoring_crd=True)
-    assert _same_errors_as_jsonschema(render_workload(example, request).objects) > 100
+    request = PlanRequest(workload, "b300", drafter)
+    objects = render_workload(example, request, ClusterAnswers(monitoring_crd=True)).objects
+    assert _same_errors_as_jsonschema(objects) > 100
 
 
 def test_the_validator_finds_what_jsonschema_finds_on_a_canary_behind_a_gateway() -> None:
     """The Gateway API kinds (schemas derived from the pinned CRDs) and the pickers' RBAC."""
     from tests.unit.test_canary import with_gateway
 
-    request = PlanRequest("serve", "b300", "v3", monitoring_crd=True, canary_percent=10)
-    objects = render_workload(with_gateway("b300"), request).objects
+    request = PlanRequest("serve", "b300", "v3", canary_percent=10)
+    answers = ClusterAnswers(monitoring_crd=True)
+    objects = render_workload(with_gateway("b300"), request, answers).objects
     kinds = {o["kind"] for o in objects}
     assert {"InferencePool", "HTTPRoute", "RoleBinding", "ServiceAccount"} <= kinds
     assert _same_errors_as_jsonschema(objects) > 100

@@ -14,9 +14,9 @@ import pytest
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.errors import UsageError
 from kimideploy.plan import calibration as cal
-from kimideploy.plan.calibration import lengths_for
+from kimideploy.plan.calibration import Calibration, lengths_for
 from kimideploy.plan.k_schedule import choose_schedule
-from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.model import ClusterAnswers, PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.calibrate.report import cannot_pay, rows
 from kimideploy.services.calibrate.sweep import points_from
@@ -129,8 +129,11 @@ def test_points_pair_each_synthetic_level_with_the_baselines_level() -> None:
     assert point.speedup == pytest.approx(1.25)
 
 
-def serve_plan(example: LoadedProject, **request: object) -> object:
-    return resolve(example, PlanRequest("serve", **request))  # type: ignore[arg-type]
+def serve_plan(
+    example: LoadedProject, calibrations: tuple[Calibration, ...] = (), **request: object
+) -> object:
+    answers = ClusterAnswers(calibrations=calibrations)
+    return resolve(example, PlanRequest("serve", **request), answers)  # type: ignore[arg-type]
 
 
 def facts(plan: object) -> dict[str, str]:
@@ -253,7 +256,7 @@ def test_training_plans_say_what_acceptance_the_gate_needs(example: LoadedProjec
     stored = calibration_for(example, "b200")
     expensive = replace(stored, points=[replace(p, tokens_per_s=p.tokens_per_s / 3)
                                         for p in stored.points])  # fmt: skip
-    slow = resolve(example, PlanRequest("train", "b200", calibrations=(expensive,)))
+    slow = resolve(example, PlanRequest("train", "b200"), ClusterAnswers(calibrations=(expensive,)))
     assert "measured on 2026-12-01" in dict(slow.facts)["acceptance needed"]
     assert any("no acceptance length up to k+1" in w for w in slow.warnings)
 
@@ -308,7 +311,9 @@ def test_up_judges_the_drafter_with_the_step_cost_measured_on_the_cluster_it_dep
     expensive = replace(stored, points=[replace(p, tokens_per_s=p.tokens_per_s / 3)
                                         for p in stored.points])  # fmt: skip
     cheap = resolve(loaded, PlanRequest("serve", "b200", "v3"))
-    costly = resolve(loaded, PlanRequest("serve", "b200", "v3", calibrations=(expensive,)))
+    costly = resolve(
+        loaded, PlanRequest("serve", "b200", "v3"), ClusterAnswers(calibrations=(expensive,))
+    )
     default, measured = ({f.name: f for f in p.drafter_findings}["predicted speedup"]
                          for p in (cheap, costly))  # fmt: skip
     assert default.ok and "prior for" in default.detail
@@ -325,7 +330,7 @@ def test_a_calibration_with_a_zero_baseline_is_not_read_and_does_not_poison_the_
 ) -> None:
     """A level whose baseline measured 0 tok/s (a failed bench, or a planted ConfigMap) would
     divide by zero in every prediction that read it, and stayed in the local copy."""
-    from kimideploy.services.calibrate import calibrations
+    from kimideploy.services import calibration_copies as calibrations
     from tests.conftest import EXAMPLE
 
     good = {"k": 3, "concurrency": 1, "prompt_set": "chat", "requested_length": 2.0,

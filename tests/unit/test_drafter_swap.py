@@ -21,7 +21,7 @@ from kimideploy.formats.drafter_swap import (
     SWAP_REFUSED,
     swap_refusals,
 )
-from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.model import ClusterAnswers, PlanRequest, SyntheticAcceptance
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.release.swap import decide
 from kimideploy.services.rendering import render_workload
@@ -263,8 +263,9 @@ def test_a_refused_load_is_the_servers_answer(tmp_path: Path) -> None:
 
 
 def pipeline_objects(drafter: str, *overrides: str) -> list[dict[str, Any]]:
-    request = PlanRequest("serve", "cpu", drafter, overrides=overrides, namespace="t")
-    return render_workload(load_project(PIPELINE_CONFIG), request).objects
+    request = PlanRequest("serve", "cpu", drafter, overrides=overrides)
+    answers = ClusterAnswers(namespace="t")
+    return render_workload(load_project(PIPELINE_CONFIG), request, answers).objects
 
 
 def kind(objects: list[dict[str, Any]], wanted: str) -> dict[str, Any]:

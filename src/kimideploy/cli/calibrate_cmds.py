@@ -45,7 +45,7 @@ def run_calibrate(
     quiet: bool = False,
 ) -> Calibration:
     """Measure and store; `quiet` leaves stdout to the caller's outcome document."""
-    from kimideploy.services.calibrate import calibrations
+    from kimideploy.services import calibration_copies as calibrations
     from kimideploy.services.calibrate.report import cannot_pay
     from kimideploy.services.calibrate.sweep import (
         calibrate,
@@ -107,7 +107,8 @@ def show(
 ) -> None:
     """Break-even acceptance length per k and concurrency, the best k, where nothing pays."""
     from kimideploy.errors import UsageError
-    from kimideploy.services.calibrate import calibrations, report
+    from kimideploy.services import calibration_copies as calibrations
+    from kimideploy.services.calibrate import report
     from kimideploy.services.connection import open_session
 
     loaded = state.project()

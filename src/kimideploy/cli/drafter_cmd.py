@@ -89,7 +89,7 @@ def check(
         return
     from kimideploy.plan.refusal import findings_refusal
     from kimideploy.plan.resolve import serve_cost_model
-    from kimideploy.services.calibrate.calibrations import cached
+    from kimideploy.services.calibration_copies import cached
     from kimideploy.services.drafters.drafter_check import check as run
 
     loaded = state.project()

@@ -264,7 +264,6 @@ def _job(
 ) -> None:
     """One workload as a new Job: started, then followed (or left running with --detach)."""
     from kimideploy.plan.model import PlanRequest
-    from kimideploy.services.calibrate.calibrations import stored
     from kimideploy.services.connection import open_session
     from kimideploy.services.rendering import refuse_before_contact
     from kimideploy.services.runs import batch_runs
@@ -274,13 +273,7 @@ def _job(
     refuse_before_contact(loaded, [PlanRequest(workload, cluster, drafter, overrides)])
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
-    request = PlanRequest(
-        workload,
-        session.cluster,
-        drafter,
-        overrides,
-        calibrations=stored(session, loaded, session.cluster),
-    )
+    request = PlanRequest(workload, session.cluster, drafter, overrides)
     chosen = None
     if baseline is not None:
         from kimideploy.services.gate.gating import choose_bench_baseline
@@ -344,12 +337,12 @@ def _after_the_run(
 
     workload = started.rendered.plan.workload
     if workload == "train":
-        from kimideploy.services.calibrate.calibrations import cached
+        from kimideploy.services.calibration_copies import cached
         from kimideploy.services.drafters.held_out import held_out_lines
 
         final = batch_runs.run_results(snapshot).get("0") or {}
         known = {c: cached(loaded, c) for c in loaded.project.clusters}
-        known[started.rendered.plan.cluster] = request.calibrations or ()
+        known[started.rendered.plan.cluster] = session.answers.calibrations
         for line in held_out_lines(loaded, started.rendered.plan.drafter or "", final, known):
             reporter.info(line)
     if workload != "bench":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -21,7 +20,7 @@ from kimideploy.cli.terminal import TerminalReporter
 if TYPE_CHECKING:
     from kimideploy.cli.outcome import PendingOutcome
     from kimideploy.config.loading import LoadedProject
-    from kimideploy.plan.model import PlanRequest
+    from kimideploy.plan.model import ClusterAnswers, PlanRequest
     from kimideploy.services.connection import ClusterSession
     from kimideploy.services.gate.gating import GateOptions
     from kimideploy.services.gate.verdict import Verdict
@@ -130,7 +129,7 @@ def up(
 ) -> None:
     """Deploy the serve release as a new revision, follow it to Ready, roll back if it fails."""
     from kimideploy.plan.model import PlanRequest
-    from kimideploy.services.calibrate import calibrations
+    from kimideploy.services import calibration_copies as calibrations
     from kimideploy.services.connection import open_session
     from kimideploy.services.release import deploy
     from kimideploy.services.rendering import refuse_before_contact
@@ -165,18 +164,16 @@ def up(
         cluster_name,
         drafter,
         overrides,
-        namespace=namespace,
         gate_levels=at_concurrency,
         gate_min_speedup=min_speedup,
         canary_percent=canary_percent,
     )
     if dry_run == "client":
-        cached = replace(request, calibrations=calibrations.cached(loaded, cluster_name))
-        _dry_run_client(loaded, cached, force, pending)
+        offline = calibrations.offline_answers(loaded, cluster_name, namespace)
+        _dry_run_client(loaded, request, offline, force=force, pending=pending)
         return
     refuse_before_contact(loaded, [request])
     session = open_session(loaded, cluster_name, context, namespace)
-    request = replace(request, calibrations=calibrations.stored(session, loaded, cluster_name))
     if dry_run == "server":
         _dry_run_server(session, loaded, request, force)
         return
@@ -234,7 +231,12 @@ def _refuse_mixed(
 
 
 def _dry_run_client(
-    loaded: LoadedProject, request: PlanRequest, force: bool, pending: PendingOutcome | None
+    loaded: LoadedProject,
+    request: PlanRequest,
+    answers: ClusterAnswers,
+    *,
+    force: bool,
+    pending: PendingOutcome | None,
 ) -> None:
     """The plan as `up` would apply it, and `up`'s own refusal of a failing drafter (exit 2,
     the same message): a dry run that passes is one the real command passes. With -o, the plan
@@ -243,7 +245,7 @@ def _dry_run_client(
     from kimideploy.plan.refusal import drafter_refusal
     from kimideploy.services.rendering import describe_plan, plan_document, render_workload
 
-    rendered = render_workload(loaded, request)
+    rendered = render_workload(loaded, request, answers)
     refusal = drafter_refusal(rendered.plan, force)
     if pending:
         pending.known.update(release=rendered.plan.release, plan=plan_document(rendered, refusal))
@@ -265,10 +267,7 @@ def _dry_run_server(
     from kimideploy.services.rendering import render_workload
 
     session.require_namespace()
-    monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")
-    rendered = render_workload(
-        loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
-    )
+    rendered = render_workload(loaded, request, session.answers)
     refuse_failing_drafter(rendered.plan, force)
     # What the API server's dry run cannot see (a PriorityClass, the API-key Secret).
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)

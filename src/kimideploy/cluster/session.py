@@ -6,7 +6,9 @@ which cluster (context, namespace) and tests can pass their own.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,6 +22,10 @@ from kimideploy.cluster.resources import KUEUE_VERSIONS, path
 from kimideploy.cluster.rollout import RolloutWatcher
 from kimideploy.errors import ClusterError, UsageError
 from kimideploy.plan.calibration import Calibration
+from kimideploy.plan.model import ClusterAnswers
+
+MONITORING_API = "monitoring.coreos.com/v1"
+"""The Prometheus Operator's API: a serve plan renders a PodMonitor where it is served."""
 
 
 @dataclass
@@ -33,6 +39,21 @@ class ClusterSession:
     cluster: str = ""
     """The cluster profile this session was opened for, decided once per command
     (services/connection.open_session); empty when opened without one."""
+    keep_calibrations: Callable[[tuple[Calibration, ...]], None] | None = None
+    """Called with the calibrations `answers` read (the CLI keeps a local copy for offline use)."""
+
+    @functools.cached_property
+    def answers(self) -> ClusterAnswers:
+        """What this cluster answers every plan of the command: where it works, whether it
+        serves PodMonitors, its stored calibrations. Asked once, when a plan first needs it."""
+        found = self.calibrations_of(self.cluster) if self.cluster else ()
+        if self.keep_calibrations is not None:
+            self.keep_calibrations(found)
+        return ClusterAnswers(
+            namespace=self.namespace,
+            monitoring_crd=self.has_api_resource(MONITORING_API, "podmonitors"),
+            calibrations=found,
+        )
 
     # namespaces -----------------------------------------------------------------------------
     def namespace_exists(self) -> bool:
@@ -279,8 +300,15 @@ class ClusterSession:
         return any(r.get("name") == plural for r in listed.get("resources", []))
 
 
-def connect(context: str | None, namespace: str) -> ClusterSession:
+def connect(
+    context: str | None,
+    namespace: str,
+    cluster: str = "",
+    keep_calibrations: Callable[[tuple[Calibration, ...]], None] | None = None,
+) -> ClusterSession:
     """A session on KUBECONFIG's `context` (or the current one), checked with one cheap request."""
     api = KubeApi(context=context)
     api.request("GET", "/version", timeout=10)  # unreachable or unauthenticated fails here
-    return ClusterSession(api=api, namespace=namespace)
+    return ClusterSession(
+        api=api, namespace=namespace, cluster=cluster, keep_calibrations=keep_calibrations
+    )

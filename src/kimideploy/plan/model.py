@@ -31,9 +31,6 @@ class PlanRequest:
     drafter: str | None = None
     overrides: tuple[str, ...] = ()
     run_id: str | None = None
-    namespace: str | None = None
-    monitoring_crd: bool | None = None
-    """Whether the cluster serves PodMonitors (asked by `up`); None: not known (offline)."""
     image: str | None = None
     """serve: another image of role serve than the cluster's (`run calibrate --image`)."""
     synthetic: SyntheticAcceptance | None = None
@@ -45,9 +42,6 @@ class PlanRequest:
     gate_min_speedup: float | None = None
     """The gate's threshold instead of the cluster's (`--min-speedup`): what the plan's gate line
     and predictions are judged against, as the gate itself is."""
-    calibrations: tuple[Calibration, ...] = ()
-    """The cluster's stored calibrations, oldest first, when the caller read them: predictions
-    use the newest measured on this plan's serve image and configuration."""
     publish_to: str | None = None
     """publish: the repository to push to instead of the registry's <repository>/drafters/NAME."""
     publish_dataset: str | None = None
@@ -61,6 +55,24 @@ class PlanRequest:
     canary_percent: int | None = None
     """serve: render the drafter as a canary pool taking this share of the route's traffic
     beside the serving pool (`up serve --canary`), instead of as the release itself."""
+
+
+@dataclass(frozen=True)
+class ClusterAnswers:
+    """What the cluster answered, beside what the user asked (PlanRequest): built once per
+    command by services/connection.cluster_answers, read by the resolver. OFFLINE where no
+    cluster is contacted (render, a client dry run, the refusals before contact)."""
+
+    namespace: str | None = None
+    """Where the session works (--namespace, else the profile's); None: the profile's."""
+    monitoring_crd: bool | None = None
+    """Whether the cluster serves PodMonitors; None: not known (offline)."""
+    calibrations: tuple[Calibration, ...] = ()
+    """The cluster's stored calibrations, oldest first (offline: the local copy, when read):
+    predictions use the newest measured on this plan's serve image and configuration."""
+
+
+OFFLINE = ClusterAnswers()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from kimideploy.plan import (
     stack,
     weights,
 )
-from kimideploy.plan.calibration import CostModel, MeasuredCost
+from kimideploy.plan.calibration import Calibration, CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.drafter_judgement import (
     lineage_findings,
@@ -42,18 +42,19 @@ from kimideploy.plan.drafter_judgement import (
 )
 from kimideploy.plan.inputs import PlanInputs, deterministic_run_id, gate_threshold, gated_levels
 from kimideploy.plan.kinds import KINDS, WorkloadKind
-from kimideploy.plan.model import Plan, PlanRequest
+from kimideploy.plan.model import OFFLINE, ClusterAnswers, Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
 
 
-def resolve(loaded: LoadedProject, request: PlanRequest) -> Plan:
-    """Turn the config and the user's request into a frozen Plan, or explain what is wrong."""
+def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers = OFFLINE) -> Plan:
+    """Turn the config, the user's request and the cluster's answers into a frozen Plan, or
+    explain what is wrong."""
     if request.workload not in WORKLOAD_NAMES:
         raise UsageError(
             f"unknown workload '{request.workload}' (valid: {', '.join(WORKLOAD_NAMES)})"
         )
-    ctx = _plan_inputs(loaded, request)
+    ctx = _plan_inputs(loaded, request, answers)
     estimate = estimate_hidden_states(ctx.project, ctx)
     spec = _spec(ctx, estimate)
     spec_json = json.dumps(spec.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
@@ -106,13 +107,17 @@ def _break_even(ctx: PlanInputs) -> dict[str, Any]:
     }
 
 
-def plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
+def plan_inputs(
+    loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers = OFFLINE
+) -> PlanInputs:
     """What the resolver decides from, for a plan's companions built outside it (the datasets
     upload Job of `data put`)."""
-    return _plan_inputs(loaded, request)
+    return _plan_inputs(loaded, request, answers)
 
 
-def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
+def _plan_inputs(
+    loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
+) -> PlanInputs:
     project = loaded.project
     cluster_name = project.cluster_name(request.cluster)
     project = apply_overrides(project, cluster_name, request.overrides)
@@ -138,8 +143,8 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         image=project.images[image_name],
         run_id=run_id,
         overrides=request.overrides,
-        namespace_override=request.namespace,
-        monitoring_crd=request.monitoring_crd,
+        namespace_override=answers.namespace,
+        monitoring_crd=answers.monitoring_crd,
         bench_concurrency=request.bench_concurrency,
         gate_levels=request.gate_levels,
         gate_min_speedup=request.gate_min_speedup,
@@ -157,7 +162,7 @@ def _plan_inputs(loaded: LoadedProject, request: PlanRequest) -> PlanInputs:
         raise refusal
     if request.synthetic is not None:
         ctx = _with_synthetic(ctx, request)
-    costs, note = _cost_model(ctx, request)
+    costs, note = _cost_model(ctx, answers.calibrations)
     return dataclasses.replace(ctx, costs=costs, costs_note=note)
 
 
@@ -166,7 +171,8 @@ def serve_cost_model(
 ) -> tuple[CostModel, str, int]:
     """The cost model serving on `cluster` predicts with, where it comes from, and the lowest
     gated concurrency (what `drafter check` predicts at)."""
-    ctx = _plan_inputs(loaded, PlanRequest("serve", cluster, NO_DRAFTER, calibrations=calibrations))
+    request = PlanRequest("serve", cluster, NO_DRAFTER)
+    ctx = _plan_inputs(loaded, request, ClusterAnswers(calibrations=calibrations))
     levels = gated_levels(ctx)
     return ctx.cost_model, _cost_source(ctx), min(levels)
 
@@ -193,12 +199,14 @@ def _serve_view(ctx: PlanInputs) -> PlanInputs:
     return dataclasses.replace(ctx, image_name=name, image=ctx.project.images[name])
 
 
-def _cost_model(ctx: PlanInputs, request: PlanRequest) -> tuple[CostModel | None, str]:
+def _cost_model(
+    ctx: PlanInputs, calibrations: tuple[Calibration, ...]
+) -> tuple[CostModel | None, str]:
     """The newest stored calibration measured on this serve configuration; else the default
     constant, with the reason the newest one of the cluster does not apply."""
     # Complete calibrations before partial ones (a new one being measured, or interrupted).
     mine = sorted(
-        (c for c in request.calibrations if c.cluster == ctx.cluster_name),
+        (c for c in calibrations if c.cluster == ctx.cluster_name),
         key=lambda c: (c.complete, c.measured_at),
     )
     if not mine:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.session import ClusterSession, connect
 from kimideploy.config.loading import LoadedProject
+from kimideploy.services.calibration_copies import remember
 
 # The cluster-side types the CLI names in its annotations: cli/ imports services/, not cluster/.
 __all__ = ["ClusterSession", "JobSnapshot", "StoredBench", "open_session"]
@@ -20,6 +23,9 @@ def open_session(
     project = loaded.project
     name = project.cluster_name(cluster)
     profile = project.clusters[name]
-    session = connect(context or profile.kube_context, namespace or profile.namespace)
-    session.cluster = name
-    return session
+    return connect(
+        context or profile.kube_context,
+        namespace or profile.namespace,
+        cluster=name,
+        keep_calibrations=functools.partial(remember, loaded, name),
+    )

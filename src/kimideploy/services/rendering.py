@@ -15,7 +15,7 @@ from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
 from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
 from kimideploy.errors import EXIT_CODE_MEANINGS, KimiDeployError, MethodNotServedError, UsageError
-from kimideploy.plan.model import Plan, PlanRequest
+from kimideploy.plan.model import OFFLINE, ClusterAnswers, Plan, PlanRequest
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.plan.resolve import resolve
 from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
@@ -44,9 +44,11 @@ class Rendered:
         return to_yaml(self.objects)
 
 
-def render_workload(loaded: LoadedProject, request: PlanRequest) -> Rendered:
+def render_workload(
+    loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers = OFFLINE
+) -> Rendered:
     """Resolve and render one workload; raises before anything is written when invalid."""
-    plan = resolve(loaded, request)
+    plan = resolve(loaded, request, answers)
     preflight = tuple(render_objects(plan.preflight, plan.kubernetes_version))
     return Rendered(plan=plan, objects=render(plan), preflight=preflight)
 

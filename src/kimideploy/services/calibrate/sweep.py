@@ -129,7 +129,6 @@ def calibration_requests(
     overrides: tuple[str, ...],
     *,
     options: CalibrateOptions,
-    namespace: str | None = None,
 ) -> tuple[str, dict[int, PlanRequest], PlanRequest]:
     """The drafter, one serve request per k (synthetic acceptance) and the baseline's request:
     resolved offline before any cluster is contacted, rendered again once connected."""
@@ -150,15 +149,12 @@ def calibration_requests(
             cluster,
             drafter,
             overrides,
-            namespace=namespace,
             image=options.image,
             synthetic=SyntheticAcceptance(k, lengths_for(k, options.lengths)),
         )
         for k in sorted(set(options.ks))
     }
-    base = PlanRequest(
-        "serve", cluster, NO_DRAFTER, overrides, namespace=namespace, image=options.image
-    )
+    base = PlanRequest("serve", cluster, NO_DRAFTER, overrides, image=options.image)
     return drafter, requests, base
 
 
@@ -174,11 +170,13 @@ def plan_calibration(
     """Render every revision and bench before anything is created (the resolver's refusals)."""
     project = loaded.project
     drafter, requests, base_request = calibration_requests(
-        loaded, cluster, drafter, overrides, options=options, namespace=session.namespace
+        loaded, cluster, drafter, overrides, options=options
     )
     lengths = {k: lengths_for(k, options.lengths) for k in requests}
-    revisions = {k: render_workload(loaded, request) for k, request in requests.items()}
-    baseline = render_workload(loaded, base_request)
+    revisions = {
+        k: render_workload(loaded, request, session.answers) for k, request in requests.items()
+    }
+    baseline = render_workload(loaded, base_request, session.answers)
     gate = gate_terms(session, loaded, base_request, GateOptions(concurrency=options.concurrency))
     plan = baseline.plan
     profile = project.clusters[plan.cluster]

@@ -56,14 +56,12 @@ def put_file(
     poll_s: float = 2.0,
 ) -> PutResult:
     data = read_source(source)
-    request = PlanRequest(
-        "datagen", session.cluster, overrides=overrides, namespace=session.namespace
-    )
-    ctx = plan_inputs(loaded, request)
+    request = PlanRequest("datagen", session.cluster, overrides=overrides)
+    ctx = plan_inputs(loaded, request, session.answers)
     target = relative or ctx.cluster.workloads.datagen.prompts
     planned = upload(ctx, target, data, replace=replace)
     claim = ctx.claim_name("datasets")
-    rendered = render_workload(loaded, request)
+    rendered = render_workload(loaded, request, session.answers)
     claims = [
         o
         for o in rendered.objects

@@ -82,8 +82,6 @@ def bakeoff_requests(
     candidates: tuple[str, ...],
     overrides: tuple[str, ...],
     image: str | None = None,
-    *,
-    namespace: str | None = None,
 ) -> dict[str, PlanRequest]:
     """One serve request per candidate, `none` first (what every speedup is over): resolved
     offline before any cluster is contacted, rendered again once connected."""
@@ -93,10 +91,7 @@ def bakeoff_requests(
             "--drafters: name at least one method or drafter besides none",
             hint="e.g. --drafters none,ngram,suffix,k25",
         )
-    return {
-        name: PlanRequest("serve", cluster, name, overrides, namespace=namespace, image=image)
-        for name in names
-    }
+    return {name: PlanRequest("serve", cluster, name, overrides, image=image) for name in names}
 
 
 def plan_bakeoff(
@@ -112,8 +107,11 @@ def plan_bakeoff(
 ) -> BakeoffPlan:
     """Render every candidate before anything is created; with rounds > 1, refuse unless at
     least two candidates can be swapped into one server (naming why the others cannot)."""
-    requests = bakeoff_requests(cluster, candidates, overrides, image, namespace=session.namespace)
-    rendered = {name: render_workload(loaded, request) for name, request in requests.items()}
+    requests = bakeoff_requests(cluster, candidates, overrides, image)
+    rendered = {
+        name: render_workload(loaded, request, session.answers)
+        for name, request in requests.items()
+    }
     gate = gate_terms(
         session,
         loaded,

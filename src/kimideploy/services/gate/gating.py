@@ -97,9 +97,7 @@ def _now(session: ClusterSession) -> datetime:
 def gate_terms(
     session: ClusterSession, loaded: LoadedProject, request: PlanRequest, options: GateOptions
 ) -> GateTerms:
-    baseline = render_workload(
-        loaded, replace(request, drafter=NO_DRAFTER, namespace=session.namespace)
-    )
+    baseline = render_workload(loaded, replace(request, drafter=NO_DRAFTER), session.answers)
     cluster = loaded.project.clusters[baseline.plan.cluster]
     given = request.gate_levels or options.concurrency
     settings = cluster.gate.model_copy(
@@ -251,7 +249,6 @@ def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredB
         gate.cluster,
         request.drafter,
         request.overrides,
-        namespace=session.namespace,
         synthetic=request.synthetic,
         bench_concurrency=gate.bench_concurrency,
     )
@@ -299,7 +296,7 @@ def choose_bench_baseline(
     """The stored non-speculative run `run bench --baseline` compares with: `latest` picks the
     newest comparable one as the gate would; a run id must be comparable too. Chosen before the
     bench Job exists, so a wrong choice costs nothing."""
-    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    rendered = render_workload(loaded, request, session.answers)
     spec, release = _bench_spec(rendered), rendered.plan.serve_release
     serving = serving_record(session, release)
     if serving is None:
@@ -532,7 +529,7 @@ def _serving_gate(
     """The gate's context for what serves now, after checking it is request's render and rolled
     out; and the kimideploy revision it is (0 when GitOps applied it, so there is none)."""
     gate = gate_terms(session, loaded, request, options)
-    rendered = render_workload(loaded, replace(request, namespace=session.namespace))
+    rendered = render_workload(loaded, request, session.answers)
     _require_serving(session, rendered, gate.release)
     record = serving_record(session, gate.release)
     return gate, record.revision if record else 0

@@ -24,9 +24,9 @@ from kimideploy.services.preflight import require_weights, run_probe_job
 ALLREDUCE_LINE = re.compile(r"^gpu-check: (ok  |FAIL) allreduce: (.*)$", re.M)
 
 
-def serve_request(session: ClusterSession, cluster: str, overrides: tuple[str, ...]) -> PlanRequest:
-    """The serve plan the probes come from, in the session's namespace."""
-    return PlanRequest("serve", cluster, overrides=overrides, namespace=session.namespace)
+def serve_request(cluster: str, overrides: tuple[str, ...]) -> PlanRequest:
+    """The serve plan the probes come from (resolved with the session's answers)."""
+    return PlanRequest("serve", cluster, overrides=overrides)
 
 
 def weights_check(
@@ -38,7 +38,7 @@ def weights_check(
     poll_s: float,
 ) -> CheckResult:
     """The serve plan's weights probe, as `up` runs it, as one row."""
-    plan = resolve(loaded, serve_request(session, cluster, overrides))
+    plan = resolve(loaded, serve_request(cluster, overrides), session.answers)
     probes = tuple(render_objects(plan.preflight, plan.kubernetes_version))
     try:
         require_weights(session, probes, cluster, poll_s)
@@ -62,7 +62,7 @@ def allreduce_check(
     poll_s: float,
 ) -> CheckResult:
     """One node's all-reduce in the serve image, read from the probe pod's log."""
-    plan = resolve(loaded, serve_request(session, cluster, overrides))
+    plan = resolve(loaded, serve_request(cluster, overrides), session.answers)
     assert plan.gpu_probe is not None
     job = render_objects((plan.gpu_probe,), plan.kubernetes_version)[0]
     snapshot = run_probe_job(session, job, timeout_s, poll_s)

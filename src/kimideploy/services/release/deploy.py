@@ -21,7 +21,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
 from kimideploy.plan.inputs import CANARY_SUFFIX
-from kimideploy.plan.model import Plan, PlanRequest
+from kimideploy.plan.model import ClusterAnswers, Plan, PlanRequest
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.services.preflight import require_prerequisites, require_weights
 from kimideploy.services.release import lifecycle, swap
@@ -129,12 +129,9 @@ def up(
 def plan_up(
     session: ClusterSession, loaded: LoadedProject, request: PlanRequest, force: bool
 ) -> Rendered:
-    """The serve plan `up` applies, for this namespace and what the cluster serves (PodMonitors),
-    resolved once: a gated `up` reads its break-even from it and then applies it."""
-    monitoring = session.has_api_resource("monitoring.coreos.com/v1", "podmonitors")
-    rendered = render_workload(
-        loaded, replace(request, namespace=session.namespace, monitoring_crd=monitoring)
-    )
+    """The serve plan `up` applies, with what the cluster answered (its namespace, PodMonitors,
+    calibrations), resolved once: a gated `up` reads its break-even from it and then applies it."""
+    rendered = render_workload(loaded, request, session.answers)
     refuse_failing_drafter(rendered.plan, force)
     return rendered
 
@@ -597,15 +594,13 @@ def non_speculative_revision(current: ReleaseRecord) -> Revision:
     if not current.config_text:
         raise UsageError(f"revision {current.revision} has no stored config to re-render")
     loaded = load_project_text(current.config_text, Path(f"revision-{current.revision}.yaml"))
-    request = PlanRequest(
-        current.workload,
-        current.cluster,
-        NO_DRAFTER,
-        tuple(current.overrides),
+    request = PlanRequest(current.workload, current.cluster, NO_DRAFTER, tuple(current.overrides))
+    # What the cluster answered when this revision was made, as the revision recorded it.
+    answered = ClusterAnswers(
         namespace=current.namespace,
         monitoring_crd=any(o["kind"] == "PodMonitor" for o in current.manifests),
     )
-    rendered = render_workload(loaded, request)
+    rendered = render_workload(loaded, request, answered)
     revision = revision_from_render(loaded, rendered, "rollback to non-speculative serving")
     return replace(revision, config_text=current.config_text, source_revision=current.revision)
 

@@ -18,7 +18,7 @@ from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, UsageError
 from kimideploy.formats.vllm_metrics import acceptance, summed
 from kimideploy.plan.calibration import Calibration
-from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.model import ClusterAnswers, PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.plan.step_cost import uncalibrated
 from kimideploy.services.release import deploy, lifecycle
@@ -54,14 +54,9 @@ def serving_facts(
     costs = uncalibrated(project.project, record.cluster)
     even, source = (costs.cost(k, 1) - 1) / k, costs.source
     with contextlib.suppress(KimiDeployError, KeyError, ValueError):
-        request = PlanRequest(
-            "serve",
-            record.cluster,
-            record.drafter,
-            tuple(record.overrides),
-            calibrations=calibrations,
-        )
-        plan = resolve(project, request).break_even
+        request = PlanRequest("serve", record.cluster, record.drafter, tuple(record.overrides))
+        answered = ClusterAnswers(calibrations=calibrations)
+        plan = resolve(project, request, answered).break_even
         lowest = min(plan["rate"], key=int)
         even, source = plan["rate"][lowest], f"{plan['source']} (c={lowest})"
     return ServingFacts(record, int(ports[0].get("containerPort", 8000)), k, even, source)

@@ -46,7 +46,7 @@ def start_run(
     if request.workload == "serve":
         raise UsageError("serve is a release, not a run", hint="use `kimideploy up serve`")
     run_id = request.run_id or new_run_id()
-    rendered = render_workload(loaded, replace(request, run_id=run_id, namespace=session.namespace))
+    rendered = render_workload(loaded, replace(request, run_id=run_id), session.answers)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     for key, value in rendered.plan.facts:

@@ -19,6 +19,7 @@ from pathlib import Path
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.plan.calibration import Calibration
+from kimideploy.plan.model import ClusterAnswers
 
 
 def cache_file(loaded: LoadedProject, cluster: str) -> Path:
@@ -49,3 +50,11 @@ def stored(session: ClusterSession, loaded: LoadedProject, cluster: str) -> tupl
     found = session.calibrations_of(cluster)
     remember(loaded, cluster, found)
     return found
+
+
+def offline_answers(
+    loaded: LoadedProject, cluster: str, namespace: str | None = None
+) -> ClusterAnswers:
+    """What a command that contacts no cluster takes for its answers: the namespace asked for
+    (--namespace), the local copy of its calibrations, PodMonitors unknown."""
+    return ClusterAnswers(namespace=namespace, calibrations=cached(loaded, cluster))
