@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -25,6 +24,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import REPO
+from tests.ports import free_port
 
 BUILD = REPO / "scripts" / "build-prometheus"
 
@@ -40,13 +40,6 @@ def binaries() -> tuple[Path, Path]:
         raise UnavailableError(f"scripts/build-prometheus failed: {build.stderr.strip()[-2000:]}")
     prometheus, ksm = (Path(line) for line in build.stdout.split())
     return prometheus, ksm
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def label_name(name: str) -> str:

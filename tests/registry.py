@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.ports import free_port as _free_port
 
 
 class UnavailableError(RuntimeError):
@@ -32,12 +33,6 @@ def binaries() -> tuple[Path, Path]:
         raise UnavailableError(done.stderr.strip()[-2000:])
     registry, oras = done.stdout.strip().splitlines()[-2:]
     return Path(registry), Path(oras)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _certificate(where: Path) -> tuple[Path, Path, Path]:

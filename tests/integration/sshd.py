@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port as _free_port
+
 SSHD = Path("/usr/sbin/sshd")
 
 
@@ -32,12 +34,6 @@ class Sshd:
             return
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _keygen(path: Path, comment: str) -> None:

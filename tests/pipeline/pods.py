@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO
+from tests.ports import free_port as free_port
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_FILE_NAME
@@ -173,12 +173,6 @@ def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
             if probe:
                 ready = probe["httpGet"]["path"]
     return Rendered(spec, model, args, manifests, secret_env, ready, vllm_env)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_env(python: Path, **extra: str) -> dict[str, str]:

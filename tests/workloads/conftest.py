@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 
 from kimideploy.images.cpu_vllm import cpu_vllm_python
 from tests.conftest import REPO
+from tests.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,12 +49,6 @@ def tiny_model(torch_python: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     out = tmp_path_factory.mktemp("tiny") / "model"
     subprocess.run([str(torch_python), str(HERE / "make_tiny_model.py"), str(out), "4"], check=True)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -109,10 +109,10 @@ with torch.no_grad():
 layout = {"hidden_states": torch.stack([states[1][0], states[2][0], entering_norm[0][0]], dim=1),
           "token_ids": torch.tensor(ids)}
 save_file(layout, sys.argv[3])
-converted = convert(load_file(sys.argv[3]), ids, reference["loss_mask"].tolist(), 2, torch.float32)
+converted = convert(load_file(sys.argv[3]), ids, reference["loss_mask"].tolist(), 2, dtype=torch.float32)
 same = {k: bool(torch.equal(converted[k], reference[k])) for k in reference}
 try:
-    convert(layout, ids[:-1] + [ids[-1] + 1], reference["loss_mask"].tolist(), 2, torch.float32)
+    convert(layout, ids[:-1] + [ids[-1] + 1], reference["loss_mask"].tolist(), 2, dtype=torch.float32)
     mismatch = "not caught"
 except ExtractionMismatchError as exc:
     mismatch = str(exc)
