@@ -23,7 +23,6 @@ from kimideploy.errors import ExitCode
 
 if TYPE_CHECKING:
     from kimideploy.config.loading import LoadedProject
-    from kimideploy.plan.model import PlanRequest
     from kimideploy.services.connection import ClusterSession, JobSnapshot, StoredBench
     from kimideploy.services.release.deploy import WaitOptions
     from kimideploy.services.runs.batch_runs import RunStarted
@@ -302,9 +301,7 @@ def _job(
         snapshot = batch_runs.follow_run(
             session, started.job, started.run_id, reporter, poll_s=poll, resume=resume
         )
-        rows = _after_the_run(
-            session, loaded, started, snapshot, request=request, chosen=chosen, reporter=reporter
-        )
+        rows = _after_the_run(session, loaded, started, snapshot, chosen=chosen, reporter=reporter)
         if pending:
             facts = {
                 "run": batch_runs.run_facts(snapshot, started.run_id),
@@ -327,7 +324,6 @@ def _after_the_run(
     started: RunStarted,
     snapshot: JobSnapshot,
     *,
-    request: PlanRequest,
     chosen: StoredBench | None,
     reporter: TerminalReporter,
 ) -> list[dict[str, Any]] | None:

@@ -186,7 +186,16 @@ def run_bakeoff(
         reporter.info(f"created namespace {session.namespace}")
     gate_run = GateRun(session, loaded, plan.gate, reporter, bench_poll_s=bench_poll_s)
     unattended = apply.unattended()
+
     latest: int | None = None
+
+    def restore() -> str:
+        """What served before, back (read when called: `latest` moves as revisions apply)."""
+        return restore_serving(
+            session, plan.release, found, latest, apply=unattended, reporter=reporter,
+            after="the bake-off",
+        )  # fmt: skip
+
     try:
         for name in todo:
             revision = deploy.revision_from_render(
@@ -231,31 +240,12 @@ def run_bakeoff(
         raise
     except (KimiDeployError, GateMeasurementError) as exc:
         message = exc.message if isinstance(exc, KimiDeployError) else str(exc)
-        restored = restore_serving(
-            session,
-            plan.release,
-            found,
-            latest,
-            apply=unattended,
-            reporter=reporter,
-            after="the bake-off",
-        )
         raise RolloutError(
-            f"bake-off stopped: {message}; {restored}",
+            f"bake-off stopped: {message}; {restore()}",
             hint="run the same `kimideploy run bench --drafters` again: measured candidates "
             f"({', '.join(sorted(results)) or 'none'}) are not loaded again",
         ) from exc
-    reporter.info(
-        restore_serving(
-            session,
-            plan.release,
-            found,
-            latest,
-            apply=unattended,
-            reporter=reporter,
-            after="the bake-off",
-        )
-    )
+    reporter.info(restore())
     ordered = {name: results[name] for name in plan.candidates}
     judged = bakeoff(ordered, plan.gate.needed, plan.gate.settings.min_speedup)
     if rounds:
