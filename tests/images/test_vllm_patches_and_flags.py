@@ -295,7 +295,8 @@ def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(
         return Calibration("b200", "img", "f", "b", "8 x B200", "v1", "2026-12-01T00:00:00+0000",
                            [1, 2, 3], [1.5, 2.5], [1, 8, 64], "base", points)  # fmt: skip
 
-    from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+    from kimideploy.plan.asks import ServeAsk, SyntheticAcceptance
+    from kimideploy.plan.model import PlanRequest
     from kimideploy.plan.resolve import resolve
 
     target, drafters = tiny
@@ -304,9 +305,8 @@ def test_vllm_032_accepts_the_calibration_revisions_and_the_k_schedule(
     spec = json.loads(base[at + 1])
     cases = []
     for k in DEFAULT_KS:
-        plan = resolve(example, PlanRequest("serve", "b200", "v1",
-                                            synthetic=SyntheticAcceptance(k, lengths_for(
-                                                k, DEFAULT_LENGTHS))))  # fmt: skip
+        plan = resolve(example, PlanRequest("serve", "b200", "v1", ask=ServeAsk(
+            synthetic=SyntheticAcceptance(k, lengths_for(k, DEFAULT_LENGTHS)))))  # fmt: skip
         args = next(o.values for o in plan.objects if o.template == "deployment-serve")["args"]
         rendered = json.loads(args[args.index("--speculative-config") + 1])
         extension = args[

@@ -33,7 +33,8 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_FILE_NAME
 from kimideploy.formats.drafter_swap import STARTED_WITH_ENV, WANTED_SPEC_ENV
 from kimideploy.images.cpu_vllm import cpu_runtime_env
-from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.asks import WorkloadAsk
+from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.pods import HOME_DIR
 from kimideploy.services.rendering import render_workload
 
@@ -147,13 +148,11 @@ COMPILE_CACHE_VARIABLES = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR
 
 
 def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
-             overrides: tuple[str, ...] = (),
-             synthetic: SyntheticAcceptance | None = None, cluster: str = "cpu",
-             **replay: Any) -> Rendered:  # fmt: skip
-    """Render `workload` for a pipeline cluster: spec.json and the vLLM container's args;
-    `replay` takes PlanRequest's replay_drafters and replay_prompts."""
+             overrides: tuple[str, ...] = (), ask: WorkloadAsk | None = None,
+             cluster: str = "cpu") -> Rendered:  # fmt: skip
+    """Render `workload` for a pipeline cluster: spec.json and the vLLM container's args."""
     request = PlanRequest(workload, cluster, drafter, overrides=overrides, run_id="p1",
-                          synthetic=synthetic, **replay)  # fmt: skip
+                          ask=ask)  # fmt: skip
     manifests = [dict(m) for m in render_workload(loaded, request).objects]
     config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
     spec = json.loads(config_map["data"][SPEC_FILE_NAME])

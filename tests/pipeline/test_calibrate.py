@@ -19,8 +19,9 @@ from tests.pipeline.conftest import Served, Volumes, service_urls
 from tests.pipeline.figures import FIGURES
 
 from kimideploy.config.loading import LoadedProject
+from kimideploy.formats.bench_result import BenchResult
+from kimideploy.plan.asks import BenchAsk, ServeAsk, SyntheticAcceptance
 from kimideploy.plan.calibration import fit
-from kimideploy.plan.model import SyntheticAcceptance
 from kimideploy.services.calibrate.sweep import ACCEPTANCE_TOLERANCE, points_from
 
 K = 2
@@ -38,13 +39,13 @@ def calibration_run(
     untrained_drafter: dict[str, Any],
 ) -> dict[str, Any]:
     synthetic = SyntheticAcceptance(K, LENGTHS)
-    rendered = pods.rendered(project, "serve", "untrained", synthetic=synthetic)
+    rendered = pods.rendered(project, "serve", "untrained", ask=ServeAsk(synthetic=synthetic))
     assert rendered.vllm_model is not None and rendered.vllm_env == {"VLLM_SERVER_DEV_MODE": "1"}
     server, _ = volumes.start_serving(cpu_python, rendered, "serve-calibration")
     try:
         pods.wait_ready([server], timeout=600)
         bench = pods.rendered(project, "bench", "untrained", overrides=(LEVELS, PROMPTS),
-                              synthetic=synthetic)  # fmt: skip
+                              ask=BenchAsk(synthetic=synthetic))  # fmt: skip
         spec = volumes.spec(bench, **service_urls(project, server))
         code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
                                            mounts=volumes.mounts(bench, "bench-calibration"),
@@ -64,7 +65,11 @@ def test_vllm_accepts_at_the_synthetic_length_the_bench_set_and_the_fit_follows(
         asked, got = level["synthetic_acceptance_length"], level["mean_acceptance_length"]
         FIGURES[f"calibrate k={K}: asked {asked}, {level['prompt_set']}"] = got
         assert got == pytest.approx(asked, abs=ACCEPTANCE_TOLERANCE), level
-    points = points_from(K, calibration_run["result"], calibration_run["baseline"])
+    points = points_from(
+        K,
+        BenchResult.from_dict(calibration_run["result"]),
+        BenchResult.from_dict(calibration_run["baseline"]),
+    )
     assert len(points) == len(levels)
     (cost,) = fit(points)
     FIGURES[f"calibrate k={K}: step cost at c=4 (CPU)"] = f"{cost.cost} (residual {cost.residual})"

@@ -23,6 +23,8 @@ from tests.pipeline.conftest import CONFIG, Served, Volumes, length
 from tests.pipeline.figures import FIGURES
 
 from kimideploy.config.loading import LoadedProject, load_project
+from kimideploy.formats.bench_result import BenchResult
+from kimideploy.plan.asks import ReplayAsk
 from kimideploy.plan.drafter_doctor import Diagnosis
 from kimideploy.services.drafters.doctor import (
     ReplayOutcome,
@@ -48,8 +50,8 @@ def replayed(
     prompts = volumes.root / "data" / "prompts"
     sets = ((YOURS, read_prompts(prompts / "heldout-docs.jsonl")[:40]),
             (BENCH_PROMPTS, read_prompts(prompts / "heldout-code.jsonl")[:40]))  # fmt: skip
-    rendered = pods.rendered(project, "replay", "good", replay_drafters=DOCTOR_DRAFTERS,
-                             replay_prompts=sets)  # fmt: skip
+    rendered = pods.rendered(project, "replay", "good",
+                             ask=ReplayAsk(drafters=DOCTOR_DRAFTERS, prompts=sets))  # fmt: skip
     # Two Jobs, each holding only what it uses: the capture (the served engine) and the judge.
     ran = sorted(
         next(a for a in [*c.get("command", []), *c.get("args", [])] if a.startswith("replay-"))
@@ -82,7 +84,8 @@ def replayed(
 def doctor(loaded: LoadedProject, outcome: ReplayOutcome, served: dict[str, Served],
            prompt_set: str | None) -> dict[str, Diagnosis]:  # fmt: skip
     """What `drafter doctor` prints for each drafter, with the bench's counts as measured."""
-    measured = {name: measured_from_bench(served[name].bench, 4, f"bench of {name}")
+    measured = {name: measured_from_bench(BenchResult.from_dict(served[name].bench), 4,
+                                          f"bench of {name}")
                 for name in DOCTOR_DRAFTERS}  # fmt: skip
     found = diagnoses(loaded, "cpu", outcome, measured, calibrations=(), prompt_set=prompt_set)
     return {d.drafter: d for d in found}

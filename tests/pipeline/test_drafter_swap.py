@@ -41,6 +41,7 @@ from tests.pipeline.figures import FIGURES
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import SPEC_FILE_NAME
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.formats.drafter_swap import (
     DEV_ROUTES_GUARD,
     DRAFTER_FILES_BACKEND,
@@ -305,13 +306,13 @@ def test_up_swaps_the_drafter_into_the_running_server_and_rollback_swaps_it_back
             def serve(name: str) -> None:
                 assert kd(cluster, namespace, "up", "serve", "--drafter", name, *wait) == 0
 
-            def bench_round(name: str) -> dict[str, Any]:
-                return bench(cpu_python, project, volumes, "good", server)
+            def bench_round(name: str) -> BenchResult:
+                return BenchResult.from_dict(bench(cpu_python, project, volumes, "good", server))
 
             orders = interleave.round_orders(["good", "untrained"], 3)
             measured = interleave.run_rounds(orders, "good", serve, bench_round)
-            rounds = {n: [_count(r) for r in results] for n, results in measured.items()}
-            merged = {n: _count(interleave.merge_rounds(r)) for n, r in measured.items()}
+            rounds = {n: [_count(r.as_dict()) for r in results] for n, results in measured.items()}
+            merged = {n: _count(interleave.merge_rounds(r).as_dict()) for n, r in measured.items()}
             deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment",
                                                     "tiny-serve", "-o", "json"))  # fmt: skip
             assert deployment["metadata"]["generation"] == generation  # never replaced

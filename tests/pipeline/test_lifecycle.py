@@ -22,6 +22,7 @@ from tests.pipeline import pods
 from tests.pipeline.conftest import CONFIG, HERE, Served, copy_drafter, length
 from tests.pipeline.figures import FIGURES
 
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.formats.chat_template import SAMPLE_FORMAT, generated_turn
 from kimideploy.services.gate.verdict import GateMeasurementError, judge
 
@@ -126,7 +127,8 @@ def test_the_gate_judges_the_real_counters_with_the_code_up_gate_uses(
 ) -> None:
     baseline = served["none"].bench
     assert all(lv["acceptance_rate"] is None for lv in baseline["levels"])
-    keep, reason, rows = judge(served["good"].bench, baseline, [("code", 4)], 0.0)
+    good, plain = BenchResult.from_dict(served["good"].bench), BenchResult.from_dict(baseline)
+    keep, reason, rows = judge(good, plain, [("code", 4)], 0.0)
     assert keep, reason
     assert [r["mean_acceptance_length"] for r in rows] == [length(served["good"])]
     # The serve plan asked vLLM 0.32 for each response's own acceptance, and the bench counted
@@ -136,7 +138,7 @@ def test_the_gate_judges_the_real_counters_with_the_code_up_gate_uses(
         assert level["acceptance_rate"] == pytest.approx(level["scraped_acceptance_rate"]), level
     # A server without a drafter has no spec-decode counters: the gate refuses to guess.
     with pytest.raises(GateMeasurementError, match="counters are missing"):
-        judge(baseline, baseline, [("code", 4)], 1.0)
+        judge(plain, plain, [("code", 4)], 1.0)
 
 
 def test_the_serve_release_with_an_api_key_refuses_v1_without_it_and_keeps_probes_open(

@@ -12,6 +12,7 @@ from tests.pipeline.figures import FIGURES
 
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.services.gate.bakeoff import bakeoff, table_rows
 
 CANDIDATES = (NO_DRAFTER, "ngram", "suffix", "good")
@@ -28,7 +29,8 @@ def test_every_method_is_served_benched_and_judged_side_by_side(
     levels = cluster.gate.concurrency or cluster.workloads.bench.concurrency
     needed = [(p, c) for p in cluster.workloads.bench.prompt_sets for c in levels]
     results = {name: served[name].bench for name in CANDIDATES}
-    table = bakeoff(results, needed, cluster.gate.min_speedup)
+    read = {name: BenchResult.from_dict(result) for name, result in results.items()}
+    table = bakeoff(read, needed, cluster.gate.min_speedup)
     FIGURES["bake-off (k: ngram 3, suffix <= 8, good 3)"] = "; ".join(
         f"{r['candidate']} {r['mean_length']} {r['speedup']}" for r in table_rows(table)
     )

@@ -11,6 +11,7 @@ import pytest
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import ManifestError
+from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.model import ClusterAnswers, PlanRequest
 from kimideploy.render.validate import validate_objects
 from kimideploy.services.rendering import render_workload
@@ -253,7 +254,7 @@ def test_the_validator_finds_what_jsonschema_finds_on_a_canary_behind_a_gateway(
     """The Gateway API kinds (schemas derived from the pinned CRDs) and the pickers' RBAC."""
     from tests.unit.test_canary import with_gateway
 
-    request = PlanRequest("serve", "b300", "v3", canary_percent=10)
+    request = PlanRequest("serve", "b300", "v3", ask=ServeAsk(canary_percent=10))
     answers = ClusterAnswers(monitoring_crd=True)
     objects = render_workload(with_gateway("b300"), request, answers).objects
     kinds = {o["kind"] for o in objects}

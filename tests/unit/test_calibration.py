@@ -13,10 +13,12 @@ import pytest
 
 from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.errors import UsageError
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.plan import calibration as cal
+from kimideploy.plan.asks import BenchAsk, ServeAsk, SyntheticAcceptance
 from kimideploy.plan.calibration import Calibration, lengths_for
 from kimideploy.plan.k_schedule import choose_schedule
-from kimideploy.plan.model import ClusterAnswers, PlanRequest, SyntheticAcceptance
+from kimideploy.plan.model import ClusterAnswers, PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.calibrate.report import cannot_pay, rows
 from kimideploy.services.calibrate.sweep import points_from
@@ -124,7 +126,7 @@ def test_points_pair_each_synthetic_level_with_the_baselines_level() -> None:
          "synthetic_acceptance_length": 3.0, "mean_acceptance_length": None},
     ]}  # fmt: skip
     baseline = {"levels": [{"prompt_set": "chat", "concurrency": 8, "output_tokens_per_s": 400.0}]}
-    (point,) = points_from(2, result, baseline)
+    (point,) = points_from(2, BenchResult.from_dict(result), BenchResult.from_dict(baseline))
     assert (point.k, point.concurrency, point.length) == (2, 8, 1.98)
     assert point.speedup == pytest.approx(1.25)
 
@@ -133,7 +135,9 @@ def serve_plan(
     example: LoadedProject, calibrations: tuple[Calibration, ...] = (), **request: object
 ) -> object:
     answers = ClusterAnswers(calibrations=calibrations)
-    return resolve(example, PlanRequest("serve", **request), answers)  # type: ignore[arg-type]
+    asked = {k: request.pop(k) for k in ("image", "synthetic") if k in request}
+    ask = ServeAsk(**asked) if asked else None  # type: ignore[arg-type]
+    return resolve(example, PlanRequest("serve", **request, ask=ask), answers)  # type: ignore[arg-type]
 
 
 def facts(plan: object) -> dict[str, str]:
@@ -206,8 +210,8 @@ def test_the_calibration_revision_serves_synthetic_acceptance_with_the_control_e
     plain = serve_plan(example, cluster="b200", drafter="v3")
     plain_args = next(o.values for o in plain.objects if o.template == "deployment-serve")["args"]
     assert "--worker-extension-cls" not in plain_args
-    bench = resolve(example, PlanRequest("bench", "b200", "v3",
-                                         synthetic=SyntheticAcceptance(2, (1.5, 2.0))))  # fmt: skip
+    bench = resolve(example, PlanRequest("bench", "b200", "v3", ask=BenchAsk(
+        synthetic=SyntheticAcceptance(2, (1.5, 2.0)))))  # fmt: skip
     spec_map = next(o.values for o in bench.objects if o.template == "configmap-spec")
     sweep = json.loads(spec_map["data"]["spec.json"])["synthetic"]
     assert sweep["acceptance_lengths"] == [1.5, 2.0] and sweep["num_speculative_tokens"] == 2

@@ -12,6 +12,7 @@ import pytest
 from kimideploy.config.clusters import CanaryJudgement
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import UsageError
+from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.gateway import route_weights, with_canary_share
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services.release.canary import PoolWindow, pool_window, verdict
@@ -37,7 +38,8 @@ def with_gateway(*clusters: str) -> LoadedProject:
 
 
 def objects(loaded: LoadedProject, cluster: str, **asked: Any) -> list[dict[str, Any]]:
-    request = PlanRequest("serve", cluster, asked.pop("drafter", "v3"), **asked)
+    drafter = asked.pop("drafter", "v3")
+    request = PlanRequest("serve", cluster, drafter, ask=ServeAsk(**asked))
     return render_workload(loaded, request).objects
 
 

@@ -21,7 +21,8 @@ from kimideploy.formats.drafter_swap import (
     SWAP_REFUSED,
     swap_refusals,
 )
-from kimideploy.plan.model import ClusterAnswers, PlanRequest, SyntheticAcceptance
+from kimideploy.plan.asks import ServeAsk, SyntheticAcceptance
+from kimideploy.plan.model import ClusterAnswers, PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.release.swap import decide
 from kimideploy.services.rendering import render_workload
@@ -150,7 +151,9 @@ def test_the_016_stack_and_a_switched_off_swap_start_as_before(example: LoadedPr
 def test_calibration_serves_keep_their_own_development_mode_without_a_swap(
     example: LoadedProject,
 ) -> None:
-    request = PlanRequest("serve", "b300", "v3", synthetic=SyntheticAcceptance(3, (2.0,)))
+    request = PlanRequest(
+        "serve", "b300", "v3", ask=ServeAsk(synthetic=SyntheticAcceptance(3, (2.0,)))
+    )
     backend, guard, dev_mode = swap_parts(deployment(example, request))
     assert (backend, guard, dev_mode) == (None, None, "1")
 

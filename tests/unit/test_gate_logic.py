@@ -12,6 +12,7 @@ from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.records import ReleaseRecord, _labels
 from kimideploy.config.gate import WatchSettings
 from kimideploy.errors import UsageError
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.services.gate.bench_reports import speedup_series, write_chart
 from kimideploy.services.gate.verdict import (
     GateMeasurementError,
@@ -42,6 +43,11 @@ def level(c: int, tps: float, rate: float | None = None, failed: int = 0) -> dic
     }
 
 
+def result(levels: list[dict[str, Any]]) -> BenchResult:
+    """The bench pod's result event with these levels, read as the CLI reads it."""
+    return BenchResult.from_dict({"levels": levels})
+
+
 def stored(
     run_id: str,
     drafter: str = "none",
@@ -61,7 +67,7 @@ def stored(
         serve_fingerprint=serve,
         bench_fingerprint=bench,
         measured_at=(NOW - timedelta(hours=hours_ago)).strftime("%Y-%m-%dT%H:%M:%S%z"),
-        result={"levels": levels if levels is not None else [level(1, 50), level(8, 300)]},
+        result=result(levels if levels is not None else [level(1, 50), level(8, 300)]),
     )
 
 
@@ -104,15 +110,11 @@ def test_a_baseline_that_does_not_compare_is_refused_with_the_reason(
 
 
 def test_keep_needs_every_gated_level_to_pay() -> None:
-    base = {"levels": [level(1, 50), level(8, 300)]}
-    keep, reason, rows = judge(
-        {"levels": [level(1, 70, 0.6), level(8, 330, 0.6)]}, base, NEEDED, 1.05
-    )
+    base = result([level(1, 50), level(8, 300)])
+    keep, reason, rows = judge(result([level(1, 70, 0.6), level(8, 330, 0.6)]), base, NEEDED, 1.05)
     assert keep and reason == "at least 1.05x everywhere: chat c=1 1.40x, chat c=8 1.10x"
     assert [r["passed"] for r in rows] == [True, True]
-    keep, reason, rows = judge(
-        {"levels": [level(1, 70, 0.6), level(8, 270, 0.6)]}, base, NEEDED, 1.05
-    )
+    keep, reason, rows = judge(result([level(1, 70, 0.6), level(8, 270, 0.6)]), base, NEEDED, 1.05)
     assert not keep and reason == "below 1.05x at chat c=8 0.90x"
     verdict = Verdict("rollback", reason, 1.05, rows)
     assert verdict.worst_speedup == 0.9
@@ -128,10 +130,10 @@ def test_the_verdict_and_the_bakeoff_say_whose_requests_were_counted() -> None:
     from kimideploy.services.gate.bakeoff import bakeoff, table_rows
 
     own = [{**level(1, 70, 0.6), "metrics": "requests"}, level(8, 330, 0.6)]
-    base = {"levels": [level(1, 50), level(8, 300)]}
-    _, _, rows = judge({"levels": own}, base, NEEDED, 1.05)
+    base = result([level(1, 50), level(8, 300)])
+    _, _, rows = judge(result(own), base, NEEDED, 1.05)
     assert [r["counted_by"] for r in rows] == ["requests", "scraped"]
-    table = bakeoff({"none": base, "good": {"levels": own}}, NEEDED, 1.05)
+    table = bakeoff({"none": base, "good": result(own)}, NEEDED, 1.05)
     shown = {(r["candidate"], r["c"]): r["counted"] for r in table_rows(table)}
     assert shown == {("good", 1): "requests", ("good", 8): "scraped", ("none", 1): "",
                      ("none", 8): ""}  # fmt: skip
@@ -156,7 +158,7 @@ def test_what_the_gate_cannot_measure_is_a_failure_not_a_verdict(
     measured: list[dict[str, Any]], message: str
 ) -> None:
     with pytest.raises(GateMeasurementError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        judge({"levels": measured}, {"levels": [level(1, 50), level(8, 300)]}, NEEDED, 1.05)
+        judge(result(measured), result([level(1, 50), level(8, 300)]), NEEDED, 1.05)
 
 
 def test_release_record_labels_carry_the_verdict_for_kube_state_metrics() -> None:

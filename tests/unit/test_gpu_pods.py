@@ -8,6 +8,7 @@ from typing import Any
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.images.dockerfile import render_dockerfile
+from kimideploy.plan.asks import ReplayAsk
 from kimideploy.plan.jobs import AFTER_ANNOTATION
 from kimideploy.plan.model import Plan, PlanRequest
 from kimideploy.plan.resolve import resolve
@@ -82,7 +83,7 @@ def test_vllm_images_carry_flashinfers_cubins_and_say_so_when_built(example: Loa
 def test_the_replay_holds_the_capture_gpus_only_while_capturing(example: LoadedProject) -> None:
     """An init container's GPUs count for its whole pod: a capture on 8 GPUs followed by a 1-GPU
     judgement in one pod held 8 GPUs for both. Two Jobs now, the second created after the first."""
-    plan = resolve(example, PlanRequest("replay", "b300", "k25", replay_drafters=("k25",)))
+    plan = resolve(example, PlanRequest("replay", "b300", "k25", ask=ReplayAsk(drafters=("k25",))))
     capture, judge = [o.values for o in plan.objects if o.template == "job-replay"]
     assert capture["name"] == f"{judge['name']}-capture" and judge["name"].startswith(
         "kimi-k25-replay"

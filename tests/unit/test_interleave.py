@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.services.gate import interleave
 from tests.unit.test_drafter_swap import pipeline_objects
 
@@ -29,37 +30,41 @@ def test_rounds_alternate_and_a_candidate_spanning_two_rounds_is_served_once() -
     served: list[str] = []
     benched: list[str] = []
 
-    def bench(name: str) -> dict[str, Any]:
+    def bench(name: str) -> BenchResult:
         benched.append(name)
-        return {"levels": [], "n": len(benched)}
+        return BenchResult(levels=(), run_id=str(len(benched)))
 
     measured = interleave.run_rounds(interleave.round_orders(["a", "b"], 3), "b",
                                      served.append, bench)  # fmt: skip
     assert benched == ["b", "a", "a", "b"]
     assert served == ["a", "b"]  # b already served; a ends round 2 and starts round 3
-    assert [r["n"] for r in measured["a"]] == [2, 3]
+    assert [r.run_id for r in measured["a"]] == ["2", "3"]
 
 
 def level(tokens: float, rate: float | None, positions: list[float] | None) -> dict[str, Any]:
     return {"prompt_set": "chat", "concurrency": 4, "output_tokens_per_s": tokens,
             "acceptance_rate": rate, "mean_acceptance_length": None if rate is None else 1 + rate,
-            "per_position_acceptance": positions, "counted_by": "requests"}  # fmt: skip
+            "per_position_acceptance": positions, "metrics": "requests"}  # fmt: skip
 
 
 def test_a_candidates_rounds_are_judged_by_their_mean_and_their_spread_is_shown() -> None:
-    rounds = [{"run_id": "r1", "levels": [level(100.0, 0.5, [0.7, 0.3])]},
-              {"run_id": "r2", "levels": [level(110.0, 0.7, [0.9, 0.5])]}]  # fmt: skip
+    rounds = [BenchResult.from_dict(r) for r in (
+        {"run_id": "r1", "levels": [level(100.0, 0.5, [0.7, 0.3])]},
+        {"run_id": "r2", "levels": [level(110.0, 0.7, [0.9, 0.5])]})]  # fmt: skip
     merged = interleave.merge_rounds(rounds)
-    [merged_level] = merged["levels"]
-    assert merged["rounds"] == 2 and merged["run_id"] == "r1"
-    assert merged_level["output_tokens_per_s"] == pytest.approx(105.0)
-    assert merged_level["acceptance_rate"] == pytest.approx(0.6)
-    assert merged_level["per_position_acceptance"] == pytest.approx([0.8, 0.4])
-    assert merged_level["counted_by"] == "requests"
+    [merged_level] = merged.levels
+    assert merged.rounds == 2 and merged.run_id == "r1"
+    assert merged_level.output_tokens_per_s == pytest.approx(105.0)
+    assert merged_level.acceptance_rate == pytest.approx(0.6)
+    assert merged_level.per_position_acceptance == pytest.approx([0.8, 0.4])
+    assert merged_level.counted_by == "requests"
     assert interleave.merge_rounds(rounds[:1]) is rounds[0]
     # A round without counters keeps the level unaveraged rather than inventing a figure.
-    partial = interleave.merge_rounds([rounds[0], {"levels": [level(90.0, None, None)]}])
-    assert partial["levels"][0]["acceptance_rate"] == 0.5
+    without = BenchResult.from_dict({"levels": [level(90.0, None, None)]})
+    partial = interleave.merge_rounds([rounds[0], without])
+    assert partial.levels[0].acceptance_rate == 0.5
     assert interleave.spread_lines({"good": rounds}, [("chat", 4)]) == [
         "good chat c=4: tokens/s by round 100.0, 110.0; acceptance 50.0%, 70.0%"
     ]
+    # What is stored and printed is the shape the bench pod writes.
+    assert merged.as_dict()["rounds"] == 2 and "rounds" not in rounds[0].as_dict()

@@ -18,6 +18,7 @@ from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.errors import ConfigError, UsageError
 from kimideploy.images.dockerfile import render_dockerfile
 from kimideploy.images.selfcheck import SUFFIX_CHECK, checks_for
+from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.drafters.drafter_check import check
@@ -161,7 +162,8 @@ def test_a_method_the_serve_image_cannot_run_is_refused_before_anything_starts(
         resolve(serving_016(example), PlanRequest("serve", "rtx6000", drafter))
     assert message in str(info.value) and hint in (info.value.hint or "")
     # The same request on the image that carries what it needs renders.
-    resolve(serving_016(example), PlanRequest("serve", "rtx6000", drafter, image="vllm-0.32-kimi"))
+    on_032 = ServeAsk(image="vllm-0.32-kimi")
+    resolve(serving_016(example), PlanRequest("serve", "rtx6000", drafter, ask=on_032))
 
 
 def test_data_workloads_need_an_eagle3_drafter(example: LoadedProject) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
+from kimideploy.config.loading import LoadedProject
 from kimideploy.config.workload_names import GPU_WORKLOADS, WORKLOAD_NAMES
 from kimideploy.config.workloads import Workloads
 from kimideploy.plan import jobs, resolve
+from kimideploy.plan.asks import BenchAsk, PublishAsk, PullAsk, ReplayAsk, ServeAsk
 from kimideploy.plan.kinds import KINDS
+from kimideploy.plan.model import PlanRequest, pull_ask
 
 
 def test_every_workload_name_has_one_kind_and_one_settings_entry() -> None:
@@ -34,3 +39,22 @@ def test_a_kind_that_pulls_its_own_drafters_defaults_to_them() -> None:
             assert kind.for_eagle_drafter, name
         if kind.for_eagle_drafter:
             assert kind.default_drafter == "train drafter", name
+
+
+def test_a_request_carries_only_what_its_kind_asks(example: LoadedProject) -> None:
+    """Each kind names its own ask type; a request with another kind's ask is a mistake in the
+    caller, refused before anything is planned, and a plan reads its kind's defaults when none
+    was asked."""
+    asks = {name: kind.ask for name, kind in KINDS.items() if kind.ask is not None}
+    assert asks == {"bench": BenchAsk, "publish": PublishAsk, "replay": ReplayAsk,
+                    "pull": PullAsk, "serve": ServeAsk}  # fmt: skip
+    with pytest.raises(TypeError, match="a BenchAsk is not what workload serve takes"):
+        resolve.resolve(example, PlanRequest("serve", "b300", "v3", ask=BenchAsk()))
+    with pytest.raises(TypeError, match=r"workload train takes \(no ask\)"):
+        resolve.resolve(example, PlanRequest("train", "b300", ask=ServeAsk()))
+    assert PlanRequest("serve").asked(ServeAsk) == ServeAsk()
+    assert pull_ask("pull", ("k25",)) == PullAsk(drafters=("k25",))
+    assert pull_ask("serve", ("k25",)) is None
+    asked = PlanRequest("bench", "b300", "v3", ask=BenchAsk(concurrency=(2,)))
+    spec = resolve.resolve(example, asked).spec
+    assert list(spec.concurrency) == [2]  # type: ignore[attr-defined]

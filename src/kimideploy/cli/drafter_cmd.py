@@ -379,13 +379,15 @@ def pull(
     """Fetch published drafters onto CLUSTER's models volume ahead of serving: a Job runs the
     serve pod's own artifact-pull (verified blob by blob and file by file against the digest
     and checksums kimideploy.yaml pins), so `up serve` later finds them there."""
+    from kimideploy.plan.asks import PullAsk
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services.connection import open_session
     from kimideploy.services.drafters.pulling import pull_drafters
     from kimideploy.services.rendering import refuse_before_contact
 
     loaded = state.project("drafter pull runs a Job on a cluster", pulls=True)
-    refuse_before_contact(loaded, [PlanRequest("pull", cluster, names[0], pull_drafters=names)])
+    pull = PlanRequest("pull", cluster, names[0], ask=PullAsk(drafters=names))
+    refuse_before_contact(loaded, [pull])
     session = open_session(loaded, cluster, context, namespace)
     done = pull_drafters(
         session, loaded, names, session.cluster, reporter=TerminalReporter(), poll_s=poll

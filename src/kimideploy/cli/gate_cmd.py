@@ -42,6 +42,7 @@ def gate(
     `up --gate`'s, and a failure to measure counts as a roll back unless gate.fail_open. With
     `--drafter none` (the non-speculative render synced) it measures and stores the baseline."""
     from kimideploy.config.drafters import NO_DRAFTER
+    from kimideploy.plan.asks import ServeAsk
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services.connection import open_session
     from kimideploy.services.gate.gating import GateOptions, judge_serving, measure_serving_baseline
@@ -51,9 +52,8 @@ def gate(
     loaded = state.project()
     session = open_session(loaded, cluster, context, namespace)
     options = GateOptions(min_speedup=min_speedup, concurrency=at_concurrency, bench_poll_s=poll)
-    request = PlanRequest(
-        workload, session.cluster, drafter or NO_DRAFTER, overrides, gate_levels=at_concurrency
-    )
+    ask = ServeAsk(gate_levels=at_concurrency)
+    request = PlanRequest(workload, session.cluster, drafter or NO_DRAFTER, overrides, ask=ask)
     if request.drafter == NO_DRAFTER:
         stored = measure_serving_baseline(
             session, loaded, request, options, reporter=TerminalReporter()

@@ -343,10 +343,11 @@ def _after_the_run(
             reporter.info(line)
     if workload != "bench":
         return None
-    from kimideploy.services.gate.gating import bench_comparison, record_bench_run
+    from kimideploy.services.gate.gating import bench_comparison, finished_bench, record_bench_run
 
-    record_bench_run(session, started, snapshot, reporter)
-    rows: list[dict[str, Any]] = bench_comparison(snapshot, chosen)
+    result = finished_bench(snapshot)
+    record_bench_run(session, started, result, reporter)
+    rows: list[dict[str, Any]] = bench_comparison(result, chosen)
     if chosen is None:
         rows = [
             {k: v for k, v in r.items() if "baseline" not in k and k != "speedup"} for r in rows

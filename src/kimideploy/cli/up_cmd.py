@@ -128,6 +128,7 @@ def up(
     output: str,
 ) -> None:
     """Deploy the serve release as a new revision, follow it to Ready, roll back if it fails."""
+    from kimideploy.plan.asks import ServeAsk
     from kimideploy.plan.model import PlanRequest
     from kimideploy.services import calibration_copies as calibrations
     from kimideploy.services.connection import open_session
@@ -164,9 +165,9 @@ def up(
         cluster_name,
         drafter,
         overrides,
-        gate_levels=at_concurrency,
-        gate_min_speedup=min_speedup,
-        canary_percent=canary_percent,
+        ask=ServeAsk(
+            gate_levels=at_concurrency, gate_min_speedup=min_speedup, canary_percent=canary_percent
+        ),
     )
     if dry_run == "client":
         offline = calibrations.offline_answers(loaded, cluster_name, namespace)
@@ -290,11 +291,12 @@ def _deploy(
     watch_after: bool,
 ) -> None:
     """The use case: a plain `up`, or a gated one; then the outcome, and the watch if asked."""
+    from kimideploy.plan.asks import ServeAsk
     from kimideploy.services.release import deploy
 
     reporter = TerminalReporter()
     verdict: Verdict | CanaryVerdict | None = None
-    if request.canary_percent is not None:
+    if request.asked(ServeAsk).canary_percent is not None:
         from kimideploy.services.release.canary import run_canary
 
         rendered = deploy.plan_up(session, loaded, request, apply.change.force)

@@ -15,25 +15,33 @@ from typing import Any
 
 from kimideploy.cluster.api import KubeApi, NotFoundError
 from kimideploy.cluster.resources import path
+from kimideploy.formats.bench_result import BenchResult
 
 RESULT_LABEL = "kimideploy.io/bench-result"
 DEFAULT_KEEP = 50
 
 
-@dataclass(frozen=True)
-class StoredBench:
-    """One bench run: where it ran, what it measured, and the result event of the bench pod."""
+@dataclass(frozen=True, kw_only=True)
+class MeasuredOn:
+    """What a bench result is labelled with: the revision it measured and the settings that make
+    two results comparable (the gate's terms, or what was serving for a manual `run bench`)."""
 
     release: str
-    run_id: str
     drafter: str
     cluster: str
     image: str
     revision: int
     serve_fingerprint: str
     bench_fingerprint: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredBench(MeasuredOn):
+    """One bench run: where it ran, what it measured, and the result event of the bench pod."""
+
+    run_id: str
     measured_at: str
-    result: dict[str, Any]
+    result: BenchResult
 
 
 def config_map_name(release: str, run_id: str) -> str:
@@ -111,15 +119,9 @@ def _read(item: dict[str, Any], release: str) -> StoredBench:
             raise TypeError(f"{name} is {type(value).__name__}, not {kind.__name__}")
     if data["release"] != release:
         raise ValueError(f"it is a result of release {data['release']!r}")
-    levels = data["result"].get("levels")
-    if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
-        raise TypeError("result.levels is not a list of levels")
-    for level in levels:
-        speed = level.get("output_tokens_per_s")
-        if isinstance(speed, bool) or not isinstance(speed, int | float) or speed < 0:
-            raise ValueError(f"a level's output_tokens_per_s is {speed!r}")
     measured_time(data["measured_at"])  # raises ValueError when it does not parse
-    return StoredBench(**{name: data[name] for name in STORED_TYPES})
+    values = {name: data[name] for name in STORED_TYPES}
+    return StoredBench(**{**values, "result": BenchResult.from_dict(data["result"])})
 
 
 STORED_TYPES: dict[str, type] = {
@@ -137,4 +139,5 @@ STORED_TYPES: dict[str, type] = {
 
 
 def _as_dict(bench: StoredBench) -> dict[str, Any]:
-    return {name: getattr(bench, name) for name in bench.__dataclass_fields__}
+    values = {name: getattr(bench, name) for name in bench.__dataclass_fields__}
+    return {**values, "result": bench.result.as_dict()}

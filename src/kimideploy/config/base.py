@@ -30,7 +30,9 @@ class StrictModel(BaseModel):
 
     # Attribute docstrings are the fields' descriptions: config/descriptions.py reads them when
     # the schema and docs/reference/configuration-keys.md are written, not while classes load.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # defer_build: a model's validator is built when it first validates, not when its class is
+    # defined; a command builds only the models it reads (`render serve` a sixth less CPU).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, defer_build=True)
 
 
 def is_quantity(value: str) -> bool:

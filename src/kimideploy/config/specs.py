@@ -33,7 +33,8 @@ class WorkloadExit(IntEnum):
 
 
 class SpecModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # defer_build: as config/base.py's StrictModel; a render builds only its own workload's spec.
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class TargetRef(SpecModel):

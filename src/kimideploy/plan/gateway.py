@@ -23,6 +23,7 @@ from kimideploy.config.clusters import GatewaySettings
 from kimideploy.errors import UsageError
 from kimideploy.formats.endpoint_picker import PICKER_CLUSTER_ROLE, PICKER_SUFFIX, picker_account
 from kimideploy.plan import pods
+from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.inputs import CANARY_SUFFIX, PlanInputs
 from kimideploy.plan.model import ObjectPlan
 
@@ -35,7 +36,7 @@ def gateway_of(ctx: PlanInputs) -> GatewaySettings | None:
 
 def canary_refusal(ctx: PlanInputs) -> UsageError | None:
     """Why this cluster cannot run a canary pool beside the serving one, or None."""
-    if ctx.canary_percent is None:
+    if ctx.asked(ServeAsk).canary_percent is None:
         return None
     gpus, serve = ctx.cluster.gpu.per_node, ctx.cluster.workloads.serve
     needed = (serve.replicas + 1) * gpus
@@ -69,12 +70,15 @@ def routing_objects(ctx: PlanInputs) -> list[ObjectPlan]:
     gateway = gateway_of(ctx)
     if gateway is None:
         return []
-    stable = dataclasses.replace(ctx, canary_percent=None)
-    pools = [stable] if ctx.canary_percent is None else [stable, ctx]
+    share = ctx.asked(ServeAsk).canary_percent
+    stable = dataclasses.replace(
+        ctx, ask=dataclasses.replace(ctx.asked(ServeAsk), canary_percent=None)
+    )
+    pools = [stable] if share is None else [stable, ctx]
     objects = [_access(stable, kind) for kind in ("serviceaccount", "rolebinding")]
     for pool in pools:
         objects += _pool(pool, gateway)
-    objects.append(_route(stable, gateway, ctx.canary_percent or 0))
+    objects.append(_route(stable, gateway, share or 0))
     return objects
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.datasets import PublishedDataset
@@ -15,9 +15,12 @@ from kimideploy.config.project import Project
 from kimideploy.config.specs import LayerSelection, TargetRef
 from kimideploy.config.target import TargetModel
 from kimideploy.errors import UsageError
+from kimideploy.plan.asks import ServeAsk, WorkloadAsk
 from kimideploy.plan.calibration import CostModel
 from kimideploy.plan.kinds import KINDS, WorkloadKind
 from kimideploy.plan.step_cost import uncalibrated
+
+AskT = TypeVar("AskT", bound=WorkloadAsk)
 
 CANARY_SUFFIX = "-canary"
 """The canary pool's objects are the release's names with this suffix; its pods' component."""
@@ -47,23 +50,20 @@ class PlanInputs:
     overrides: tuple[str, ...]
     namespace_override: str | None = None
     monitoring_crd: bool | None = None
-    bench_concurrency: tuple[int, ...] | None = None
-    gate_levels: tuple[int, ...] | None = None
-    gate_min_speedup: float | None = None
+    ask: WorkloadAsk | None = None
+    """The request's ask of the workload's kind (read through `asked`)."""
     synthetic_k: int | None = None
     synthetic_lengths: tuple[float, ...] = ()
-    publish_to: str | None = None
-    publish_dataset: str | None = None
     costs: CostModel | None = None
     costs_note: str = ""
     """Why a stored calibration was not used (empty when it was, or when there was none)."""
     model_free: ModelFreeMethod | None = None
     """The model-free method (ngram, suffix) named instead of a drafter."""
-    replay_drafters: tuple[str, ...] = ()
-    replay_prompts: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = ()
-    pull_drafters: tuple[str, ...] = ()
-    canary_percent: int | None = None
-    """serve: the canary's share of the route (the objects are the canary pool's)."""
+
+    def asked(self, kind: type[AskT]) -> AskT:
+        """The request's ask when it is a `kind`, else that kind's defaults: a serve plan reads
+        its canary share the same way whether or not one was asked."""
+        return self.ask if isinstance(self.ask, kind) else kind()
 
     @property
     def kind(self) -> WorkloadKind:
@@ -99,13 +99,15 @@ class PlanInputs:
         run is a new, immutable object."""
         if self.run_id is not None:
             return f"{self.release}-{self.run_id}"
-        return self.release if self.canary_percent is None else f"{self.release}{CANARY_SUFFIX}"
+        canary = self.asked(ServeAsk).canary_percent is not None
+        return f"{self.release}{CANARY_SUFFIX}" if canary else self.release
 
     @property
     def component(self) -> str:
         """The component label pods are selected by: a canary's pods are not the release's
         (neither its Deployment, its Service nor `watch` may take them)."""
-        return self.workload if self.canary_percent is None else f"{self.workload}{CANARY_SUFFIX}"
+        canary = self.asked(ServeAsk).canary_percent is not None
+        return f"{self.workload}{CANARY_SUFFIX}" if canary else self.workload
 
     def claim_name(self, claim: str) -> str:
         return f"{self.project.name}-{claim.replace('_', '-')}"
@@ -132,13 +134,13 @@ class PlanInputs:
 
 def gated_levels(ctx: PlanInputs) -> list[int]:
     """The concurrencies the gate decides at for this plan."""
-    return gate_levels(ctx.cluster, ctx.gate_levels)
+    return gate_levels(ctx.cluster, ctx.asked(ServeAsk).gate_levels)
 
 
 def gate_threshold(ctx: PlanInputs) -> float:
     """The speedup the gate keeps a drafter at: `--min-speedup` when given, else the cluster's
     gate.min_speedup."""
-    given = ctx.gate_min_speedup
+    given = ctx.asked(ServeAsk).gate_min_speedup
     return ctx.cluster.gate.min_speedup if given is None else given
 
 

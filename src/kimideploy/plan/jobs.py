@@ -26,6 +26,7 @@ from kimideploy.config.specs import (
 from kimideploy.config.workloads import DatagenSettings, WorkloadSettings
 from kimideploy.errors import ConfigError, UsageError
 from kimideploy.plan import online, pods, publish, replay
+from kimideploy.plan.asks import BenchAsk
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
 from kimideploy.plan.data_layout import data_dirs, dataset_fingerprints, published_conversations
 from kimideploy.plan.inputs import (
@@ -254,7 +255,7 @@ def train_depth(ttt_steps: int | None, drafter: Drafter) -> int:
 def bench_spec(ctx: PlanInputs, run_id: str) -> BenchSpec:
     settings = ctx.cluster.workloads.bench
     endpoint = serve_endpoint(ctx)
-    concurrency = ctx.bench_concurrency or settings.concurrency
+    concurrency = ctx.asked(BenchAsk).concurrency or settings.concurrency
     return spec_from(
         BenchSpec,
         settings,

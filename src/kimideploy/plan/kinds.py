@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kimideploy.config.workload_names import WORKLOAD_NAMES
+from kimideploy.plan.asks import BenchAsk, PublishAsk, PullAsk, ReplayAsk, ServeAsk, WorkloadAsk
 
 FEATURES = "features"
 """In `reads`: what training learns from, the stored hidden states, or the conversations the
@@ -64,6 +65,9 @@ class WorkloadKind:
     """backoffLimitPerIndex: how often one index is retried."""
     pulls: Literal["served", "replayed", "pulled", "base", "none"] = "none"
     """Which drafters its first init container pulls from the registry (published ones only)."""
+    ask: type[WorkloadAsk] | None = None
+    """What a request of this kind may ask besides the common fields (plan/asks.py); None:
+    nothing."""
 
 
 _REPLAY_REFUSAL = (
@@ -143,6 +147,7 @@ KINDS: dict[str, WorkloadKind] = {
         ),
         WorkloadKind(
             name="bench",
+            ask=BenchAsk,
             images=("bench",),
             settings="bench",
             measures_serving=True,
@@ -150,6 +155,7 @@ KINDS: dict[str, WorkloadKind] = {
         ),
         WorkloadKind(
             name="publish",
+            ask=PublishAsk,
             images=("publish", "vocab"),  # a CPU image that has the ORAS CLI
             settings="publish",
             default_drafter="train drafter",
@@ -160,6 +166,7 @@ KINDS: dict[str, WorkloadKind] = {
         ),
         WorkloadKind(
             name="replay",
+            ask=ReplayAsk,
             # The judgement; the capture container names its own image.
             images=("train",),
             settings="extract",  # the capture runs in the extraction's shape
@@ -174,6 +181,7 @@ KINDS: dict[str, WorkloadKind] = {
         ),
         WorkloadKind(
             name="pull",
+            ask=PullAsk,
             images=("serve",),  # what the serve pod's own artifact-pull runs on
             settings="publish",  # it moves an artifact between the registry and a volume
             default_drafter="pulled",
@@ -193,6 +201,7 @@ KINDS: dict[str, WorkloadKind] = {
         ),
         WorkloadKind(
             name="serve",
+            ask=ServeAsk,
             release=True,
             images=("serve",),
             settings="serve",

@@ -9,17 +9,10 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.project import release_name
 from kimideploy.config.specs import WorkloadSpec
 from kimideploy.formats.check_result import CheckResult
+from kimideploy.plan.asks import PullAsk, WorkloadAsk
 from kimideploy.plan.calibration import Calibration
+from kimideploy.plan.inputs import AskT
 from kimideploy.plan.kinds import KINDS
-
-
-@dataclass(frozen=True)
-class SyntheticAcceptance:
-    """`run calibrate`: serve with k drafts accepted at synthetic lengths (the first at start-up,
-    the others set by the bench between passes), and bench every length."""
-
-    num_speculative_tokens: int
-    acceptance_lengths: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -31,30 +24,19 @@ class PlanRequest:
     drafter: str | None = None
     overrides: tuple[str, ...] = ()
     run_id: str | None = None
-    image: str | None = None
-    """serve: another image of role serve than the cluster's (`run calibrate --image`)."""
-    synthetic: SyntheticAcceptance | None = None
-    bench_concurrency: tuple[int, ...] | None = None
-    """bench: the concurrency levels to measure instead of the cluster's (the gate's levels)."""
-    gate_levels: tuple[int, ...] | None = None
-    """The gate's levels instead of the cluster's (`--at-concurrency`): the break-even the plan
-    shows and the gate decides at."""
-    gate_min_speedup: float | None = None
-    """The gate's threshold instead of the cluster's (`--min-speedup`): what the plan's gate line
-    and predictions are judged against, as the gate itself is."""
-    publish_to: str | None = None
-    """publish: the repository to push to instead of the registry's <repository>/drafters/NAME."""
-    publish_dataset: str | None = None
-    """publish: push the cluster's pipeline conversations as this dataset (`data publish`)."""
-    replay_drafters: tuple[str, ...] = ()
-    """replay: the drafters judged (`drafter doctor A B`); empty: the one named by `drafter`."""
-    replay_prompts: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = ()
-    """replay: (name, rows) of the user's prompt sets ({id, messages[, tools]} rows)."""
-    pull_drafters: tuple[str, ...] = ()
-    """pull: the published drafters fetched onto the cluster's models volume."""
-    canary_percent: int | None = None
-    """serve: render the drafter as a canary pool taking this share of the route's traffic
-    beside the serving pool (`up serve --canary`), instead of as the release itself."""
+    ask: WorkloadAsk | None = None
+    """What the workload's own kind asks besides (plan/asks.py; plan/kinds.py names the type each
+    kind takes); None: nothing beyond the config's defaults."""
+
+    def asked(self, kind: type[AskT]) -> AskT:
+        """The ask when it is a `kind`, else that kind's defaults."""
+        return self.ask if isinstance(self.ask, kind) else kind()
+
+
+def pull_ask(workload: str, drafters: tuple[str, ...]) -> PullAsk | None:
+    """The published drafters as a pull's ask; None for the kinds that ask none of it (a loop
+    over every workload renders each with what it takes)."""
+    return PullAsk(drafters=drafters) if KINDS[workload].ask is PullAsk else None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ config and the rendered manifests only name them."""
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from kimideploy.config.drafters import Drafter, to_vllm_layer_ids
@@ -19,6 +18,7 @@ from kimideploy.config.specs import (
 )
 from kimideploy.errors import UsageError
 from kimideploy.plan import pods
+from kimideploy.plan.asks import PublishAsk, PullAsk, ReplayAsk
 from kimideploy.plan.data_layout import data_dirs, data_flow, published_conversations
 from kimideploy.plan.inputs import (
     DATASETS_MOUNT,
@@ -98,8 +98,9 @@ def artifact_annotations(ctx: PlanInputs, drafter: Drafter) -> dict[str, str]:
 
 
 def publish_spec(ctx: PlanInputs, run_id: str, to: str | None) -> PublishSpec:
-    if ctx.publish_dataset is not None:
-        return _dataset_spec(ctx, run_id, ctx.publish_dataset, to)
+    dataset = ctx.asked(PublishAsk).dataset
+    if dataset is not None:
+        return _dataset_spec(ctx, run_id, dataset, to)
     drafter = ctx.drafter
     if drafter is None:
         raise UsageError("publish needs a drafter: `kimideploy drafter publish NAME --cluster C`")
@@ -169,9 +170,9 @@ def pulls(ctx: PlanInputs) -> list[PulledArtifact]:
     if pulls == "served" and ctx.drafter is not None:
         names.append(ctx.drafter_name)
     if pulls == "replayed":
-        names += list(ctx.replay_drafters or (ctx.drafter_name,))
+        names += list(ctx.asked(ReplayAsk).drafters or (ctx.drafter_name,))
     if pulls == "pulled":
-        names += list(ctx.pull_drafters or (ctx.drafter_name,))
+        names += list(ctx.asked(PullAsk).drafters or (ctx.drafter_name,))
     if pulls == "base" and base:
         names.append(base)
     for name in names:
@@ -251,6 +252,10 @@ def pull_volumes(ctx: PlanInputs, artifacts: list[PulledArtifact]) -> list[dict[
 
 
 def _version() -> str:
+    # Imported here: importlib.metadata (with zipfile, csv and email) is a tenth of every
+    # command's start-up, and only a publish or pull plan reads the installed version.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("kimideploy")
     except PackageNotFoundError:

@@ -22,6 +22,7 @@ from kimideploy.config.specs import SPEC_PATH, ReplayDrafter, ReplayPromptSet, R
 from kimideploy.errors import UsageError
 from kimideploy.formats import extraction_engine
 from kimideploy.plan import pods
+from kimideploy.plan.asks import ReplayAsk
 from kimideploy.plan.inputs import HIDDEN_STATES_MOUNT, PlanInputs, drafter_path
 
 CAPTURE_CONTAINER = "replay-capture"
@@ -31,7 +32,7 @@ MAX_PROMPTS = 512
 
 
 def replay_drafters(ctx: PlanInputs) -> tuple[str, ...]:
-    return ctx.replay_drafters or (ctx.drafter_name,)
+    return ctx.asked(ReplayAsk).drafters or (ctx.drafter_name,)
 
 
 def capture_image(ctx: PlanInputs) -> tuple[str, Image, str]:
@@ -95,7 +96,7 @@ def replay_spec(ctx: PlanInputs, run_id: str) -> ReplaySpec:
                 num_speculative_tokens=drafter.num_speculative_tokens,
             )
         )
-    if sum(len(rows) for _, rows in ctx.replay_prompts) > MAX_PROMPTS:
+    if sum(len(rows) for _, rows in ctx.asked(ReplayAsk).prompts) > MAX_PROMPTS:
         raise UsageError(
             f"--prompts: more than {MAX_PROMPTS} prompts; they travel in the Job's spec",
             hint=f"pass a sample of at most {MAX_PROMPTS} (they are answered on the GPUs)",
@@ -123,7 +124,8 @@ def replay_spec(ctx: PlanInputs, run_id: str) -> ReplaySpec:
         layer_ids=ids,
         drafters=drafters,
         prompt_sets=[
-            ReplayPromptSet(name=name, rows=list(rows)) for name, rows in ctx.replay_prompts
+            ReplayPromptSet(name=name, rows=list(rows))
+            for name, rows in ctx.asked(ReplayAsk).prompts
         ],
         max_tokens=max_tokens,
         dtype=settings.dtype,

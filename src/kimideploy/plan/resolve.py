@@ -32,6 +32,7 @@ from kimideploy.plan import (
     stack,
     weights,
 )
+from kimideploy.plan.asks import BenchAsk, PublishAsk, PullAsk, ServeAsk, SyntheticAcceptance
 from kimideploy.plan.calibration import Calibration, CostModel, MeasuredCost
 from kimideploy.plan.claims import HiddenStateEstimate, claim_objects, estimate_hidden_states
 from kimideploy.plan.drafter_judgement import (
@@ -123,6 +124,7 @@ def _plan_inputs(
     project = apply_overrides(project, cluster_name, request.overrides)
     cluster = project.clusters[cluster_name]
     kind = KINDS[request.workload]
+    _check_ask(request, kind)
     drafter_name = _drafter_name(project, cluster_name, request, kind)
     image_name = _image_name(project, cluster_name, request, kind)
     run_id = None
@@ -145,22 +147,14 @@ def _plan_inputs(
         overrides=request.overrides,
         namespace_override=answers.namespace,
         monitoring_crd=answers.monitoring_crd,
-        bench_concurrency=request.bench_concurrency,
-        gate_levels=request.gate_levels,
-        gate_min_speedup=request.gate_min_speedup,
-        publish_to=request.publish_to,
-        publish_dataset=request.publish_dataset,
-        replay_drafters=request.replay_drafters,
-        replay_prompts=request.replay_prompts,
-        pull_drafters=request.pull_drafters,
-        canary_percent=request.canary_percent,
+        ask=request.ask,
     )
     _check_method_on_image(ctx)
     _check_capacity(ctx)
     refusal = gateway.canary_refusal(ctx)
     if refusal is not None:
         raise refusal
-    if request.synthetic is not None:
+    if _synthetic(request) is not None:
         ctx = _with_synthetic(ctx, request)
     costs, note = _cost_model(ctx, answers.calibrations)
     return dataclasses.replace(ctx, costs=costs, costs_note=note)
@@ -178,17 +172,31 @@ def serve_cost_model(
 
 
 def _image_name(project: Project, cluster: str, request: PlanRequest, kind: WorkloadKind) -> str:
-    if request.image is None:
+    asked = request.ask.image if isinstance(request.ask, ServeAsk) else None
+    if asked is None:
         images = project.clusters[cluster].images
         return next(str(name) for entry in kind.images if (name := getattr(images, entry)))
     serving = sorted(n for n, image in project.images.items() if image.role == SERVE_ROLE)
-    if not kind.release or request.image not in serving:
+    if asked not in serving:
         raise UsageError(
-            f"--image: '{request.image}' is not a serve image of this project "
+            f"--image: '{asked}' is not a serve image of this project "
             f"(serve images: {', '.join(serving)})",
             hint="images are defined under 'images:' with role: serve",
         )
-    return request.image
+    return asked
+
+
+def _synthetic(request: PlanRequest) -> SyntheticAcceptance | None:
+    """`run calibrate`'s synthetic acceptance: asked of its serve revision and of its bench."""
+    return request.ask.synthetic if isinstance(request.ask, ServeAsk | BenchAsk) else None
+
+
+def _check_ask(request: PlanRequest, kind: WorkloadKind) -> None:
+    if request.ask is not None and (kind.ask is None or not isinstance(request.ask, kind.ask)):
+        raise TypeError(
+            f"a {type(request.ask).__name__} is not what workload {kind.name} takes "
+            f"({kind.ask.__name__ if kind.ask else 'no ask'})"
+        )
 
 
 def _serve_view(ctx: PlanInputs) -> PlanInputs:
@@ -286,7 +294,7 @@ def _check_method_on_image(ctx: PlanInputs) -> None:
 def _with_synthetic(ctx: PlanInputs, request: PlanRequest) -> PlanInputs:
     """Checked here, before anything is created: a drafter, lengths vLLM accepts for k, and (on
     serve) an image whose vLLM has synthetic rejection sampling."""
-    synthetic = request.synthetic
+    synthetic = _synthetic(request)
     assert synthetic is not None
     k = synthetic.num_speculative_tokens
     if ctx.drafter is None:
@@ -356,7 +364,8 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest, kind: Wo
 
 def _pulled_drafters(project: Project, request: PlanRequest) -> tuple[str, ...]:
     """pull fetches drafters pinned by digest; anything else is refused before a Job starts."""
-    names = request.pull_drafters or ((request.drafter,) if request.drafter else ())
+    asked = request.ask.drafters if isinstance(request.ask, PullAsk) else ()
+    names = asked or ((request.drafter,) if request.drafter else ())
     if not names:
         raise UsageError("pull needs a drafter: `kimideploy drafter pull NAME --cluster C`")
     for name in names:
@@ -387,7 +396,9 @@ SPEC_BUILDERS: dict[str, Callable[[PlanInputs, str, HiddenStateEstimate], Worklo
     "vocab": lambda ctx, run_id, estimate: jobs.vocab_spec(ctx, run_id),
     "train": lambda ctx, run_id, estimate: jobs.train_spec(ctx, run_id),
     "bench": lambda ctx, run_id, estimate: jobs.bench_spec(ctx, run_id),
-    "publish": lambda ctx, run_id, estimate: publish.publish_spec(ctx, run_id, ctx.publish_to),
+    "publish": lambda ctx, run_id, estimate: publish.publish_spec(
+        ctx, run_id, ctx.asked(PublishAsk).to
+    ),
     "replay": lambda ctx, run_id, estimate: replay.replay_spec(ctx, run_id),
     "pull": lambda ctx, run_id, estimate: PullSpec(
         run_id=run_id, cluster=ctx.cluster_name, target=ctx.target_ref()
@@ -644,6 +655,14 @@ def _inputs(ctx: PlanInputs, request: PlanRequest) -> dict[str, Any]:
             if ctx.synthetic_k is not None
             else {}
         ),
-        **({"bench_concurrency": list(ctx.bench_concurrency)} if ctx.bench_concurrency else {}),
-        **({"canary_percent": ctx.canary_percent} if ctx.canary_percent is not None else {}),
+        **(
+            {"bench_concurrency": list(levels)}
+            if (levels := ctx.asked(BenchAsk).concurrency)
+            else {}
+        ),
+        **(
+            {"canary_percent": share}
+            if (share := ctx.asked(ServeAsk).canary_percent) is not None
+            else {}
+        ),
     }

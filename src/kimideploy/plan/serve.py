@@ -31,6 +31,7 @@ from kimideploy.formats.drafter_swap import (
 )
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import pods, publish
+from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.claims import workload_claims
 from kimideploy.plan.dashboard import dashboard_object
 from kimideploy.plan.inputs import PlanInputs, drafter_path, is_speculative, target_model_path
@@ -385,7 +386,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
         **common,
         "annotations": pods.object_annotations(ctx),
         # A canary is one pod: the share of the route it takes is what is judged, not its size.
-        "replicas": serve.replicas if ctx.canary_percent is None else 1,
+        "replicas": serve.replicas if ctx.asked(ServeAsk).canary_percent is None else 1,
         "selector": pods.selector_labels(ctx),
         "strategy": strategy,
         # The Deployment must not declare failure while a replica is still inside its load budget.

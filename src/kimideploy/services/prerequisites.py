@@ -35,7 +35,7 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
 from kimideploy.errors import ClusterError, KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.paths import repository_root
-from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.model import PlanRequest, pull_ask
 from kimideploy.services.rendering import render_workload
 
 DOCKER_CONFIG_KEY = ".dockerconfigjson"
@@ -88,7 +88,7 @@ def cluster_objects(loaded: LoadedProject, cluster: str) -> list[dict[str, Any]]
             continue
         drafters = [NO_DRAFTER, *sorted(project.drafters)] if workload == "serve" else [None]
         for drafter in drafters:
-            request = PlanRequest(workload, cluster, drafter, pull_drafters=published)
+            request = PlanRequest(workload, cluster, drafter, ask=pull_ask(workload, published))
             try:
                 objects += render_workload(loaded, request).objects
             except (MethodNotServedError, UsageError):

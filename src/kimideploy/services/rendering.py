@@ -15,7 +15,7 @@ from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
 from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
 from kimideploy.errors import EXIT_CODE_MEANINGS, KimiDeployError, MethodNotServedError, UsageError
-from kimideploy.plan.model import OFFLINE, ClusterAnswers, Plan, PlanRequest
+from kimideploy.plan.model import OFFLINE, ClusterAnswers, Plan, PlanRequest, pull_ask
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.plan.resolve import resolve
 from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
@@ -96,7 +96,9 @@ def golden_files(config: Path) -> dict[Path, str]:
             for drafter in drafters:
                 name = workload if drafter is None else f"{workload}-{drafter}"
                 try:
-                    request = PlanRequest(workload, cluster, drafter, pull_drafters=published)
+                    request = PlanRequest(
+                        workload, cluster, drafter, ask=pull_ask(workload, published)
+                    )
                     rendered = render_workload(loaded, request)
                 except MethodNotServedError:
                     continue

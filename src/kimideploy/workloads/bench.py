@@ -22,10 +22,12 @@ import random
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
+from kimideploy.formats.bench_result import BenchLevel, BenchResult
 from kimideploy.formats.prompts import PromptFileError, load_prompts
 from kimideploy.formats.vllm_metrics import acceptance, from_requests, parse_with_client
 from kimideploy.workloads.runtime import (
@@ -151,7 +153,7 @@ def scrape(url: str) -> str | None:
         return None
 
 
-def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any]:
+def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> BenchLevel:
     prompts = spec_prompts(spec, prompt_set)
     before = scrape(spec.metrics_url)
     start = time.perf_counter()
@@ -170,27 +172,27 @@ def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> dict[str, Any
     # Every request's own figures, or none: a mix would weigh the reporting requests only.
     accepted = from_requests(own) if done and len(own) == len(done) else counted
     source = "requests" if accepted is not None and accepted is not counted else None
-    return {
-        "prompt_set": prompt_set,
-        "concurrency": concurrency,
-        "requests": len(results),
-        "failed": len(results) - len(done),
-        "output_tokens": tokens,
-        "seconds": round(wall, 3),
-        "output_tokens_per_s": round(tokens / wall, 3) if wall else 0.0,
-        "ttft_p50_s": percentile(ttfts, 50),
-        "ttft_p99_s": percentile(ttfts, 99),
-        "tpot_p50_s": percentile(tpots, 50),
-        "tpot_p99_s": percentile(tpots, 99),
+    return BenchLevel(
+        prompt_set=prompt_set,
+        concurrency=concurrency,
+        requests=len(results),
+        failed=len(results) - len(done),
+        output_tokens=tokens,
+        seconds=round(wall, 3),
+        output_tokens_per_s=round(tokens / wall, 3) if wall else 0.0,
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p99_s=percentile(ttfts, 99),
+        tpot_p50_s=percentile(tpots, 50),
+        tpot_p99_s=percentile(tpots, 99),
         # requests: each response's own acceptance; scraped: /metrics over the level's window.
-        "metrics": source or ("scraped" if scraped else "unavailable"),
-        "acceptance_rate": accepted.rate if accepted else None,
-        "mean_acceptance_length": accepted.mean_acceptance_length if accepted else None,
-        "per_position_acceptance": list(accepted.per_position_rate) if accepted else None,
-        "per_position_basis": accepted.per_position_basis if accepted else None,
-        "scraped_acceptance_rate": counted.rate if counted else None,
-        "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
-    }
+        metrics=source or ("scraped" if scraped else "unavailable"),
+        acceptance_rate=accepted.rate if accepted else None,
+        mean_acceptance_length=accepted.mean_acceptance_length if accepted else None,
+        per_position_acceptance=tuple(accepted.per_position_rate) if accepted else None,
+        per_position_basis=accepted.per_position_basis if accepted else None,
+        scraped_acceptance_rate=counted.rate if counted else None,
+        errors=tuple(sorted({r["error"] for r in results if not r["ok"]})[:3]),
+    )
 
 
 def load_baseline(baseline_path: str | None) -> dict[tuple[str, int], float] | None:
@@ -209,16 +211,18 @@ def load_baseline(baseline_path: str | None) -> dict[tuple[str, int], float] | N
 
 
 def with_baseline(
-    levels: list[dict[str, Any]], base: dict[tuple[str, int], float] | None
-) -> list[dict[str, Any]]:
+    levels: list[BenchLevel], base: dict[tuple[str, int], float] | None
+) -> list[BenchLevel]:
     if not base:
         return levels
+    compared = []
     for level in levels:
-        tokens_per_s = base.get((level["prompt_set"], level["concurrency"]))
+        tokens_per_s = base.get(level.key)
         if tokens_per_s:
-            level["baseline_tokens_per_s"] = tokens_per_s
-            level["speedup"] = round(level["output_tokens_per_s"] / tokens_per_s, 4)
-    return levels
+            speedup = round(level.output_tokens_per_s / tokens_per_s, 4)
+            level = replace(level, baseline_tokens_per_s=tokens_per_s, speedup=speedup)
+        compared.append(level)
+    return compared
 
 
 def _post(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -250,7 +254,7 @@ def set_synthetic_acceptance(sweep: SyntheticSweep, length: float) -> list[float
 
 def run(spec: BenchSpec) -> int:
     baseline = load_baseline(spec.baseline_path)
-    levels: list[dict[str, Any]] = []
+    levels: list[BenchLevel] = []
     passes: list[float | None] = (
         list(spec.synthetic.acceptance_lengths) if spec.synthetic else [None]
     )
@@ -263,8 +267,9 @@ def run(spec: BenchSpec) -> int:
             for concurrency in spec.concurrency:
                 level = measure(spec, prompt_set, concurrency)
                 if rates is not None:
-                    level["synthetic_acceptance_length"] = length
-                    level["synthetic_rates"] = rates
+                    level = replace(
+                        level, synthetic_acceptance_length=length, synthetic_rates=tuple(rates)
+                    )
                 levels.append(level)
                 emit(
                     {
@@ -278,25 +283,25 @@ def run(spec: BenchSpec) -> int:
                     }
                 )
     levels = with_baseline(levels, baseline)
-    result = {
-        "run_id": spec.run_id,
-        "drafter": spec.drafter,
-        "endpoint": spec.endpoint,
-        "model": spec.target.served_name,
-        "max_tokens": spec.max_tokens,
-        "levels": levels,
-        "baseline": spec.baseline_path,
-        "num_speculative_tokens": spec.synthetic.num_speculative_tokens if spec.synthetic else None,
-    }
+    result = BenchResult(
+        levels=tuple(levels),
+        run_id=spec.run_id,
+        drafter=spec.drafter,
+        endpoint=spec.endpoint,
+        model=spec.target.served_name,
+        max_tokens=spec.max_tokens,
+        baseline=spec.baseline_path,
+        num_speculative_tokens=spec.synthetic.num_speculative_tokens if spec.synthetic else None,
+    ).as_dict()
     out = Path(spec.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "result.json", json.dumps(result, indent=2, sort_keys=True).encode())
     emit({"event": "result", "stage": "bench", **result})
     for level in levels:
-        throughput = f"{level['output_tokens_per_s']:>9.1f} tok/s"
+        throughput = f"{level.output_tokens_per_s:>9.1f} tok/s"
         log(
-            f"{level['prompt_set']:9} c={level['concurrency']:<4} {throughput}  "
-            f"TTFT p50 {level['ttft_p50_s']}  TPOT p50 {level['tpot_p50_s']}  "
-            f"acceptance {level['acceptance_rate']}  speedup {level.get('speedup')}"
+            f"{level.prompt_set:9} c={level.concurrency:<4} {throughput}  "
+            f"TTFT p50 {level.ttft_p50_s}  TPOT p50 {level.tpot_p50_s}  "
+            f"acceptance {level.acceptance_rate}  speedup {level.speedup}"
         )
-    return EXIT_OK if any(level["output_tokens"] for level in levels) else EXIT_FAILED
+    return EXIT_OK if any(level.output_tokens for level in levels) else EXIT_FAILED

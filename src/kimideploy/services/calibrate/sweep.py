@@ -21,7 +21,6 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
 
 from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.records import ReleaseRecord
@@ -29,6 +28,8 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.formats.bench_result import BenchResult
+from kimideploy.plan.asks import ServeAsk, SyntheticAcceptance
 from kimideploy.plan.calibration import (
     DEFAULT_KS,
     DEFAULT_LENGTHS,
@@ -36,7 +37,7 @@ from kimideploy.plan.calibration import (
     Point,
     lengths_for,
 )
-from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.model import PlanRequest
 from kimideploy.services.gate.gating import (
     GateOptions,
     GateRun,
@@ -95,10 +96,7 @@ class CalibrationPlan:
         load_s = loads * self.startup_budget_s
         bench = f"{passes * per_pass} bench levels ({per_pass} per acceptance length)"
         if baseline is not None:
-            rates = {
-                (lv["prompt_set"], int(lv["concurrency"])): lv["output_tokens_per_s"]
-                for lv in baseline.result.get("levels", [])
-            }
+            rates = {lv.key: lv.output_tokens_per_s for lv in baseline.result.levels}
             tokens = self.num_prompts * self.max_tokens
             level_s = sum(tokens / rates[key] for key in self.gate.needed if rates.get(key))
             bench += f", about {_minutes(level_s * passes)} at the baseline's tokens/s"
@@ -149,12 +147,14 @@ def calibration_requests(
             cluster,
             drafter,
             overrides,
-            image=options.image,
-            synthetic=SyntheticAcceptance(k, lengths_for(k, options.lengths)),
+            ask=ServeAsk(
+                image=options.image,
+                synthetic=SyntheticAcceptance(k, lengths_for(k, options.lengths)),
+            ),
         )
         for k in sorted(set(options.ks))
     }
-    base = PlanRequest("serve", cluster, NO_DRAFTER, overrides, image=options.image)
+    base = PlanRequest("serve", cluster, NO_DRAFTER, overrides, ask=ServeAsk(image=options.image))
     return drafter, requests, base
 
 
@@ -387,7 +387,7 @@ def _measure_k(
         plan.cluster,
         plan.drafter,
         tuple(plan.revisions[k].plan.inputs["overrides"]),
-        synthetic=SyntheticAcceptance(k, plan.lengths[k]),
+        ask=ServeAsk(synthetic=SyntheticAcceptance(k, plan.lengths[k])),
     )
     try:
         stored = bench_revision(sweep.gate_run(), request, revision)
@@ -415,28 +415,27 @@ def _measure_k(
     )
 
 
-def points_from(k: int, result: dict[str, Any], baseline: dict[str, Any]) -> list[Point]:
+def points_from(k: int, result: BenchResult, baseline: BenchResult) -> list[Point]:
     """The bench's synthetic levels, each over the baseline's level of the same prompt set and
     concurrency; levels that failed or have no baseline are left out."""
-    base = {(lv["prompt_set"], int(lv["concurrency"])): lv for lv in baseline.get("levels", [])}
+    base = baseline.by_key()
     points = []
-    for level in result.get("levels", []):
-        key = (level.get("prompt_set"), int(level.get("concurrency", 0)))
-        plain = base.get(key)
-        requested = level.get("synthetic_acceptance_length")
-        if plain is None or requested is None or not level.get("output_tokens_per_s"):
+    for level in result.levels:
+        plain = base.get(level.key)
+        requested = level.synthetic_acceptance_length
+        if plain is None or requested is None or not level.output_tokens_per_s:
             continue
-        if not plain.get("output_tokens_per_s"):
+        if not plain.output_tokens_per_s:
             continue
         points.append(
             Point(
                 k=k,
-                concurrency=key[1],
-                prompt_set=str(key[0]),
-                requested_length=float(requested),
-                measured_length=level.get("mean_acceptance_length"),
-                tokens_per_s=float(level["output_tokens_per_s"]),
-                baseline_tokens_per_s=float(plain["output_tokens_per_s"]),
+                concurrency=level.concurrency,
+                prompt_set=level.prompt_set,
+                requested_length=requested,
+                measured_length=level.mean_acceptance_length,
+                tokens_per_s=level.output_tokens_per_s,
+                baseline_tokens_per_s=plain.output_tokens_per_s,
             )
         )
     return points

@@ -15,6 +15,7 @@ from kimideploy.config import yaml_edit
 from kimideploy.config.fingerprints import fingerprint_id
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError
+from kimideploy.plan.asks import PublishAsk
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import batch_runs
@@ -41,7 +42,8 @@ def publish_dataset(
     poll_s: float = 2.0,
     overrides: tuple[str, ...] = (),
 ) -> PublishedData:
-    request = PlanRequest("publish", cluster, None, overrides, publish_to=to, publish_dataset=name)
+    ask = PublishAsk(to=to, dataset=name)
+    request = PlanRequest("publish", cluster, None, overrides, ask=ask)
     result = batch_runs.publish_result(session, loaded, request, reporter, poll_s=poll_s)
     return pin_dataset(loaded.path, name, cluster, result)
 

@@ -11,8 +11,10 @@ from typing import Any
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import KimiDeployError, UsageError
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.formats.prompts import PromptFileError, load_prompts
 from kimideploy.formats.vllm_metrics import BASIS_BY_LENGTH, conditional_rates
+from kimideploy.plan.asks import ReplayAsk
 from kimideploy.plan.drafter_doctor import Diagnosis, DoctorInputs, Measured, diagnose
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import serve_cost_model
@@ -62,7 +64,8 @@ def run_replay(
     poll_s: float = 2.0,
 ) -> ReplayOutcome:
     sets = ((USER_PROMPTS, prompts),) if prompts else ()
-    request = PlanRequest("replay", cluster, names[0], replay_drafters=names, replay_prompts=sets)
+    ask = ReplayAsk(drafters=names, prompts=sets)
+    request = PlanRequest("replay", cluster, names[0], ask=ask)
     started = batch_runs.start_run(session, loaded, request, reporter)
     # The capture on the serving engine, then the judgement on one GPU: two Jobs in turn.
     job = started.job
@@ -100,22 +103,19 @@ def measured(
     return None
 
 
-def measured_from_bench(result: dict[str, Any], concurrency: int, label: str) -> Measured | None:
+def measured_from_bench(result: BenchResult, concurrency: int, label: str) -> Measured | None:
     """A bench result's level at `concurrency` (else its lowest) as the doctor reads it."""
-    levels = [
-        lv for lv in result.get("levels") or [] if lv.get("mean_acceptance_length") is not None
-    ]
-    if not levels:
+    counted = [lv for lv in result.levels if lv.mean_acceptance_length is not None]
+    if not counted:
         return None
-    level = min(
-        levels, key=lambda lv: (lv.get("concurrency") != concurrency, lv.get("concurrency", 0))
-    )
-    rates = [float(r) for r in level.get("per_position_acceptance") or []]
-    by_length = level.get("per_position_basis") == BASIS_BY_LENGTH
+    level = min(counted, key=lambda lv: (lv.concurrency != concurrency, lv.concurrency))
+    assert level.mean_acceptance_length is not None
+    rates = list(level.per_position_acceptance or ())
+    by_length = level.per_position_basis == BASIS_BY_LENGTH
     return Measured(
-        float(level["mean_acceptance_length"]),
+        level.mean_acceptance_length,
         rates if by_length else conditional_rates(rates),
-        f"{label} ({level.get('prompt_set')}, c={level.get('concurrency')})",
+        f"{label} ({level.prompt_set}, c={level.concurrency})",
     )
 
 

@@ -16,6 +16,7 @@ from kimideploy.config import yaml_edit
 from kimideploy.config.drafters import held_out_from_lineage
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError
+from kimideploy.plan.asks import PublishAsk
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import batch_runs
@@ -42,7 +43,7 @@ def publish_drafter(
     poll_s: float = 2.0,
     overrides: tuple[str, ...] = (),
 ) -> Published:
-    request = PlanRequest("publish", cluster, name, overrides, publish_to=to)
+    request = PlanRequest("publish", cluster, name, overrides, ask=PublishAsk(to=to))
     result = batch_runs.publish_result(session, loaded, request, reporter, poll_s=poll_s)
     return pin_published(loaded.path, name, result)
 

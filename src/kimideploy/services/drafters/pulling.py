@@ -14,6 +14,7 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import Project
 from kimideploy.errors import KimiDeployError
+from kimideploy.plan.asks import PullAsk
 from kimideploy.plan.model import PlanRequest
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import batch_runs
@@ -45,7 +46,7 @@ def pull_drafters(
     poll_s: float = 2.0,
 ) -> list[PulledDrafter]:
     """Run the pull Job to its end; each drafter's reference and where it now is."""
-    request = PlanRequest("pull", cluster, names[0], pull_drafters=names)
+    request = PlanRequest("pull", cluster, names[0], ask=PullAsk(drafters=names))
     started = batch_runs.start_run(session, loaded, request, reporter)
     snapshot = batch_runs.follow_run(session, started.job, started.run_id, reporter, poll_s=poll_s)
     result = batch_runs.run_results(snapshot).get("0")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.formats.bench_result import BenchResult
 from kimideploy.plan.calibration import CostModel
 from kimideploy.plan.k_schedule import choose_schedule
 from kimideploy.services.gate.verdict import GateMeasurementError, check_measured, judge
@@ -61,7 +62,7 @@ class Bakeoff:
 
 
 def bakeoff(
-    results: dict[str, dict[str, Any]],
+    results: dict[str, BenchResult],
     needed: list[tuple[str, int]],
     min_speedup: float,
 ) -> Bakeoff:
@@ -69,8 +70,10 @@ def bakeoff(
     baseline = results[NO_DRAFTER]
     rows: list[BakeoffRow] = []
     unmeasured: dict[str, str] = {}
-    for (prompt_set, concurrency), level in _levels(baseline, needed).items():
-        tokens = float(level["output_tokens_per_s"])
+    check_measured(baseline, needed, "baseline")
+    levels = baseline.by_key()
+    for prompt_set, concurrency in needed:
+        tokens = levels[(prompt_set, concurrency)].output_tokens_per_s
         rows.append(
             BakeoffRow(prompt_set, concurrency, NO_DRAFTER, tokens, None, None, None, 1.0, True)
         )
@@ -99,12 +102,6 @@ def bakeoff(
             for row in compared
         ]
     return Bakeoff(rows, _recommend(rows, needed), unmeasured)
-
-
-def _levels(result: dict[str, Any], needed: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
-    check_measured(result, needed, "baseline")
-    found = {(lv["prompt_set"], int(lv["concurrency"])): lv for lv in result.get("levels", [])}
-    return {key: found[key] for key in needed}
 
 
 def _recommend(rows: list[BakeoffRow], needed: list[tuple[str, int]]) -> dict[int, str]:

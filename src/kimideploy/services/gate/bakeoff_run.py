@@ -19,13 +19,14 @@ Order of work, as `run calibrate` (each model load is ~25 minutes on the real ta
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
+from kimideploy.formats.bench_result import BenchResult
+from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import serve_cost_model
 from kimideploy.services.gate import interleave
@@ -91,7 +92,8 @@ def bakeoff_requests(
             "--drafters: name at least one method or drafter besides none",
             hint="e.g. --drafters none,ngram,suffix,k25",
         )
-    return {name: PlanRequest("serve", cluster, name, overrides, image=image) for name in names}
+    ask = ServeAsk(image=image)
+    return {name: PlanRequest("serve", cluster, name, overrides, ask=ask) for name in names}
 
 
 def plan_bakeoff(
@@ -115,7 +117,7 @@ def plan_bakeoff(
     gate = gate_terms(
         session,
         loaded,
-        PlanRequest("serve", cluster, NO_DRAFTER, overrides, image=image),
+        PlanRequest("serve", cluster, NO_DRAFTER, overrides, ask=ServeAsk(image=image)),
         GateOptions(concurrency=concurrency),
     )
     first = rendered[NO_DRAFTER].plan
@@ -147,18 +149,11 @@ def measured_before(session: ClusterSession, plan: BakeoffPlan) -> dict[str, Sto
         record = history.get(stored.revision)
         if rendered is None or record is None or stored.bench_fingerprint != plan.gate.bench_print:
             continue
-        if not _covers(stored, plan.gate.needed):
+        if not stored.result.covers(plan.gate.needed):
             continue
         if record_serve_print(record) == serve_fingerprint(rendered.objects):
             found[stored.drafter] = stored
     return found
-
-
-def _covers(stored: StoredBench, needed: list[tuple[str, int]]) -> bool:
-    levels = {
-        (lv.get("prompt_set"), lv.get("concurrency")) for lv in stored.result.get("levels", [])
-    }
-    return all(key in levels for key in needed)
 
 
 def run_bakeoff(
@@ -206,7 +201,7 @@ def run_bakeoff(
                 session, revision, unattended, reporter, action="bake-off"
             ).revision
             results[name] = bench_revision(gate_run, _bench_request(plan, name), latest).result
-        rounds: dict[str, list[dict[str, Any]]] = {}
+        rounds: dict[str, list[BenchResult]] = {}
         if plan.interleaved:
 
             def serve(name: str) -> None:
@@ -219,7 +214,7 @@ def run_bakeoff(
                     session, revision, unattended, reporter, action="bake-off"
                 ).revision
 
-            def bench(name: str) -> dict[str, Any]:
+            def bench(name: str) -> BenchResult:
                 assert latest is not None
                 return bench_revision(gate_run, _bench_request(plan, name), latest).result
 

@@ -15,8 +15,8 @@ from kimideploy.errors import UsageError
 def list_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
     rows = []
     for bench in session.bench_results(release):
-        levels = bench.result.get("levels", [])
-        rates = [lv["acceptance_rate"] for lv in levels if lv.get("acceptance_rate") is not None]
+        levels = bench.result.levels
+        rates = [lv.acceptance_rate for lv in levels if lv.acceptance_rate is not None]
         rows.append(
             {
                 "run_id": bench.run_id,
@@ -25,7 +25,7 @@ def list_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
                 "revision": bench.revision,
                 "cluster": bench.cluster,
                 "levels": len(levels),
-                "best_tokens_per_s": max((lv["output_tokens_per_s"] for lv in levels), default=0),
+                "best_tokens_per_s": max((lv.output_tokens_per_s for lv in levels), default=0),
                 "acceptance": f"{sum(rates) / len(rates):.1%}" if rates else "",
             }
         )
@@ -78,13 +78,13 @@ def speedup_series(
             hint="`kimideploy bench list` shows each run's drafter",
         )
     baseline = _baseline_for(stored, run)
-    base = {(lv["prompt_set"], lv["concurrency"]): lv for lv in baseline.result["levels"]}
+    base = baseline.result.by_key()
     series: dict[str, list[tuple[int, float]]] = {}
-    for level in run.result["levels"]:
-        match = base.get((level["prompt_set"], level["concurrency"]))
-        if match and match.get("output_tokens_per_s") and level.get("output_tokens_per_s"):
-            ratio = level["output_tokens_per_s"] / match["output_tokens_per_s"]
-            series.setdefault(level["prompt_set"], []).append((level["concurrency"], ratio))
+    for level in run.result.levels:
+        match = base.get(level.key)
+        if match and match.output_tokens_per_s and level.output_tokens_per_s:
+            ratio = level.output_tokens_per_s / match.output_tokens_per_s
+            series.setdefault(level.prompt_set, []).append((level.concurrency, ratio))
     if not series:
         raise UsageError(f"run {run_id} and baseline {baseline.run_id} share no level")
     return run, [

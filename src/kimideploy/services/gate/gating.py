@@ -12,12 +12,12 @@ Order of work, chosen to spend as few 25-minute model loads as possible:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import Any
 
-from kimideploy.cluster.bench_results import StoredBench
+from kimideploy.cluster.bench_results import MeasuredOn, StoredBench
 from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
@@ -26,6 +26,8 @@ from kimideploy.config.gate import GateSettings
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.specs import BenchSpec
 from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
+from kimideploy.formats.bench_result import BenchResult, BenchResultError
+from kimideploy.plan.asks import BenchAsk, ServeAsk
 from kimideploy.plan.inputs import DATASETS_MOUNT, gate_levels
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
@@ -99,7 +101,7 @@ def gate_terms(
 ) -> GateTerms:
     baseline = render_workload(loaded, replace(request, drafter=NO_DRAFTER), session.answers)
     cluster = loaded.project.clusters[baseline.plan.cluster]
-    given = request.gate_levels or options.concurrency
+    given = request.asked(ServeAsk).gate_levels or options.concurrency
     settings = cluster.gate.model_copy(
         update={
             k: v
@@ -249,8 +251,9 @@ def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredB
         gate.cluster,
         request.drafter,
         request.overrides,
-        synthetic=request.synthetic,
-        bench_concurrency=gate.bench_concurrency,
+        ask=BenchAsk(
+            concurrency=gate.bench_concurrency, synthetic=request.asked(ServeAsk).synthetic
+        ),
     )
     started = batch_runs.start_run(session, run.loaded, bench_request, reporter)
     try:
@@ -259,21 +262,37 @@ def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredB
         )
     except RolloutError as exc:
         raise GateMeasurementError(f"bench run {started.run_id} failed: {exc.message}") from exc
-    result = progress.results(snapshot.logs).get(0)
-    if not result or not isinstance(result.get("levels"), list):
+    try:
+        result = bench_result(snapshot)
+    except BenchResultError as exc:
+        raise GateMeasurementError(
+            f"bench run {started.run_id}'s result line is not a bench result: {exc} (was the "
+            "bench image's kimideploy another version than the CLI's?)"
+        ) from exc
+    if result is None:
         raise GateMeasurementError(
             f"bench run {started.run_id} finished without a result line in its log "
             "(was the bench image's kimideploy too old?)"
         )
-    stored = StoredBench(
+    measured_on = MeasuredOn(
         release=gate.release,
-        run_id=started.run_id,
         drafter=request.drafter or NO_DRAFTER,
         cluster=gate.cluster,
         image=gate.image,
         revision=revision,
         serve_fingerprint=gate.serve_print,
         bench_fingerprint=gate.bench_print,
+    )
+    return _keep(session, started.run_id, result, measured_on)
+
+
+def _keep(
+    session: ClusterSession, run_id: str, result: BenchResult, measured_on: MeasuredOn
+) -> StoredBench:
+    """The one place a bench result becomes a stored one: dated by the API server's clock."""
+    stored = StoredBench(
+        **asdict(measured_on),
+        run_id=run_id,
         measured_at=_now(session).strftime("%Y-%m-%dT%H:%M:%S%z"),
         result=result,
     )
@@ -344,38 +363,55 @@ def choose_bench_baseline(
     return chosen, f"baseline run {wanted} measured {named.measured_at}"
 
 
-def bench_comparison(snapshot: JobSnapshot, baseline: StoredBench | None) -> list[dict[str, Any]]:
-    """The finished bench run's table, over the chosen baseline when there is one."""
-    result = progress.results(snapshot.logs).get(0)
-    if not result or not isinstance(result.get("levels"), list):
+def bench_result(snapshot: JobSnapshot) -> BenchResult | None:
+    """The bench pod's result event, parsed once into the value every reader takes; None when the
+    pod printed none. Raises BenchResultError when the line is not a bench result."""
+    event = progress.results(snapshot.logs).get(0)
+    return None if event is None else BenchResult.from_dict(event)
+
+
+def finished_bench(snapshot: JobSnapshot) -> BenchResult:
+    """`run bench`'s result, or a RolloutError that says why there is none."""
+    try:
+        result = bench_result(snapshot)
+    except BenchResultError as exc:
+        raise RolloutError(
+            f"the bench run's result line is not a bench result: {exc}",
+            hint="was the bench image's kimideploy another version than the CLI's? "
+            "`kimideploy logs RUN_ID` shows the bench pod's log",
+        ) from exc
+    if result is None:
         raise RolloutError(
             "the bench run finished without a result line in its log",
             hint="`kimideploy logs RUN_ID` shows the bench pod's log",
         )
+    return result
+
+
+def bench_comparison(result: BenchResult, baseline: StoredBench | None) -> list[dict[str, Any]]:
+    """The finished bench run's table, over the chosen baseline when there is one."""
     return compare_with_baseline(result, baseline.result if baseline else None)
 
 
 def record_bench_run(
     session: ClusterSession,
     started: batch_runs.RunStarted,
-    snapshot: JobSnapshot,
+    result: BenchResult,
     reporter: Reporter,
 ) -> StoredBench | None:
     """Keep a `run bench` result like the gate's own, labelled with what was actually serving,
     so a manual non-speculative run can serve as the gate's baseline."""
-    result = progress.results(snapshot.logs).get(0)
     spec, release = _bench_spec(started.rendered), started.rendered.plan.serve_release
     serving = serving_record(session, release)
-    if not result or serving is None:
+    if serving is None:
         return None
     if serving.drafter != spec.drafter:
         reporter.info(
             f"note: the run was labelled drafter {spec.drafter} but revision {serving.revision} "
             f"serves {serving.drafter}; it is stored as {serving.drafter}"
         )
-    stored = StoredBench(
+    measured_on = MeasuredOn(
         release=release,
-        run_id=started.run_id,
         drafter=serving.drafter,
         cluster=serving.cluster,
         image=serving.image,
@@ -384,10 +420,8 @@ def record_bench_run(
         bench_fingerprint=bench_fingerprint(
             spec.prompt_sets, spec.num_prompts, spec.max_tokens, _plan_files(spec.prompt_files)
         ),
-        measured_at=_now(session).strftime("%Y-%m-%dT%H:%M:%S%z"),
-        result=result,
     )
-    session.store_bench(stored)
+    stored = _keep(session, started.run_id, result, measured_on)
     reporter.info(f"stored bench run {started.run_id} (drafter {serving.drafter}) for the gate")
     return stored
 

@@ -13,13 +13,12 @@ so a difference smaller than the spread is seen as such.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER
+from kimideploy.formats.bench_result import BenchResult, LevelKey
 from kimideploy.services.release.swap import decide
-
-AVERAGED = ("output_tokens_per_s", "acceptance_rate", "mean_acceptance_length")
-"""Level fields a candidate's rounds are averaged over (the ones the bake-off judges by)."""
 
 
 def swap_group(renders: dict[str, list[dict[str, Any]]]) -> tuple[list[str], dict[str, str]]:
@@ -58,12 +57,12 @@ def run_rounds(
     orders: list[list[str]],
     serving: str | None,
     serve: Callable[[str], None],
-    bench: Callable[[str], dict[str, Any]],
-) -> dict[str, list[dict[str, Any]]]:
+    bench: Callable[[str], BenchResult],
+) -> dict[str, list[BenchResult]]:
     """Serve and bench each candidate of each round in order, `serving` being what serves before
     the first; each one's results by round. A candidate that ends one round and starts the next
     (A B, B A) is served once for both."""
-    measured: dict[str, list[dict[str, Any]]] = {}
+    measured: dict[str, list[BenchResult]] = {}
     for order in orders:
         for name in order:
             if name != serving:
@@ -73,57 +72,54 @@ def run_rounds(
     return measured
 
 
-def _mean(values: list[Any]) -> Any:
-    numbers = [float(v) for v in values if isinstance(v, int | float)]
-    if len(numbers) != len(values):
-        return values[0]
-    return sum(numbers) / len(numbers)
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
-def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One bench result from a candidate's rounds: each level's AVERAGED fields and per-position
-    acceptance are the means over the rounds, the rest is the first round's; `rounds` says how
+def _mean_or_first(values: list[float | None]) -> float | None:
+    """The mean where every round measured the field; else the first round's value."""
+    numbers = [v for v in values if v is not None]
+    return _mean(numbers) if len(numbers) == len(values) else values[0]
+
+
+def merge_rounds(rounds: list[BenchResult]) -> BenchResult:
+    """One bench result from a candidate's rounds: each level's tokens/s, acceptance rate, mean
+    acceptance length (what the bake-off judges by) and per-position acceptance are the means
+    over the rounds, the rest is the first round's; `rounds` says how
     many went in."""
     if len(rounds) == 1:
         return rounds[0]
-    merged = {**rounds[0], "rounds": len(rounds)}
     levels = []
-    for level in rounds[0].get("levels", []):
-        key = (level.get("prompt_set"), level.get("concurrency"))
-        same = [
-            lv
-            for result in rounds
-            for lv in result.get("levels", [])
-            if (lv.get("prompt_set"), lv.get("concurrency")) == key
-        ]
-        combined = dict(level)
-        for field in AVERAGED:
-            combined[field] = _mean([lv.get(field) for lv in same])
-        positions = [lv.get("per_position_acceptance") for lv in same]
-        if all(isinstance(p, list) and len(p) == len(positions[0]) for p in positions):
-            by_position = zip(*positions, strict=True)
-            combined["per_position_acceptance"] = [_mean(list(at)) for at in by_position]
-        levels.append(combined)
-    merged["levels"] = levels
-    return merged
+    for level in rounds[0].levels:
+        same = [lv for result in rounds if (lv := result.level(level.key)) is not None]
+        tokens = _mean([lv.output_tokens_per_s for lv in same])
+        positions = [lv.per_position_acceptance for lv in same]
+        first = positions[0]
+        by_position = first
+        if first is not None and all(p is not None and len(p) == len(first) for p in positions):
+            by_position = tuple(_mean(list(at)) for at in zip(*positions, strict=True))
+        levels.append(
+            replace(
+                level,
+                output_tokens_per_s=tokens,
+                acceptance_rate=_mean_or_first([lv.acceptance_rate for lv in same]),
+                mean_acceptance_length=_mean_or_first([lv.mean_acceptance_length for lv in same]),
+                per_position_acceptance=by_position,
+            )
+        )
+    return rounds[0].with_levels(levels, rounds=len(rounds))
 
 
-def spread_lines(
-    measured: dict[str, list[dict[str, Any]]], needed: list[tuple[str, int]]
-) -> list[str]:
+def spread_lines(measured: dict[str, list[BenchResult]], needed: list[LevelKey]) -> list[str]:
     """Per interleaved candidate and level: tokens/s and acceptance of each round."""
     lines = []
     for name, rounds in measured.items():
-        for prompt_set, concurrency in needed:
-            tokens, accepted = [], []
-            for result in rounds:
-                level: dict[str, Any] = next((lv for lv in result.get("levels", [])
-                                              if (lv.get("prompt_set"), lv.get("concurrency"))
-                                              == (prompt_set, concurrency)), {})  # fmt: skip
-                tokens.append(level.get("output_tokens_per_s"))
-                accepted.append(level.get("acceptance_rate"))
+        for key in needed:
+            levels = [result.level(key) for result in rounds]
+            tokens = [lv.output_tokens_per_s if lv else None for lv in levels]
+            accepted = [lv.acceptance_rate if lv else None for lv in levels]
             lines.append(
-                f"{name} {prompt_set} c={concurrency}: tokens/s by round "
+                f"{name} {key[0]} c={key[1]}: tokens/s by round "
                 + ", ".join("-" if t is None else f"{t:.1f}" for t in tokens)
                 + "; acceptance "
                 + ", ".join("-" if a is None else f"{a:.1%}" for a in accepted)

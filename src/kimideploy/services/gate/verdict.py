@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from kimideploy.cluster.bench_results import StoredBench, measured_time
+from kimideploy.formats.bench_result import BenchLevel, BenchResult, LevelKey
 
 KEEP, ROLLBACK = "keep", "rollback"
 
@@ -53,10 +54,6 @@ def bench_fingerprint(
     return fingerprint(fields)
 
 
-def _levels(result: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(lv["prompt_set"], int(lv["concurrency"])): lv for lv in result.get("levels", [])}
-
-
 def pick_baseline(
     stored: list[StoredBench],
     *,
@@ -80,7 +77,7 @@ def pick_baseline(
     same = [s for s in same if s.bench_fingerprint == bench_print]
     if not same:
         return None, "the stored baselines used other bench settings (prompts or max_tokens)"
-    covering = [s for s in same if set(needed) <= set(_levels(s.result))]
+    covering = [s for s in same if s.result.covers(needed)]
     if not covering:
         wanted = ", ".join(f"{p} c={c}" for p, c in needed)
         return None, f"no stored baseline covers every gated level ({wanted})"
@@ -98,20 +95,20 @@ def _parse_time(text: str) -> datetime:
     return measured_time(text)
 
 
-def check_measured(result: dict[str, Any], needed: list[tuple[str, int]], what: str) -> None:
+def check_measured(result: BenchResult, needed: list[LevelKey], what: str) -> None:
     """Every needed level is present, had no failed request and produced tokens."""
-    levels = _levels(result)
+    levels = result.by_key()
     for key in needed:
         level = levels.get(key)
         where = f"{what} at {key[0]} c={key[1]}"
         if level is None:
             raise GateMeasurementError(f"{where}: the bench result has no such level")
-        if level.get("failed"):
-            errors = "; ".join(level.get("errors") or []) or "no error text"
+        if level.failed:
+            errors = "; ".join(level.errors) or "no error text"
             raise GateMeasurementError(
-                f"{where}: {level['failed']} of {level.get('requests')} requests failed ({errors})"
+                f"{where}: {level.failed} of {level.requests} requests failed ({errors})"
             )
-        if not level.get("output_tokens") or not level.get("output_tokens_per_s"):
+        if not level.output_tokens or not level.output_tokens_per_s:
             raise GateMeasurementError(f"{where}: no output tokens were measured")
 
 
@@ -158,47 +155,38 @@ class Verdict:
         }
 
 
-def counted_by(level: dict[str, Any]) -> str | None:
-    """Where a bench level's acceptance comes from: `requests` (each response's own figures, vLLM
-    >= 0.32 with --per-request-spec-decode-metrics: the bench's requests only), `scraped` (the
-    /metrics counters over the level's window: every request the release served meanwhile), or
-    None where nothing was counted (no drafter)."""
-    source = level.get("metrics")
-    return str(source) if source in ("requests", "scraped") else None
-
-
 def judge(
-    measured: dict[str, Any],
-    baseline: dict[str, Any],
-    needed: list[tuple[str, int]],
+    measured: BenchResult,
+    baseline: BenchResult,
+    needed: list[LevelKey],
     min_speedup: float,
 ) -> tuple[bool, str, list[dict[str, Any]]]:
     """(keep, reason, per-level comparison); raises GateMeasurementError when it cannot decide."""
     check_measured(baseline, needed, "baseline")
     check_measured(measured, needed, "drafter")
-    ours, theirs = _levels(measured), _levels(baseline)
+    ours, theirs = measured.by_key(), baseline.by_key()
     compared, short = [], []
     for key in needed:
         level, base = ours[key], theirs[key]
-        if level.get("acceptance_rate") is None:
+        if level.acceptance_rate is None:
             raise GateMeasurementError(
                 f"drafter at {key[0]} c={key[1]}: vLLM's speculative-decoding counters are missing "
-                f"(metrics {level.get('metrics', 'unavailable')}); is the drafter enabled?"
+                f"(metrics {level.metrics}); is the drafter enabled?"
             )
-        speedup = level["output_tokens_per_s"] / base["output_tokens_per_s"]
+        speedup = level.output_tokens_per_s / base.output_tokens_per_s
         row = {
             "prompt_set": key[0],
             "concurrency": key[1],
-            "tokens_per_s": level["output_tokens_per_s"],
-            "baseline_tokens_per_s": base["output_tokens_per_s"],
+            "tokens_per_s": level.output_tokens_per_s,
+            "baseline_tokens_per_s": base.output_tokens_per_s,
             "speedup": round(speedup, 4),
-            "acceptance_rate": level.get("acceptance_rate"),
-            "mean_acceptance_length": level.get("mean_acceptance_length"),
-            "per_position_acceptance": level.get("per_position_acceptance"),
-            "per_position_basis": level.get("per_position_basis"),
-            "counted_by": counted_by(level),
-            "ttft_p50_s": level.get("ttft_p50_s"),
-            "tpot_p50_s": level.get("tpot_p50_s"),
+            "acceptance_rate": level.acceptance_rate,
+            "mean_acceptance_length": level.mean_acceptance_length,
+            "per_position_acceptance": _listed(level.per_position_acceptance),
+            "per_position_basis": level.per_position_basis,
+            "counted_by": level.counted_by,
+            "ttft_p50_s": level.ttft_p50_s,
+            "tpot_p50_s": level.tpot_p50_s,
             "passed": speedup >= min_speedup,
         }
         compared.append(row)
@@ -212,30 +200,35 @@ def judge(
     return True, f"at least {min_speedup:.2f}x everywhere: {levels}", compared
 
 
+def _listed(values: tuple[float, ...] | None) -> list[float] | None:
+    return None if values is None else list(values)
+
+
 def compare_with_baseline(
-    measured: dict[str, Any], baseline: dict[str, Any] | None
+    measured: BenchResult, baseline: BenchResult | None
 ) -> list[dict[str, Any]]:
     """One row per measured level: throughput, latency, acceptance and, when the baseline measured
     the same prompt set at the same concurrency, its throughput and the speedup over it."""
-    theirs = _levels(baseline) if baseline else {}
+    theirs = baseline.by_key() if baseline else {}
     rows = []
-    for key, level in sorted(_levels(measured).items()):
-        base = theirs.get(key, {}).get("output_tokens_per_s")
-        ours = level.get("output_tokens_per_s")
+    for key, level in sorted(measured.by_key().items()):
+        matched: BenchLevel | None = theirs.get(key)
+        base = matched.output_tokens_per_s if matched else None
+        ours = level.output_tokens_per_s
         rows.append(
             {
                 "prompt_set": key[0],
                 "concurrency": key[1],
                 "tokens_per_s": ours,
                 "baseline_tokens_per_s": base,
-                "speedup": round(ours / base, 4) if base and ours is not None else None,
-                "acceptance_rate": level.get("acceptance_rate"),
-                "mean_acceptance_length": level.get("mean_acceptance_length"),
-                "counted_by": counted_by(level),
-                "ttft_p50_s": level.get("ttft_p50_s"),
-                "ttft_p99_s": level.get("ttft_p99_s"),
-                "tpot_p50_s": level.get("tpot_p50_s"),
-                "tpot_p99_s": level.get("tpot_p99_s"),
+                "speedup": round(ours / base, 4) if base else None,
+                "acceptance_rate": level.acceptance_rate,
+                "mean_acceptance_length": level.mean_acceptance_length,
+                "counted_by": level.counted_by,
+                "ttft_p50_s": level.ttft_p50_s,
+                "ttft_p99_s": level.ttft_p99_s,
+                "tpot_p50_s": level.tpot_p50_s,
+                "tpot_p99_s": level.tpot_p99_s,
             }
         )
     return rows

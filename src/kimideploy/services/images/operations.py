@@ -24,10 +24,11 @@ from kimideploy.images.cpu_vllm import engine_python
 from kimideploy.images.dockerfile import get_image, render_dockerfile
 from kimideploy.images.lock import lock_digest
 from kimideploy.paths import cache_root, repository_root
+from kimideploy.plan.asks import ServeAsk, SyntheticAcceptance
 from kimideploy.plan.calibration import DEFAULT_LENGTHS, lengths_for
 from kimideploy.plan.inputs import drafter_path, target_model_path
 from kimideploy.plan.kernel_plan import KERNEL_PLANS
-from kimideploy.plan.model import PlanRequest, SyntheticAcceptance
+from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.remote import connect as ssh_connect
 from kimideploy.remote.local_runner import LocalRunner
@@ -156,7 +157,10 @@ def calibration_cases(
         for k in CALIBRATION_KS:
             synthetic = SyntheticAcceptance(k, lengths_for(k, DEFAULT_LENGTHS))
             plan = resolve(
-                loaded, PlanRequest("serve", cluster_name, drafter, image=name, synthetic=synthetic)
+                loaded,
+                PlanRequest(
+                    "serve", cluster_name, drafter, ask=ServeAsk(image=name, synthetic=synthetic)
+                ),
             )
             deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
             args = [

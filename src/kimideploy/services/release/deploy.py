@@ -71,6 +71,39 @@ class Outcome:
     waited: bool
 
 
+@dataclass(frozen=True, kw_only=True)
+class RevisionFailure:
+    """Why a revision did not serve, in the one shape its record, the message and the `-o json`
+    outcome are made from."""
+
+    release: str
+    revision: int
+    failure: str | None
+    """The rollout watcher's name for it (CrashLoop, InitFailed, ...) or ApplyRejected."""
+    reason: str
+    log_tail: str = ""
+    history: tuple[ReleaseRecord, ...] = ()
+    """The release's revisions before this one: where an automatic rollback looks."""
+
+    @property
+    def message(self) -> str:
+        text = f"revision {self.revision} failed: {self.reason}"
+        if self.log_tail.strip():
+            text += "\n  last log lines:\n    " + "\n    ".join(self.log_tail.strip().splitlines())
+        return text
+
+    def record_details(self) -> dict[str, Any]:
+        return {"failure": self.failure, "reason": self.reason}
+
+    def outcome(self, status: str, **serving: int | None) -> OutcomeFacts:
+        """The `-o json` facts; `serving_revision=` is stated only where the caller knows it (None
+        there means nothing serves)."""
+        facts = OutcomeFacts(status=status, release=self.release, revision=self.revision)
+        if "serving_revision" in serving:
+            facts["serving_revision"] = serving["serving_revision"]
+        return facts
+
+
 @dataclass(frozen=True)
 class Revision:
     """What a new revision applies, and what it records about where it came from."""
@@ -196,6 +229,54 @@ class _Transaction:
         return self.options.wait
 
     def apply(self, revision: Revision) -> Outcome:
+        """The revision, and when it fails to become ready, one automatic step back to the last
+        good revision: a loop over at most two attempts, each the same `_attempt`. A rollback
+        that fails too is reported as itself; nothing rolls back a rollback."""
+        attempt, failed = self, None
+        automatic = replace(self, options=self.options.unattended(), action="auto-rollback")
+        while True:
+            result = attempt._attempt(revision)
+            if isinstance(result, Outcome):
+                if failed is None:
+                    return result
+                raise RolloutError(
+                    f"{failed.message}\nrolled back automatically: revision {result.revision} (a "
+                    f"copy of revision {revision.source_revision}, drafter {revision.drafter}) is "
+                    "now serving",
+                    hint="`kimideploy history serve` shows both revisions",
+                    outcome=failed.outcome("rolled-back", serving_revision=result.revision),
+                )
+            if not attempt.change.auto_rollback or attempt.action == automatic.action:
+                raise RolloutError(
+                    result.message,
+                    hint="`kimideploy rollback serve` returns to the last good revision",
+                    outcome=result.outcome("failed"),
+                )
+            target = lifecycle.fallback_after_failure(list(result.history))
+            if target is None:
+                raise RolloutError(
+                    result.message
+                    + "\nno earlier good revision to roll back to; nothing is serving",
+                    outcome=result.outcome("failed"),
+                )
+            self.reporter.info(
+                f"{result.message}\nrolling back to revision {target.revision} "
+                f"(drafter {target.drafter})"
+            )
+            failed, revision = (
+                result,
+                revision_from_record(
+                    target,
+                    f"automatic rollback to revision {target.revision} after "
+                    f"revision {result.revision} failed: {result.failure}",
+                ),
+            )
+            attempt = automatic
+
+    def _attempt(self, revision: Revision) -> Outcome | RevisionFailure:
+        """Apply one revision and follow it: the outcome when it is ready (or not waited for),
+        what failed when its pods did not become ready. A refusal before anything is written, or
+        an apply the API server rejects half-way, raises (nothing to roll back)."""
         session, change, reporter, lock = self.session, self.change, self.reporter, self.lock
         history = session.history(revision.release)
         number = lifecycle.next_revision(history)
@@ -237,45 +318,25 @@ class _Transaction:
             return Outcome(
                 number, RevisionStatus.DEPLOYED, message, revision.release, state is not None
             )
-        lifecycle.change_status(
-            record, RevisionStatus.FAILED, {"failure": state.failure, "reason": state.message}
+        failure = RevisionFailure(
+            release=revision.release,
+            revision=number,
+            failure=state.failure,
+            reason=state.message,
+            log_tail=self._failed_log_tail(state),
+            history=tuple(history),
         )
+        lifecycle.change_status(record, RevisionStatus.FAILED, failure.record_details())
         session.record(record, new=False)
+        return failure
+
+    def _failed_log_tail(self, state: RolloutState) -> str:
+        """The last lines of the failed pod's log: of the init container that failed, if one did."""
+        if not state.pod:
+            return ""
         failed_init = re.search(r"init container (\S+)", state.message)
         container = failed_init.group(1) if state.failure == "InitFailed" and failed_init else None
-        log_tail = session.log(state.pod, tail=20, container=container) if state.pod else ""
-        failure = f"revision {number} failed: {state.message}"
-        if log_tail.strip():
-            failure += "\n  last log lines:\n    " + "\n    ".join(log_tail.strip().splitlines())
-        failed = OutcomeFacts(status="failed", release=revision.release, revision=number)
-        if not change.auto_rollback or self.action == "auto-rollback":
-            raise RolloutError(
-                failure,
-                hint="`kimideploy rollback serve` returns to the last good revision",
-                outcome=failed,
-            )
-        target = lifecycle.fallback_after_failure(history)
-        if target is None:
-            raise RolloutError(
-                failure + "\nno earlier good revision to roll back to; nothing is serving",
-                outcome=failed,
-            )
-        reporter.info(
-            f"{failure}\nrolling back to revision {target.revision} (drafter {target.drafter})"
-        )
-        back = revision_from_record(
-            target,
-            f"automatic rollback to revision {target.revision} after "
-            f"revision {number} failed: {state.failure}",
-        )
-        unattended = replace(self, options=self.options.unattended(), action="auto-rollback")
-        outcome = unattended.apply(back)
-        raise RolloutError(
-            f"{failure}\nrolled back automatically: revision {outcome.revision} (a copy of "
-            f"revision {target.revision}, drafter {target.drafter}) is now serving",
-            hint="`kimideploy history serve` shows both revisions",
-            outcome={**failed, "status": "rolled-back", "serving_revision": outcome.revision},
-        )
+        return self.session.log(state.pod, tail=20, container=container)
 
     def _confirm(
         self,
@@ -326,18 +387,20 @@ class _Transaction:
                 written.append(ref(obj))
         except KimiDeployError as exc:
             restored = self._restore(written, serving, existing)
-            rejected = {"failure": "ApplyRejected", "reason": exc.message}
-            lifecycle.change_status(record, RevisionStatus.FAILED, rejected)
+            rejected = RevisionFailure(
+                release=revision.release,
+                revision=record.revision,
+                failure="ApplyRejected",
+                reason=exc.message,
+            )
+            lifecycle.change_status(record, RevisionStatus.FAILED, rejected.record_details())
             session.record(record, new=False)
             raise exc.restated(
                 f"revision {record.revision} was rejected while being applied: {exc.message}\n"
                 f"{restored}",
-                outcome={
-                    "status": "failed",
-                    "release": revision.release,
-                    "revision": record.revision,
-                    "serving_revision": serving.revision if serving else None,
-                },
+                outcome=rejected.outcome(
+                    "failed", serving_revision=serving.revision if serving else None
+                ),
             ) from exc
         for pruned in session.prune(revision.release, keep=written):
             self.reporter.info(f"pruned {pruned}")
