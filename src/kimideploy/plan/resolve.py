@@ -172,7 +172,7 @@ def serve_cost_model(
 
 
 def _image_name(project: Project, cluster: str, request: PlanRequest, kind: WorkloadKind) -> str:
-    asked = request.ask.image if isinstance(request.ask, ServeAsk) else None
+    asked = request.asked(ServeAsk).image
     if asked is None:
         images = project.clusters[cluster].images
         return next(str(name) for entry in kind.images if (name := getattr(images, entry)))
@@ -364,8 +364,7 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest, kind: Wo
 
 def _pulled_drafters(project: Project, request: PlanRequest) -> tuple[str, ...]:
     """pull fetches drafters pinned by digest; anything else is refused before a Job starts."""
-    asked = request.ask.drafters if isinstance(request.ask, PullAsk) else ()
-    names = asked or ((request.drafter,) if request.drafter else ())
+    names = request.asked(PullAsk).drafters or ((request.drafter,) if request.drafter else ())
     if not names:
         raise UsageError("pull needs a drafter: `kimideploy drafter pull NAME --cluster C`")
     for name in names:
