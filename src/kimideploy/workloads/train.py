@@ -250,7 +250,8 @@ class TrainingLoop:
                     self._checkpoint(last)
                 if self.collectives.should_stop(self.stopper):
                     packed.close()  # stops the loader's workers before the checkpoint
-                    self._checkpoint(last)
+                    self._checkpoint(last)  # every rank stops here; it ends at a barrier
+                    self.collectives.close()
                     log(f"stopped at step {self.position.step}; a restarted pod resumes there")
                     return EXIT_INTERRUPTED
             self.position.epoch += 1
@@ -259,6 +260,7 @@ class TrainingLoop:
         if self.ranks.leader:
             self._write_drafter(last)
         self.collectives.barrier()
+        self.collectives.close()
         return EXIT_OK
 
     def _report(self, figures: StepFigures, rate: float) -> None:

@@ -82,9 +82,13 @@ class Collectives:
         import torch.distributed as dist
 
         seconds, size = allreduce_probe.measure(self.group, self.device, check.bytes, 5)
-        bus = allreduce_probe.bus_bandwidth_gbps(size, seconds, self.ranks.world)
-        transports: list[str | None] = [None] * self.ranks.world
-        dist.all_gather_object(transports, allreduce_probe.own_transport(), group=self.group)
+        own = allreduce_probe.bus_bandwidth_gbps(size, seconds, self.ranks.world)
+        # Every rank's transport and figure: the slowest rank's figure decides on every rank, so
+        # all of them stop here or none does (a rank that went on would wait at its first step).
+        seen: list[tuple[str | None, float] | None] = [None] * self.ranks.world
+        dist.all_gather_object(seen, (allreduce_probe.own_transport(), own), group=self.group)
+        transports = [one[0] if one else None for one in seen]
+        bus = min(one[1] for one in seen if one)
         if self.ranks.leader:
             emit(
                 {
@@ -97,6 +101,7 @@ class Collectives:
             )
         problem = allreduce_probe.verdict(transports, bus, check.min_bus_gbps)
         if problem is not None:
+            self.close()  # every rank reached the same verdict; exit 2 must not end in an abort
             raise BadInputError(problem)
         log(f"all-reduce across {self.ranks.world} ranks: {bus:.1f} GB/s bus bandwidth")
 
@@ -124,6 +129,19 @@ class Collectives:
             import torch.distributed as dist
 
             dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        """Destroy the process groups, on every rank, once all of them are past their last
+        collective. A process that exits with its groups alive leaves gloo's worker threads
+        holding tensors while the interpreter finalizes: the process aborts (SIGABRT, "terminate
+        called without an active exception") after its work is done, seen on a loaded machine,
+        and NCCL warns that pending operations may not have finished (PyTorch's shutdown
+        documentation: call destroy_process_group near the end of main)."""
+        if self.ranks.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
     def gather_turns(self, mine: list[list[int]]) -> list[list[int]]:
         """Every rank's judged turns, in rank order: the interval resamples turns, so the counts
