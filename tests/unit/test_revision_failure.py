@@ -29,7 +29,7 @@ def test_a_failed_revision_says_the_same_thing_everywhere() -> None:
         "revision": 4,
     }
     # Where the caller knows what serves, it is stated, None included (nothing serves).
-    assert failed.outcome("rolled-back", serving_revision=5)["serving_revision"] == 5
-    assert failed.outcome("failed", serving_revision=None)["serving_revision"] is None
+    assert failed.outcome_serving("rolled-back", 5)["serving_revision"] == 5
+    assert failed.outcome_serving("failed", None)["serving_revision"] is None
     quiet = RevisionFailure(release="r", revision=1, failure=None, reason="not ready")
     assert quiet.message == "revision 1 failed: not ready"

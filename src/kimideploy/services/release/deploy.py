@@ -95,13 +95,13 @@ class RevisionFailure:
     def record_details(self) -> dict[str, Any]:
         return {"failure": self.failure, "reason": self.reason}
 
-    def outcome(self, status: str, **serving: int | None) -> OutcomeFacts:
-        """The `-o json` facts; `serving_revision=` is stated only where the caller knows it (None
-        there means nothing serves)."""
-        facts = OutcomeFacts(status=status, release=self.release, revision=self.revision)
-        if "serving_revision" in serving:
-            facts["serving_revision"] = serving["serving_revision"]
-        return facts
+    def outcome(self, status: str) -> OutcomeFacts:
+        """The `-o json` facts, saying nothing of what serves now."""
+        return OutcomeFacts(status=status, release=self.release, revision=self.revision)
+
+    def outcome_serving(self, status: str, serving_revision: int | None) -> OutcomeFacts:
+        """The same, with what serves now (None: nothing does)."""
+        return {**self.outcome(status), "serving_revision": serving_revision}
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ class _Transaction:
                     f"copy of revision {revision.source_revision}, drafter {revision.drafter}) is "
                     "now serving",
                     hint="`kimideploy history serve` shows both revisions",
-                    outcome=failed.outcome("rolled-back", serving_revision=result.revision),
+                    outcome=failed.outcome_serving("rolled-back", result.revision),
                 )
             if not attempt.change.auto_rollback or attempt.action == automatic.action:
                 raise RolloutError(
@@ -398,9 +398,7 @@ class _Transaction:
             raise exc.restated(
                 f"revision {record.revision} was rejected while being applied: {exc.message}\n"
                 f"{restored}",
-                outcome=rejected.outcome(
-                    "failed", serving_revision=serving.revision if serving else None
-                ),
+                outcome=rejected.outcome_serving("failed", serving.revision if serving else None),
             ) from exc
         for pruned in session.prune(revision.release, keep=written):
             self.reporter.info(f"pruned {pruned}")
