@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from kimideploy.cli import start_up
 from kimideploy.cli.root_help import ROOT_HELP_ARGUMENTS, cached, keep, terminal_width
 
 
@@ -21,6 +22,7 @@ def entrypoint() -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         raise SystemExit(0)
+    start_up.begin()
     # pydantic looks for plugins in every installed package's metadata on the first model it
     # builds; kimideploy's models use none, and the scan is a tenth of a render's start-up.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kimideploy.cli import start_up
 from kimideploy.config.workload_names import WORKLOAD_NAMES
 
 if TYPE_CHECKING:
@@ -48,8 +49,9 @@ class CliState:
             loaded = load_project(path)
             # Judged by content: the example edited in place (./kimideploy.yaml in a checkout)
             # is the user's file as soon as one of its placeholder pins is replaced.
-            self._unedited_example = implicit_example and is_unedited_example(loaded.text)
+            self._unedited_example = implicit_example and is_unedited_example(loaded.document)
             self._loaded = loaded
+            start_up.end()
         if self._unedited_example:
             if changes:
                 raise UsageError(
@@ -71,12 +73,12 @@ class CliState:
 def refuse_placeholders(loaded: LoadedProject, changes: str) -> None:
     """A change made with the example's placeholder pins would pull images and weights that do
     not exist (after the pods are scheduled): refused before anything is contacted."""
-    from kimideploy.config.placeholders import describe, placeholders_allowed, placeholders_in
+    from kimideploy.config.placeholders import describe, placeholders_allowed, placeholders_of
     from kimideploy.errors import UsageError
 
     if placeholders_allowed():
         return
-    found = placeholders_in(loaded.text)
+    found = placeholders_of(loaded.document)
     if found:
         raise UsageError(
             f"{changes}, and {loaded.path} still holds {len(found)} of the example's placeholder "

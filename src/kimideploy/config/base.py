@@ -1,7 +1,5 @@
 """Shared building blocks of the config models: strictness, names, quantities, digests."""
 
-from __future__ import annotations
-
 import re
 from typing import Annotated
 

@@ -1,9 +1,7 @@
 """Cluster profiles: the hardware, Kubernetes and storage facts of one target, plus its sizes."""
 
-from __future__ import annotations
-
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import AwareDatetime, Field, field_validator, model_validator
 
@@ -490,7 +488,7 @@ class Cluster(StrictModel):
         return self.nodes * self.gpu.per_node
 
     @model_validator(mode="after")
-    def _no_hca_prefix(self) -> Cluster:
+    def _no_hca_prefix(self) -> Self:
         value = self.env.get("NCCL_IB_HCA")
         if value is not None and not value.startswith(("=", "^")):
             raise ValueError(

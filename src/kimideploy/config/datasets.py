@@ -4,9 +4,7 @@ again (`clusters.<c>.workloads.train.conversations`). Hidden states are never pu
 are regenerated from the conversations by `run extract`, or computed online, and are 30-100x
 larger (docs/reference/domain.md §5)."""
 
-from __future__ import annotations
-
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -35,7 +33,7 @@ class PublishedDataset(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _fingerprint_is_of_its_fields(self) -> PublishedDataset:
+    def _fingerprint_is_of_its_fields(self) -> Self:
         if fingerprint_id(self.made_from) != self.fingerprint:
             raise ValueError(
                 f"fingerprint {self.fingerprint} is not the id of made_from "

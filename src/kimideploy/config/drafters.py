@@ -9,9 +9,7 @@ kimideploy trains none; `ngram_gpu`, because it is vLLM's GPU-resident variant o
 same keys (an `extra_args` change, not a method of its own).
 """
 
-from __future__ import annotations
-
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
@@ -48,7 +46,7 @@ class DrafterSource(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _one_origin(self) -> DrafterSource:
+    def _one_origin(self) -> Self:
         if self.hub is not None and (self.path is not None or self.oci is not None):
             raise ValueError("a hub drafter has no 'path' or 'oci': give 'hub' alone")
         if self.hub is None and self.path is None and self.oci is None:
@@ -109,7 +107,7 @@ class HeldOutAcceptance(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _intervals_hold_their_figure(self) -> HeldOutAcceptance:
+    def _intervals_hold_their_figure(self) -> Self:
         for k, (low, high) in self.ci95.items():
             length = self.mean_acceptance_length.get(k)
             if low > high or (length is not None and not low - 1e-6 <= length <= high + 1e-6):
@@ -275,7 +273,7 @@ class NgramMethod(StrictModel):
     """Registry status; a model-free method needs no training."""
 
     @model_validator(mode="after")
-    def _window(self) -> NgramMethod:
+    def _window(self) -> Self:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed prompt_lookup_max "

@@ -1,7 +1,5 @@
 """The promotion gate and the live acceptance watch of a cluster's serve release."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from pydantic import Field

@@ -1,7 +1,5 @@
 """The image matrix: named, pinned container images and what is inside them."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from pydantic import Field

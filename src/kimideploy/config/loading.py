@@ -28,6 +28,9 @@ class LoadedProject:
     path: Path
     sha256: str
     text: str
+    document: safe_yaml.Parsed
+    """The text's values and their lines, as validated: read again (the placeholder checks)
+    without parsing the file a second time."""
 
 
 def default_config_path(cwd: Path | None = None) -> Path:
@@ -55,16 +58,17 @@ def load_project(path: Path) -> LoadedProject:
 
 def load_project_text(text: str, path: Path) -> LoadedProject:
     """Validate project text (a file's, or one stored in a release record); `path` names it."""
-    data, lines = _parse_yaml(path, text)
+    document = _parse_yaml(path, text)
+    data, lines = document.data, document.lines
     project = _validate(path, data, lines)
     issues = reference_issues(project)
     if issues:
         _raise(path, [_format(path, loc, message, lines) for loc, message in issues])
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return LoadedProject(project=project, path=path, sha256=digest, text=text)
+    return LoadedProject(project=project, path=path, sha256=digest, text=text, document=document)
 
 
-def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str | int, ...], int]]:
+def _parse_yaml(path: Path, text: str) -> safe_yaml.Parsed:
     """Values and the line of each dotted path; duplicate keys, alias bombs, deep nesting and
     unsafe tags are config errors with their line (config/safe_yaml.py)."""
     try:
@@ -74,7 +78,7 @@ def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple[str | int, ...],
         raise ConfigError(f"{where}: {exc.message}", hint="fix the file and retry") from exc
     if not isinstance(parsed.data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
-    return parsed.data, parsed.lines
+    return parsed
 
 
 def _validate(path: Path, data: Any, lines: dict[Any, int]) -> Project:

@@ -72,8 +72,14 @@ def shipped_pins() -> frozenset[str]:
 
 def placeholders_in(text: str, pins: frozenset[str] | None = None) -> list[Placeholder]:
     """Every value of the project text that is one of the example's placeholders, in file order."""
+    return placeholders_of(safe_yaml.load(text), pins)
+
+
+def placeholders_of(
+    parsed: safe_yaml.Parsed, pins: frozenset[str] | None = None
+) -> list[Placeholder]:
+    """As placeholders_in, on a document already parsed (a loaded project keeps its own)."""
     known = shipped_pins() if pins is None else pins
-    parsed = safe_yaml.load(text)
     found: list[Placeholder] = []
 
     def walk(value: Any, path: tuple[str | int, ...]) -> None:
@@ -95,9 +101,9 @@ def placeholders_allowed() -> bool:
     return os.environ.get(ALLOW_ENV, "") == "1"
 
 
-def is_unedited_example(text: str) -> bool:
+def is_unedited_example(parsed: safe_yaml.Parsed) -> bool:
     """Every placeholder of the example is still there: nobody has made this file theirs."""
-    values = {p.value for p in placeholders_in(text)}
+    values = {p.value for p in placeholders_of(parsed)}
     return values >= shipped_pins()
 
 

@@ -1,7 +1,5 @@
 """The root of kimideploy.yaml and the cross-references pydantic cannot check field by field."""
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 
 from pydantic import Field, field_validator

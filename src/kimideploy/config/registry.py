@@ -1,8 +1,6 @@
 """The OCI registry drafters and datasets travel through, between the clusters that make them and
 the ones that serve or train with them (`drafter publish`, `data publish`)."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from pydantic import Field

@@ -4,8 +4,6 @@ The renderer writes these and the workloads read them with the same models. Unli
 config they ignore unknown keys, so a pod running an older image accepts a spec from a newer CLI.
 """
 
-from __future__ import annotations
-
 from enum import IntEnum
 from pathlib import PurePosixPath
 from typing import Any, Literal

@@ -1,8 +1,6 @@
 """The target model being served and accelerated (Kimi-K2.5 by default)."""
 
-from __future__ import annotations
-
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -38,7 +36,7 @@ class AttentionShape(StrictModel):
     """mha: each head's width."""
 
     @model_validator(mode="after")
-    def _complete(self) -> AttentionShape:
+    def _complete(self) -> Self:
         needed = ("kv_lora_rank", "qk_rope_head_dim") if self.kind == "mla" else (
             "num_kv_heads", "head_dim")  # fmt: skip
         missing = [name for name in needed if getattr(self, name) is None]

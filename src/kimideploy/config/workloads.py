@@ -1,8 +1,6 @@
 """Per-cluster sizes and settings of each workload."""
 
-from __future__ import annotations
-
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -370,7 +368,7 @@ class BenchSettings(WorkloadSettings):
     )
 
     @model_validator(mode="after")
-    def _known_prompt_sets(self) -> BenchSettings:
+    def _known_prompt_sets(self) -> Self:
         unknown = [
             n for n in self.prompt_sets if n not in PROMPT_SETS and n not in self.prompt_files
         ]
