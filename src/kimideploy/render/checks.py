@@ -50,9 +50,14 @@ def _last_segment(path: str) -> str:
 # last segment is literal), and against the quantity paths as one compiled expression: a rendered
 # serve has about 400 leaves per object, and matching each against every pattern was most of the
 # time `render` spent after building its objects.
-_ENUMS_BY_KEY: dict[str, list[tuple[str, frozenset[str]]]] = {}
-for _pattern, _allowed in ENUMS.items():
-    _ENUMS_BY_KEY.setdefault(_last_segment(_pattern), []).append((_pattern, _allowed))
+def _by_last_segment() -> dict[str, list[tuple[str, frozenset[str]]]]:
+    grouped: dict[str, list[tuple[str, frozenset[str]]]] = {}
+    for pattern, allowed in ENUMS.items():
+        grouped.setdefault(_last_segment(pattern), []).append((pattern, allowed))
+    return grouped
+
+
+_ENUMS_BY_KEY = _by_last_segment()
 _QUANTITY = re.compile("|".join(translate(pattern) for pattern in QUANTITY_PATHS))
 _INDEX = re.compile(r"\[\d+\]")
 
