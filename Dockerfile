@@ -43,7 +43,7 @@ WORKDIR /opt/kimideploy/src
 COPY pyproject.toml README.md ./
 COPY src/ ./src/
 RUN pip install --no-deps . \
- && python -m kimideploy.images.selfcheck 0001-mla-eagle3-drafter-kimi-k2.patch native-no-eagle3-allowlist native-kimi-k25-media-placeholder native-kimi-k25-supports-eagle3 native-deepseek-final-aux-layer suffix-decoding
+ && python -m kimideploy.images.selfcheck 0001-mla-eagle3-drafter-kimi-k2.patch 0002-speculation-switch.patch native-no-eagle3-allowlist native-kimi-k25-media-placeholder native-kimi-k25-supports-eagle3 native-deepseek-final-aux-layer suffix-decoding
 
 # --- runtime ------------------------------------------------------------------------------------
 FROM docker.io/nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04@sha256:9a4c2e0b8d6f4a2c0e8b6d4f2a0c8e6b4d2f0a8c6e4b2d0f8a6c4e2b0d8f6a4c AS runtime
@@ -71,7 +71,7 @@ LABEL org.opencontainers.image.title="kimideploy vllm-0.32-kimi" \
       io.kimideploy.speculators.version="none" \
       io.kimideploy.arctic-inference.version="0.3.0" \
       io.kimideploy.cuda.archs="sm_100,sm_103,sm_120" \
-      io.kimideploy.patchset.sha256="352aac79e52c5a732b437d942e95f2c7e1e3c8ce2081f17c53c2b32b214dd6c1"
+      io.kimideploy.patchset.sha256="bf984af45fc25d19a5e52e0b5cf4a4dc167e645895372de57742d443785523da"
 ENV TORCH_CUDA_ARCH_LIST="10.0;10.3;12.0" HOME=/home/kimideploy
 USER 10001
 WORKDIR /home/kimideploy

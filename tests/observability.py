@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import REPO
+from tests.go_builds import wait_for_go_builds
 from tests.ports import free_port
 
 BUILD = REPO / "scripts" / "build-prometheus"
@@ -35,6 +36,7 @@ class UnavailableError(Exception):
 
 def binaries() -> tuple[Path, Path]:
     """(prometheus, kube-state-metrics), building them on first use."""
+    wait_for_go_builds()
     build = subprocess.run([str(BUILD)], capture_output=True, text=True)
     if build.returncode != 0:
         raise UnavailableError(f"scripts/build-prometheus failed: {build.stderr.strip()[-2000:]}")

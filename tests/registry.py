@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.go_builds import wait_for_go_builds
 from tests.ports import free_port as _free_port
 
 
@@ -27,6 +28,7 @@ class UnavailableError(RuntimeError):
 
 def binaries() -> tuple[Path, Path]:
     """(registry, oras), built when missing."""
+    wait_for_go_builds()
     done = subprocess.run([str(REPO / "scripts" / "build-registry")], capture_output=True,
                           text=True, timeout=1800)  # fmt: skip
     if done.returncode != 0:

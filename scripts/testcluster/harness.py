@@ -107,6 +107,21 @@ class TestCluster:
             raise HarnessError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout
 
+    def wait_established(self, *crds: str, timeout_s: float = 60.0) -> None:
+        """`kubectl wait --for=condition=Established` on just-applied CRDs. kubectl's wait fails at
+        once, instead of waiting, on a CRD whose status has no conditions yet (".status.conditions
+        accessor error: <nil>"), which a loaded API server shows for a moment after the apply."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.kubectl("wait", "--for=condition=Established", f"--timeout={timeout_s:.0f}s",
+                             *crds)  # fmt: skip
+                return
+            except HarnessError as exc:
+                if "accessor error" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+
 
 def find_bin_dir() -> Path:
     """The newest build under ~/.cache/kimideploy/testbins (or $KIMIDEPLOY_TESTBINS)."""
@@ -514,6 +529,17 @@ def write_container_log(path: Path, lines: list[str], stream: str = "stdout") ->
     """Write lines in the CRI container-log format KWOK serves (`<time> <stream> F <line>`)."""
     stamp = "2026-01-01T00:00:00.000000000Z"
     path.write_text("".join(f"{stamp} {stream} F {line}\n" for line in lines))
+    return path
+
+
+def write_timed_container_log(path: Path, lines: list[str], stream: str = "stdout") -> Path:
+    """The same from lines that start with their own RFC 3339 time (as `kubectl logs
+    --timestamps` prints them): KWOK serves each with that time."""
+    entries = []
+    for line in lines:
+        stamp, _, text = line.partition(" ")
+        entries.append(f"{stamp} {stream} F {text}\n")
+    path.write_text("".join(entries))
     return path
 
 

@@ -22,8 +22,16 @@ def repository_root() -> Path:
     override = os.environ.get("KIMIDEPLOY_HOME")
     if override:
         return Path(override)
+    # Only the checkout this package is the source of (src/kimideploy is this very folder): a
+    # wheel installed with `pip install --target` inside some repository must not take that
+    # repository's templates and example for its own.
     checkout = package_dir().parents[1]
-    if (checkout / "templates").is_dir() and (checkout / "kimideploy.yaml").is_file():
+    own_source = (checkout / "src" / "kimideploy").resolve() == package_dir().resolve()
+    if (
+        own_source
+        and (checkout / "templates").is_dir()
+        and (checkout / "kimideploy.yaml").is_file()
+    ):
         return checkout
     return package_dir() / "_share"
 

@@ -151,6 +151,7 @@ def test_the_032_image_accepts_everything_rendered_for_it(
     drafters = ("none", "k25", "k25-mla", "ngram", "suffix", "v1", "v2", "v3")
     assert names == [
         "patch 0001-mla-eagle3-drafter-kimi-k2.patch applies",
+        "patch 0002-speculation-switch.patch applies",
         *(f"vLLM accepts: {c} --drafter {d}" for c in ("b200", "b300", "rtx6000")
           for d in drafters),
         *(f"vLLM accepts: {c} calibration k={k} (synthetic acceptance)"
@@ -245,10 +246,10 @@ def test_the_032_images_native_selfchecks_pass_there_and_fail_on_016(
     from tests.conftest import REPO
 
     image = example.project.images["vllm-0.32-kimi"]
-    patch = "0001-mla-eagle3-drafter-kimi-k2.patch"
-    assert image.patches == [patch]
+    patch, switch = "0001-mla-eagle3-drafter-kimi-k2.patch", "0002-speculation-switch.patch"
+    assert image.patches == [patch, switch]
     assert checks_for(image.vllm, image.patches, suffix=True) == [
-        patch, *NATIVE_CHECKS, SUFFIX_CHECK
+        patch, switch, *NATIVE_CHECKS, SUFFIX_CHECK
     ]  # fmt: skip
 
     def selfcheck(python: Path, *names: str, overlay: Path | None = None) -> Any:
@@ -262,9 +263,10 @@ def test_the_032_images_native_selfchecks_pass_there_and_fail_on_016(
     assert native.returncode == 0, native.stderr
     assert "returns aux id num_hidden_layers" in native.stderr
     assert "SuffixDecodingCache builds and vLLM finds it" in native.stderr
-    # The patch's own check: fails on the pristine sources, passes on the patched ones.
-    assert selfcheck(python, patch).returncode == 1
-    patched = selfcheck(python, patch, overlay=checks.patched_overlay(image, python))
+    # Each patch's own check: fails on the pristine sources, passes on the patched ones.
+    for name in (patch, switch):
+        assert selfcheck(python, name).returncode == 1, name
+    patched = selfcheck(python, patch, switch, overlay=checks.patched_overlay(image, python))
     assert patched.returncode == 0, patched.stderr
     old = selfcheck(checks.vllm_venv("0.16.0") / "bin" / "python", *NATIVE_CHECKS, SUFFIX_CHECK)
     assert old.returncode == 1

@@ -21,6 +21,7 @@ import pytest
 
 from kimideploy.cli.main import main
 from tests.conftest import REPO
+from tests.go_builds import wait_for_go_builds
 
 sys.path.insert(0, str(REPO / "scripts" / "testcluster"))
 import harness
@@ -35,6 +36,10 @@ def _unavailable(reason: str) -> None:
 
 
 def _bin_dir() -> Any:
+    try:
+        return harness.find_bin_dir()
+    except harness.HarnessError:
+        wait_for_go_builds()
     try:
         return harness.find_bin_dir()
     except harness.HarnessError:
@@ -167,12 +172,19 @@ def served_pod_monitor_crd(cluster: harness.TestCluster) -> Iterator[None]:
         },
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(crd))
-    cluster.kubectl("wait", "--for=condition=Established",
-                    "crd/podmonitors.monitoring.coreos.com", "--timeout=60s")  # fmt: skip
+    cluster.wait_established("crd/podmonitors.monitoring.coreos.com")
     try:
         yield
     finally:
         cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=true")
+
+
+def rented_train_logs(testcluster: harness.TestCluster, namespace: str, log: Path,
+                      lines: list[str]) -> None:  # fmt: skip
+    """A rented cluster whose train pods print `lines`: the models claim synced, every pod's
+    container log served from `log`."""
+    weights_synced(testcluster, namespace)
+    harness.serve_logs(testcluster, namespace, harness.write_container_log(log, lines))
 
 
 def weights_synced(testcluster: harness.TestCluster, namespace: str, claim: str = "kimi-k25-models",

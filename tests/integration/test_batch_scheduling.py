@@ -91,7 +91,7 @@ def install_kueue_crds(testcluster: harness.TestCluster) -> None:
     for name in KUEUE_CRDS:
         crd = testcluster.bin_dir / "kueue-crds" / f"kueue.x-k8s.io_{name}.yaml"
         testcluster.kubectl("apply", "--server-side", "-f", str(crd))
-    testcluster.kubectl("wait", "--for=condition=Established", *crd_names())
+    testcluster.wait_established(*crd_names())
 
 
 QUEUED = B300 + "    kueue: {local_queue: gpu-queue}\n"
@@ -182,7 +182,7 @@ def test_an_older_kueue_serving_only_v1beta1_local_queues_is_found(
     v1beta1.pop("deprecationWarning", None)
     crd["spec"]["versions"] = [{**v1beta1, "storage": True, "deprecated": False}]
     testcluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(crd))
-    testcluster.kubectl("wait", "--for=condition=Established", "crd/localqueues.kueue.x-k8s.io")
+    testcluster.wait_established("crd/localqueues.kueue.x-k8s.io")
     testcluster.kubectl("apply", "-f", "-", stdin=local_queue(namespace, "v1beta1"))
     code, _, err = run_once_discovered(kd, edited_config((B300, QUEUED)))
     assert code == 0, err

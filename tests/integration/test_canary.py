@@ -63,7 +63,7 @@ def crd_files() -> dict[str, Path]:
 def gateway_crds(testcluster: harness.TestCluster, crd_files: dict[str, Path]) -> Iterator[None]:
     for path in crd_files.values():
         testcluster.kubectl("apply", "--server-side", "-f", str(path))
-    testcluster.kubectl("wait", "--for=condition=Established", *[f"crd/{c}" for c in CRDS])
+    testcluster.wait_established(*[f"crd/{c}" for c in CRDS])
     yield
     testcluster.kubectl("delete", *[f"crd/{c}" for c in CRDS], "--ignore-not-found")
 
@@ -164,19 +164,21 @@ def test_a_canary_pool_is_applied_judged_moved_and_rolled_back(
     assert len(pods.split()) == stable["spec"]["replicas"]
     assert not any(name.startswith(f"pod/{CANARY}") for name in pods.split())
 
-    code, out, _ = kd("history", "serve", "-o", "json", config=config)
+    code, out, err = kd("history", "serve", "--cluster", "b300", "-o", "json", config=config)
     rows = json.loads(out)
-    assert [(r["revision"], r["drafter"]) for r in rows] == [(1, "v2"), (2, "v2"), (3, "v2")]
+    assert [(r["revision"], r["drafter"]) for r in rows] == [(1, "v2"), (2, "v2"), (3, "v2")], err
     assert rows[1]["note"].startswith("canary: v3 takes 10% beside revision 1 (v2)")
     assert rows[2]["note"].startswith("canary v3 refused: 0%")
     assert [r["change"] for r in rows] == ["rollout", "canary 10%", "canary 0%"]
-    code, out, _ = kd("status", "-o", "json", config=config)
+    code, out, _ = kd("status", "--cluster", "b300", "-o", "json", config=config)
     assert json.loads(out)["serving"]["canary"] == "v3 takes 0% of the route"
 
     code, _, err = kd(*B300_UP, "--drafter", "v3", "--canary", "10", config=config)
     assert code == 2 and "already has a canary" in err
 
-    code, _, err = kd("rollback", "serve", "--to", "1", "--yes", "--poll", "0.2", config=config)
+    # The release's records are judged against the profile that made them (its gateway).
+    rollback = ("rollback", "serve", "--cluster", "b300", "--to", "1", "--yes", "--poll", "0.2")
+    code, _, err = kd(*rollback, config=config)
     assert code == 0, err
     # Pruned with foreground deletion: the Deployment goes once its pod has.
     wait_for(lambda: live(testcluster, namespace, "deployment", CANARY) is None,

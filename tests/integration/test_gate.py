@@ -104,9 +104,11 @@ def history(kd: Callable[..., tuple[int, str, str]]) -> list[dict[str, Any]]:
 def gated(
     kd: Callable[..., tuple[int, str, str]], drafter: str, *extra: str
 ) -> tuple[int, str, str]:
+    # The separate baseline: KWOK's pods have no keeper to switch speculation off (the
+    # same-server baseline is tests/pipeline/test_drafter_swap.py's, on a real server).
     return kd(
         "up", "serve", "--drafter", drafter, "--gate", "--at-concurrency", "1,8",
-        "--set", QUICK_BENCH, *extra, *FAST,
+        "--gate-baseline", "separate", "--set", QUICK_BENCH, *extra, *FAST,
     )  # fmt: skip
 
 

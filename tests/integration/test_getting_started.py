@@ -11,6 +11,7 @@ import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ FAST = ["--poll", "0.2"]
 GUIDE_COMMANDS = [
     "kimideploy init infra --cluster rtx6000",
     "kimideploy --config infra/kimideploy.yaml config validate",
+    "kimideploy plan requirements",
     "kimideploy prepare --dry-run --registry-auth ~/.docker/config.json",
     "kimideploy prepare --registry-auth ~/.docker/config.json",
     "kimideploy data put mixed-v1.jsonl --as prompts/mixed-v1.jsonl",
@@ -96,6 +98,8 @@ def test_the_guide_runs_as_written(
             make_it_yours(newcomer / "infra" / "kimideploy.yaml", namespace)
         if args[-2:] == ["config", "validate"]:
             monkeypatch.chdir(newcomer / "infra")  # "run from infra/"
+        if args[:2] == ["plan", "requirements"]:
+            assert "host RAM per GPU node" in out and "claim kimi-k25-models" in out
         if args[:2] == ["prepare", "--dry-run"]:
             assert "would create" in out and "kimideploy-registry-push" in out
             assert "kimideploy-registry-push" not in testcluster.kubectl(
@@ -157,3 +161,38 @@ def test_prepare_creates_what_it_can_and_never_replaces_a_secret(
     bad.write_text("{}")
     code, _, err = kd("prepare", "--cluster", "b300", "--registry-auth", str(bad))
     assert code == 2 and "no `auths` mapping" in err
+
+
+def _stored_auth(testcluster: harness.TestCluster, namespace: str, name: str) -> Any:
+    secret = json.loads(testcluster.kubectl("-n", namespace, "get", "secret", name, "-o", "json"))
+    return json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+
+
+def test_prepare_stores_only_the_project_registrys_credentials(
+    kd: Callable[..., tuple[int, str, str]],
+    namespace: str,
+    testcluster: harness.TestCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user's ~/.docker/config.json holds every registry they logged in to: the Secret gets
+    the project registry's entry only; a helper-kept credential is refused with the helper's
+    name before anything is created. (Push and pull from two files: tests/unit/test_prepare_auth.py.)"""
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    helper = tmp_path / "helper.json"
+    helper.write_text(json.dumps({"auths": {"ghcr.io": {}}, "credsStore": "osxkeychain"}))
+    code, _, err = kd("prepare", "--cluster", "b300", "--registry-auth", str(helper))
+    assert code == 2 and "docker-credential-osxkeychain" in err and "oras login" in err, err
+    assert "kimideploy-registry-push" not in testcluster.kubectl(
+        "-n", namespace, "get", "secrets", "-o", "name"
+    )
+    everything = tmp_path / "config.json"
+    everything.write_text(json.dumps({"auths": {
+        "https://index.docker.io/v1/": {"auth": "aHViOmh1Yg=="},
+        "registry.corp.example": {"auth": "Y29ycDpjb3Jw"},
+        "ghcr.io": {"auth": "cHVzaDpwdXNo"},
+    }, "credHelpers": {"gcr.io": "gcloud"}}))  # fmt: skip
+    code, _, err = kd("prepare", "--cluster", "b300", "--registry-auth", str(everything))
+    assert code == 0, err
+    push = _stored_auth(testcluster, namespace, "kimideploy-registry-push")
+    assert push == {"auths": {"ghcr.io": {"auth": "cHVzaDpwdXNo"}}}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.conftest import harness, weights_synced
+from tests.integration.conftest import harness, rented_train_logs
 from tests.integration.test_gate import (
     BENCH_PODS,
     baseline_and_v3,
@@ -24,8 +24,8 @@ from tests.integration.test_runs_and_errors import PROGRESS, annotations
 pytestmark = pytest.mark.integration
 FAST = ("--yes", "--poll", "0.2", "--scheduling-grace", "2")
 COMMON = ["schema", "command", "ok", "exit_code", "status", "reason", "hint"]
-RELEASE_DOC = [*COMMON, "release", "revision", "serving_revision", "verdict"]
-RUN_DOC = [*COMMON, "run", "results", "comparison", "calibration", "bakeoff"]
+RELEASE_DOC = [*COMMON, "release", "revision", "serving_revision", "verdict", "change", "startup"]
+RUN_DOC = [*COMMON, "run", "results", "comparison", "calibration", "bakeoff", "estimate", "actual"]
 PLAN_DOC = [*COMMON, "release", "plan"]
 
 
@@ -136,10 +136,7 @@ def test_run_outcomes_for_a_complete_a_failed_and_a_detached_run(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
-    harness.serve_logs(
-        testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
-    )
+    rented_train_logs(testcluster, namespace, tmp_path / "train.log", PROGRESS)
     b300 = ("--cluster", "b300", "--set", "train.nodes=2", "--poll", "0.3", "-o", "json")
     done = outcome(kd("run", "train", *b300, "--set", annotations(run_duration="1s")), RUN_DOC)
     assert done["command"] == "run train" and done["status"] == "complete"
@@ -149,6 +146,11 @@ def test_run_outcomes_for_a_complete_a_failed_and_a_detached_run(
     )  # fmt: skip
     assert done["results"]["1"] == {"loss": 1.42, "acceptance_pos0": 0.61}
     assert done["comparison"] is None and done["calibration"] is None and done["bakeoff"] is None
+    # Hours and money: predicted before the run, the truth after it against the prediction.
+    estimate, actual = done["estimate"], done["actual"]
+    assert estimate["workload"] == "train" and estimate["gpus"] == 16 and estimate["money"] > 0
+    assert actual["predicted_s"] == estimate["seconds"] and actual["wall_s"] > 0
+    assert actual["gpu_hours"] == pytest.approx(actual["wall_s"] * 16 / 3600, abs=1e-3)
 
     failing = annotations(run_duration="1s", fail_index="1")
     result = kd("run", "train", *b300, "--set", failing)

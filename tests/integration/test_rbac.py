@@ -79,7 +79,8 @@ def test_every_command_runs_as_a_service_account_bound_only_to_the_shipped_roles
     }
     with harness.PodHooks(testcluster, namespace, BENCH_PODS, by_drafter(files)):
         code, _, err = kd("up", "serve", "--drafter", "v3", "--gate", "--at-concurrency", "1,8",
-                          "--set", QUICK_BENCH, "--min-speedup", "1.1", *FAST)  # fmt: skip
+                          "--gate-baseline", "separate", "--set", QUICK_BENCH,
+                          "--min-speedup", "1.1", *FAST)  # fmt: skip
     assert code == 4 and "rolled back by the gate" in err, err
     assert "forbidden" not in err.lower(), err
     quick_vocab = "vocab.pod_annotations=" + json.dumps({"kimideploy.test/run-duration": "1s"})

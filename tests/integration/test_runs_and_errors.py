@@ -11,7 +11,7 @@ import pytest
 
 from kimideploy.cli.main import main
 from tests.conftest import REPO
-from tests.integration.conftest import harness, weights_synced
+from tests.integration.conftest import harness, rented_train_logs, weights_synced
 
 pytestmark = pytest.mark.integration
 PROGRESS = [
@@ -34,10 +34,7 @@ def test_three_index_train_job_on_b300_completes_with_progress(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
-    harness.serve_logs(
-        testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
-    )
+    rented_train_logs(testcluster, namespace, tmp_path / "train.log", PROGRESS)
     code, _out, err = kd(
         "run",
         "train",
@@ -239,10 +236,7 @@ def test_online_train_runs_the_target_server_as_a_sidecar_of_each_trainer(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    weights_synced(testcluster, namespace)  # a rented cluster: its models claim
-    harness.serve_logs(
-        testcluster, namespace, harness.write_container_log(tmp_path / "train.log", PROGRESS)
-    )
+    rented_train_logs(testcluster, namespace, tmp_path / "train.log", PROGRESS)
     code, _out, err = kd(
         "run", "train", "--cluster", "b300", "--set", "train.mode=online",
         "--set", "train.nodes=2", "--set", annotations(run_duration="3s"), "--poll", "0.3",
@@ -252,7 +246,10 @@ def test_online_train_runs_the_target_server_as_a_sidecar_of_each_trainer(
     pods = json.loads(testcluster.kubectl("-n", namespace, "get", "pods", "-o", "json"))["items"]
     assert len(pods) == 2
     for pod in pods:
-        [server] = pod["spec"]["initContainers"]
+        # The locked-memory check first (multi-node over InfiniBand), then the target server.
+        [check, gpu_check, server] = pod["spec"]["initContainers"]
+        assert check["name"] == "memlock-check" and "restartPolicy" not in check
+        assert gpu_check["name"] == "gpu-check"
         # The API server kept it a native sidecar: restarted on failure, stopped with the pod.
         assert server["name"] == "target-server" and server["restartPolicy"] == "Always"
         assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"

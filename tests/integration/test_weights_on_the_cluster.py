@@ -12,6 +12,7 @@ marker or a slow all-reduce, so what is tested is kimideploy's Jobs, claims and 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,7 @@ def test_host_check_reads_the_weights_from_the_claim_not_the_node(
         "host", "check", "--cluster", "b300", "-o", "json", "--poll", "0.3", config=config
     )
     rows = {r["check"]: r for r in json.loads(out)}
-    assert code == 1 and rows["weights on the models claim"]["status"] == "FAIL", err
+    assert code == 1 and rows["weights on the models claim"]["status"] == "FAIL", (err, rows)
     assert "does not exist" in rows["weights on the models claim"]["detail"]
     assert rows["weights on the models claim"]["host"] == "cluster b300"
     assert "free space" not in rows and "model on disk" not in rows  # the node's disk is not it
@@ -127,8 +128,55 @@ def test_host_check_reads_the_weights_from_the_claim_not_the_node(
         "host", "check", "--cluster", "b300", "-o", "json", "--poll", "0.3", config=config
     )
     rows = {r["check"]: r for r in json.loads(out)}
-    assert code == 0, err
+    assert code == 0, (err, [r for r in rows.values() if r["status"] != "pass"])
     assert rows["weights on the models claim"]["status"] == "pass"
+
+
+def test_host_check_measures_the_models_claim_and_the_next_plan_reads_it(
+    kd: Kd,
+    testcluster: harness.TestCluster,
+    namespace: str,
+    machine_hosts: Callable[[Machine], Path],
+    tmp_path: Path,
+) -> None:
+    """`host check --storage`: the storage probe Job reads the claim cold; its pod's output here
+    is the real reader's (workloads/page_cache.py probe on a local checkpoint), its figure is
+    recorded on the cluster, and the next plan's reader line quotes it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    config = machine_hosts(
+        Machine(ib_ports={f"mlx5_{i}": ("ACTIVE", "InfiniBand") for i in range(8)})
+    )
+    weights_synced(testcluster, namespace)
+    model = tmp_path / "model"
+    model.mkdir()
+    for index in range(3):
+        (model / f"model-{index}.safetensors").write_bytes(os.urandom(8 << 20))
+    probe = subprocess.run([sys.executable, "-m", "kimideploy.workloads.page_cache", "probe",
+                            str(model), "--sample-gb", "0.01"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)  # fmt: skip
+    result = json.loads(probe.stdout.splitlines()[-1])
+    log = harness.write_container_log(tmp_path / "probe.log", probe.stdout.splitlines())
+    selector = "app.kubernetes.io/component=storage-probe"
+    with harness.PodHooks(testcluster, namespace, selector, lambda pod: (log, {})):
+        code, out, err = kd("host", "check", "--cluster", "b300", "--storage", "-o", "json",
+                            "--poll", "0.3", config=config)  # fmt: skip
+    rows = {r["check"]: r for r in json.loads(out)}
+    row = rows["models read bandwidth"]
+    assert row["detail"].startswith(f"{result['gbps']:.2f} GB/s cold"), row
+    assert row["host"] == "cluster b300"
+    from kimideploy.cluster.measurements import config_map_name
+
+    stored = json.loads(testcluster.kubectl("-n", namespace, "get", "configmap",
+                                            config_map_name("b300", "storage"), "-o", "json"))  # fmt: skip
+    assert f'"gbps": {result["gbps"]}' in json.dumps(stored["data"]).replace('\\"', '"')
+    code, _, err = kd("up", "serve", "--cluster", "b300", "--drafter", "none", "--dry-run",
+                      "server", config=config)  # fmt: skip
+    assert code == 0, err
+    assert f"measured {result['gbps']:.1f} GB/s" in err, err
 
 
 ALLREDUCE_OK = ("gpu-check: ok   allreduce: NCCL all-reduce over 8 GPUs: 27.3 GB/s bus bandwidth "

@@ -90,17 +90,18 @@ class Volumes:
 
     def start_serving(
         self, python: Path, rendered: pods.Rendered, pod: str, host: str = "127.0.0.1",
-        netns: str | None = None, port: int | None = None,
+        netns: str | None = None, port: int | None = None, env: dict[str, str] | None = None,
     ) -> tuple[pods.Server, pods.PodMounts]:  # fmt: skip
         """The rendered serve container's `vllm serve` on this CPU: its arguments as the CPU
-        needs them (pods.cpu_vllm_args), its Secret-backed and vLLM variables, its read-only root
-        with its writable mounts, its spec volume and its readiness path; logged to
-        ROOT/POD.log."""
+        needs them (pods.cpu_vllm_args), its Secret-backed and vLLM variables (and `env`, a
+        test's own), its read-only root with its writable mounts, its spec volume and its
+        readiness path; logged to ROOT/POD.log."""
         assert rendered.vllm_model is not None
         args = pods.localize(pods.cpu_vllm_args(rendered.vllm_args, host,
                                                 port or pods.free_port()), self.roots)  # fmt: skip
         mounts = self.mounts(rendered, pod)
-        env = {**rendered.secret_env, **rendered.vllm_env}
+        # The pod's paths in its variables too (the keeper's models mount, DRAFTERS_ROOT_ENV).
+        env = pods.localize({**rendered.secret_env, **rendered.vllm_env}, self.roots) | (env or {})
         if WANTED_SPEC_ENV in env:  # the drafter keeper reads the pod's spec volume
             self.mount_spec(pod, json.dumps(rendered.spec))
             env[WANTED_SPEC_ENV] = str(self.spec_folder(pod) / SPEC_FILE_NAME)
@@ -199,11 +200,13 @@ def target_server(
 
 
 def service_urls(
-    project: LoadedProject, server: pods.Server, cluster: str = "cpu"
+    project: LoadedProject, server: pods.Server, cluster: str = "cpu", namespace: str | None = None
 ) -> dict[str, str]:
-    """The serve Service's in-cluster URL, as the specs name it, mapped to a local server."""
+    """The serve Service's in-cluster URL, as the specs name it (in the profile's namespace, or
+    the one a test's release runs in), mapped to a local server."""
     profile = project.project.clusters[cluster]
-    url = f"http://{project.project.name}-serve.{profile.namespace}.svc:{profile.workloads.serve.port}"
+    where = namespace or profile.namespace
+    url = f"http://{project.project.name}-serve.{where}.svc:{profile.workloads.serve.port}"
     return {url: server.url}
 
 
@@ -317,7 +320,7 @@ def train(cpu_python: Path, project: LoadedProject, volumes: Volumes, *overrides
     assert code == 0, err[-4000:]
     progress = pods.events(out, "progress")
     return {"spec": spec, "out": Path(spec["output_dir"]), "progress": progress,
-            "seconds": seconds, "rendered": rendered, "stderr": err,
+            "seconds": seconds, "rendered": rendered, "stderr": err, "stdout": out,
             "evaluations": pods.events(out, "evaluation"),
             "result": pods.events(out, "result")[-1]}  # fmt: skip
 
@@ -562,15 +565,24 @@ def scrape(server: pods.Server) -> str:
 def bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: str,
           server: pods.Server, cluster: str = "cpu",
           overrides: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    return timed_bench(cpu_python, project, volumes, drafter, server, cluster, overrides)[0]
+
+
+def timed_bench(cpu_python: Path, project: LoadedProject, volumes: Volumes, drafter: str,
+                server: pods.Server, cluster: str = "cpu", overrides: tuple[str, ...] = (),
+                ) -> tuple[dict[str, Any], str, float]:  # fmt: skip
+    """The bench pod as rendered: its result, its stdout (the progress events) and its seconds."""
     rendered = pods.rendered(project, "bench", drafter, cluster=cluster, overrides=overrides)
     spec = volumes.spec(rendered, **service_urls(project, server, cluster))
     pod = f"bench-{cluster}-{drafter}" + ("-" + str(len(overrides)) if overrides else "")
+    started = time.monotonic()
     code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
                                        mounts=volumes.mounts(rendered, pod),
                                        **rendered.secret_env)  # fmt: skip
+    seconds = time.monotonic() - started
     assert code == 0, err[-3000:]
     result: dict[str, Any] = pods.events(out, "result")[-1]
-    return result
+    return result, out, seconds
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ function so no test edits arguments by hand:
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -29,9 +30,15 @@ from typing import Any
 from tests.conftest import REPO
 from tests.ports import free_port as free_port
 
-from kimideploy.config.loading import LoadedProject
+from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.specs import SPEC_FILE_NAME
-from kimideploy.formats.drafter_swap import STARTED_WITH_ENV, WANTED_SPEC_ENV
+from kimideploy.formats.drafter_swap import (
+    DRAFTERS_ROOT_ENV,
+    SPECULATION_SWITCH_ENV,
+    STARTED_WITH_ENV,
+    WANTED_SPEC_ENV,
+)
+from kimideploy.images import verify
 from kimideploy.images.cpu_vllm import cpu_runtime_env
 from kimideploy.plan.asks import WorkloadAsk
 from kimideploy.plan.model import PlanRequest
@@ -141,7 +148,7 @@ def _secret_env(pod: dict[str, Any]) -> dict[str, str]:
     return resolved
 
 
-KEEPER_ENV = (STARTED_WITH_ENV, WANTED_SPEC_ENV)
+KEEPER_ENV = (STARTED_WITH_ENV, WANTED_SPEC_ENV, DRAFTERS_ROOT_ENV, SPECULATION_SWITCH_ENV)
 """The drafter keeper's variables (workloads/drafter_swap.py), passed to the tier's vLLM too."""
 COMPILE_CACHE_VARIABLES = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                            "FLASHINFER_WORKSPACE_BASE")  # fmt: skip
@@ -174,14 +181,32 @@ def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
     return Rendered(spec, model, args, manifests, secret_env, ready, vllm_env)
 
 
+TIER_CONFIG = Path(__file__).resolve().parent / "kimideploy.yaml"
+TIER_IMAGE = "vllm-0.32-kimi"
+
+
+@functools.cache
+def image_overlay(python: Path) -> Path:
+    """The venv's vLLM with the tier image's patches applied (cached by patch set): what the
+    image runs, so the tier serves what a pod serves (patch 0002's switch included)."""
+    image = load_project(TIER_CONFIG).project.images[TIER_IMAGE]
+    return verify.patched_overlay(image, python)
+
+
 def cpu_env(python: Path, **extra: str) -> dict[str, str]:
-    """The environment of a CPU vLLM process: the venv's runtime settings, kimideploy's sources
-    the test-only connector shim (tests/pipeline/cpu_shim) and kimideploy's own vLLM plugin
-    entry points (PLUGINS) on the path."""
+    """The environment of a CPU vLLM process: the venv's runtime settings, the image's patched
+    vLLM (image_overlay), kimideploy's sources, the test-only connector shim
+    (tests/pipeline/cpu_shim) and kimideploy's own vLLM plugin entry points (PLUGINS) on the
+    path."""
     venv = python.parent.parent
-    return {**os.environ, **cpu_runtime_env(venv),
-            "PYTHONPATH": f"{REPO / 'src'}:{SHIM}:{PLUGINS}:{REPO}", "VLLM_LOGGING_LEVEL": "WARNING",
-            **extra}  # fmt: skip
+    path = f"{image_overlay(python)}:{REPO / 'src'}:{SHIM}:{PLUGINS}:{REPO}"
+    return {
+        **os.environ,
+        **cpu_runtime_env(venv),
+        "PYTHONPATH": path,
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        **extra,
+    }
 
 
 @dataclass

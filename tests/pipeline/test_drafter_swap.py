@@ -21,6 +21,7 @@ any address but the pod's own, and without the pod's token, the development rout
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -156,7 +157,8 @@ def swap_pod(
     port = project.project.clusters["cpu"].workloads.serve.port
     started = time.monotonic()
     server, mounts = volumes.start_serving(cpu_python, rendered, POD, host="0.0.0.0",
-                                           netns=name, port=port)  # fmt: skip
+                                           netns=name, port=port,
+                                           env={DRAFT_FORWARDS_ENV: "1"})  # fmt: skip
     server.url = f"http://{address}:{port}"
     try:
         pods.wait_ready([server])
@@ -219,6 +221,28 @@ def kubelet_spec_volume(cluster: harness.TestCluster, namespace: str, config_map
         thread.join(timeout=10)
 
 
+def _release_namespace(cluster: harness.TestCluster, namespace: str) -> None:
+    """A namespace for a test's release, with the Secrets the serve pods name."""
+    cluster.kubectl("create", "namespace", namespace)
+    wait_for(lambda: cluster.kubectl("-n", namespace, "get", "sa", "default", check=False),
+             "default SA")  # fmt: skip
+    for (secret, field), value in pods.SECRETS.items():
+        cluster.kubectl("-n", namespace, "create", "secret", "generic", secret,
+                        f"--from-literal={field}={value}")  # fmt: skip
+
+
+def _serve_good_on_the_pod(cluster: harness.TestCluster, namespace: str, address: str,
+                           wait: tuple[str, ...]) -> None:  # fmt: skip
+    """`up serve --drafter good`, its simulated pod given the real server's address (so the
+    API server's pod proxy reaches the server the test started)."""
+    assert kd(cluster, namespace, "up", "serve", "--drafter", "good", *wait) == 0
+    pod = cluster.kubectl("-n", namespace, "get", "pods", "-o",
+                          "jsonpath={.items[0].metadata.name}")  # fmt: skip
+    cluster.kubectl("-n", namespace, "patch", "pod", pod, "--subresource=status",
+                    "--type=merge", "-p", json.dumps({"status": {
+                        "podIP": address, "podIPs": [{"ip": address}]}}))  # fmt: skip
+
+
 def _latest(cluster: harness.TestCluster, namespace: str,
             capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:  # fmt: skip
     capsys.readouterr()
@@ -252,20 +276,10 @@ def test_up_swaps_the_drafter_into_the_running_server_and_rollback_swaps_it_back
 
     namespace = f"swap-{secrets.token_hex(3)}"
     cluster = pipeline_cluster
-    cluster.kubectl("create", "namespace", namespace)
-    wait_for(lambda: cluster.kubectl("-n", namespace, "get", "sa", "default", check=False),
-             "default SA")  # fmt: skip
-    for (secret, field), value in pods.SECRETS.items():
-        cluster.kubectl("-n", namespace, "create", "secret", "generic", secret,
-                        f"--from-literal={field}={value}")  # fmt: skip
+    _release_namespace(cluster, namespace)
     wait = ("--yes", "--poll", "0.3", "--scheduling-grace", "5", "--timeout", "600")
     try:
-        assert kd(cluster, namespace, "up", "serve", "--drafter", "good", *wait) == 0
-        pod = cluster.kubectl("-n", namespace, "get", "pods", "-o",
-                              "jsonpath={.items[0].metadata.name}")  # fmt: skip
-        cluster.kubectl("-n", namespace, "patch", "pod", pod, "--subresource=status",
-                        "--type=merge", "-p", json.dumps({"status": {
-                            "podIP": netns[1], "podIPs": [{"ip": netns[1]}]}}))  # fmt: skip
+        _serve_good_on_the_pod(cluster, namespace, netns[1], wait)
         live = cluster.kubectl("-n", namespace, "get", "deployment", "tiny-serve", "-o", "json")
         generation = json.loads(live)["metadata"]["generation"]
         with kubelet_spec_volume(cluster, namespace, "tiny-serve", volumes):
@@ -362,3 +376,426 @@ def test_up_swaps_the_drafter_into_the_running_server_and_rollback_swaps_it_back
     assert all(g >= u + 1.0 for g, u in zip(rounds["good"], rounds["untrained"], strict=True))
     assert merged["untrained"] <= 1.2, merged
     assert merged["good"] == pytest.approx(good_before, abs=SAME_DRAFTER_SPREAD), merged
+
+
+# --- speculation switched off and on in the running server (patch 0002) -------------------------
+
+DRAFT_FORWARDS_ENV = "KIMIDEPLOY_TEST_DRAFT_FORWARDS"
+"""tests/pipeline/cpu_shim counts every EAGLE-3 draft forward into the pod's HOME when set."""
+DRAFT_FORWARDS_FILE = ".kimideploy-draft-forwards"
+GREEDY_TOKENS = 40
+API_KEY = pods.SECRETS[("pipeline-api-key", "token")]
+
+
+def _draft_forwards(home: Path) -> int:
+    try:
+        return int((home / DRAFT_FORWARDS_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _drafts(server: pods.Server) -> float:
+    """vLLM's own count of drafts (vllm:spec_decode_num_drafts_total)."""
+    text = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:spec_decode_num_drafts_total"))  # fmt: skip
+
+
+def _complete(server: pods.Server, model: str, prompt: str, tokens: int = GREEDY_TOKENS,
+              timeout: float = 300) -> dict[str, Any]:  # fmt: skip
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {API_KEY}"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+def _greedy_prompts(count: int) -> list[str]:
+    """Prompts no server of the tier has seen: a marker of their own first, so no prefix-cache
+    block is shared and each server computes every token itself."""
+    from tests.pipeline import stdlib_corpus
+
+    rows = stdlib_corpus.prompt_rows("heldout", "code", count)
+    return [f"# switch {secrets.token_hex(4)} {i}\n{row['prompt']}" for i, row in enumerate(rows)]
+
+
+class Load:
+    """Requests sent on `threads` threads until stopped, each checked whole: 200 and exactly
+    `tokens` completion tokens (ignore_eos), or counted as lost with the reason."""
+
+    def __init__(self, server: pods.Server, model: str, threads: int = 3, tokens: int = 24):
+        self.server, self.model, self.tokens = server, model, tokens
+        self.stop = threading.Event()
+        self.done = 0
+        self.lost: list[str] = []
+        self.lock = threading.Lock()
+        self.workers = [threading.Thread(target=self._run, args=(n,), daemon=True)
+                        for n in range(threads)]  # fmt: skip
+
+    def _run(self, worker: int) -> None:
+        sent = 0
+        while not self.stop.is_set():
+            sent += 1
+            try:
+                answer = _complete(self.server, self.model,
+                                   f"# load {worker}-{sent}\ndef f(x):\n", self.tokens)  # fmt: skip
+                got = answer["usage"]["completion_tokens"]
+                problem = "" if got == self.tokens else f"{got} of {self.tokens} tokens"
+            except (OSError, ValueError, KeyError) as exc:
+                problem = str(exc)
+            with self.lock:
+                if problem:
+                    self.lost.append(problem)
+                else:
+                    self.done += 1
+
+    def __enter__(self) -> Load:
+        for worker in self.workers:
+            worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for worker in self.workers:
+            worker.join(timeout=600)
+
+
+def test_rollback_no_spec_switches_speculation_off_in_the_running_server_and_up_back_on(
+    swap_pod: Any,
+    netns: tuple[str, str],
+    pipeline_cluster: harness.TestCluster,
+    cpu_python: Path,
+    project: LoadedProject,
+    volumes: Volumes,
+    target_server: pods.Server,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`rollback serve --no-spec` on a server that can switch (the tier's image carries patch
+    0002) keeps the pods and switches speculation off in seconds: the served tokens are then
+    the non-speculative server's, token for token, vLLM counts no draft and no draft forward
+    runs; `up serve --drafter good` switches it back on and the acceptance is what it was.
+    Switched off and on while requests stream, none is lost. One process throughout."""
+    _, server, mounts, _ = swap_pod
+    pid, started_at = server.process.pid, _start_time(server.process.pid)
+    model = project.project.model.served_name
+    namespace = f"switch-{secrets.token_hex(3)}"
+    cluster = pipeline_cluster
+    _release_namespace(cluster, namespace)
+    wait = ("--yes", "--poll", "0.3", "--scheduling-grace", "5", "--timeout", "600")
+    prompts = _greedy_prompts(6)
+    try:
+        _serve_good_on_the_pod(cluster, namespace, netns[1], wait)
+        with kubelet_spec_volume(cluster, namespace, "tiny-serve", volumes):
+            _wait_keeper(mounts.home, lambda s: (s.get("state"), s.get("serving"))
+                         == ("serving", "good"), "serve good")  # fmt: skip
+            on_before = _count(bench(cpu_python, project, volumes, "good", server))
+
+            capsys.readouterr()
+            began = time.monotonic()
+            assert kd(cluster, namespace, "rollback", "serve", "--no-spec", *wait) == 0
+            off_s = time.monotonic() - began
+            out, err = capsys.readouterr()
+            assert "switch speculation off in the running pods (good stays loaded)" in out + err
+            switched_off = _keeper_state(mounts.home)["switches"][-1]
+            latest = _latest(cluster, namespace, capsys)
+            assert (latest["revision"], latest["drafter"], latest["change"]) == (
+                2, "none", "speculation off"), latest  # fmt: skip
+            assert kd(cluster, namespace, "status", "-o", "json") == 0
+            serving = json.loads(capsys.readouterr().out)["serving"]
+            assert serving["drafter_in_pods"] == "1/1 pods serve without speculation (good loaded)"
+
+            drafts, forwards = _drafts(server), _draft_forwards(mounts.home)
+            off = [_complete(server, model, p)["choices"][0]["text"] for p in prompts]
+            plain = [_complete(target_server, model, p)["choices"][0]["text"] for p in prompts]
+            drafts_off, forwards_off = _drafts(server) - drafts, _draft_forwards(mounts.home)
+            forwards_off -= forwards
+
+            capsys.readouterr()
+            began = time.monotonic()
+            assert kd(cluster, namespace, "up", "serve", "--drafter", "good", *wait) == 0
+            on_s = time.monotonic() - began
+            out, err = capsys.readouterr()
+            assert "switch speculation on in the running pods (good)" in out + err
+            switched_on = _keeper_state(mounts.home)["switches"][-1]
+            forwards = _draft_forwards(mounts.home)
+            on_after = _count(bench(cpu_python, project, volumes, "good", server))
+            forwards_on = _draft_forwards(mounts.home) - forwards
+
+            # Off and on again while requests stream.
+            with Load(server, model) as load:
+                for command in (("rollback", "serve", "--no-spec"),
+                                ("up", "serve", "--drafter", "good")) * 2:  # fmt: skip
+                    time.sleep(2)
+                    assert kd(cluster, namespace, *command, *wait) == 0
+                time.sleep(2)
+            deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment",
+                                                    "tiny-serve", "-o", "json"))  # fmt: skip
+            assert deployment["metadata"]["generation"] == 1  # never replaced
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+    start_up = FIGURES.get("drafter swap: the reload it replaces, vLLM start-up (s)")
+    FIGURES["speculation switch: engine off / on (s); vLLM start-up (s)"] = (
+        f"{switched_off['seconds']} / {switched_on['seconds']}; {start_up}"
+    )
+    FIGURES["speculation switch: `rollback --no-spec` / `up` wall time, spec sync included (s)"] = (
+        f"{off_s:.1f} / {on_s:.1f}"
+    )
+    FIGURES["speculation switch: acceptance good before / after off-on"] = (
+        f"{on_before:.2f} / {on_after:.2f}"
+    )
+    FIGURES["speculation switch: drafts / draft forwards while off; requests under flips"] = (
+        f"{drafts_off:.0f} / {forwards_off}; {load.done} completed, {len(load.lost)} lost"
+    )
+    assert server.process.poll() is None
+    assert server.process.pid == pid and _start_time(pid) == started_at
+    # Off: the non-speculative server's tokens, no draft counted, no draft pass run.
+    assert off == plain
+    assert drafts_off == 0 and forwards_off == 0
+    # On again: the drafter drafts again and accepts what it did.
+    assert forwards_on > 0 and switched_on["reset"] is True
+    assert on_after == pytest.approx(on_before, abs=SAME_DRAFTER_SPREAD)
+    assert on_before >= 1.5, on_before
+    assert load.lost == [] and load.done >= 4, (load.done, load.lost)
+
+
+BENCH_PODS = "app.kubernetes.io/component=bench"
+AWAIT_BENCH = "bench.pod_annotations=" + json.dumps({"kimideploy.test/await-hook": "true"})
+# The gate's four benches (two rounds of drafter and baseline) at 16 prompts, not the project's 40:
+# each round's mean is what the test reads, not its precision (509.6 s at 40, under load).
+GATE_BENCH = "bench.num_prompts=16"
+
+
+def real_bench(cluster: harness.TestCluster, namespace: str, cpu_python: Path, project: LoadedProject,
+               volumes: Volumes, server: pods.Server, logs: Path) -> Any:  # fmt: skip
+    """A PodHooks choice that plays the kubelet for a bench pod: its spec (the Job's ConfigMap)
+    run here by the bench workload against the real server; its output becomes the pod's log."""
+    from tests.pipeline.conftest import service_urls
+
+    def choose(pod: dict[str, Any]) -> harness.PodChoice:
+        name = pod["metadata"]["name"]
+        spec_map = next(v["configMap"]["name"] for v in pod["spec"]["volumes"]
+                        if "configMap" in v and v["name"] == "spec")  # fmt: skip
+        found = json.loads(cluster.kubectl("-n", namespace, "get", "configmap", spec_map, "-o",
+                                           "json"))  # fmt: skip
+        spec = pods.localize(json.loads(found["data"][SPEC_FILE_NAME]),
+                             {**volumes.roots,
+                              **service_urls(project, server, namespace=namespace)})  # fmt: skip
+        code, out, err = pods.run_workload(cpu_python, "bench", spec, volumes.root,
+                                           KIMIDEPLOY_API_KEY=API_KEY)  # fmt: skip
+        lines = out.splitlines() if code == 0 else [f"bench failed: {err[-500:]}"]
+        log = harness.write_container_log(logs / f"{name}.log", lines)
+        return log, {"kimideploy.test/run-duration": "1s"}
+
+    return choose
+
+
+def test_the_gate_measures_its_baseline_on_the_drafters_own_pods_switched_off(
+    swap_pod: Any,
+    netns: tuple[str, str],
+    pipeline_cluster: harness.TestCluster,
+    cpu_python: Path,
+    project: LoadedProject,
+    volumes: Volumes,
+    target_server: pods.Server,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`up serve --drafter good --gate --gate-baseline same-server`: no second server is
+    loaded; the baseline is the same pods with speculation switched off, benched in rounds
+    interleaved with the drafter's (each switch a recorded revision), and the verdict says so.
+    The switched-off baseline's throughput is compared with the separately started
+    non-speculative server's on the same bench (FIGURES)."""
+    _, server, mounts, _ = swap_pod
+    pid, started_at = server.process.pid, _start_time(server.process.pid)
+    namespace = f"gate-{secrets.token_hex(3)}"
+    cluster = pipeline_cluster
+    _release_namespace(cluster, namespace)
+    wait = ("--yes", "--poll", "0.3", "--scheduling-grace", "5", "--timeout", "900")
+    hook = real_bench(cluster, namespace, cpu_python, project, volumes, server, tmp_path)
+    try:
+        _serve_good_on_the_pod(cluster, namespace, netns[1], wait)
+        with (kubelet_spec_volume(cluster, namespace, "tiny-serve", volumes),
+              harness.PodHooks(cluster, namespace, BENCH_PODS, hook)):  # fmt: skip
+            _wait_keeper(mounts.home, lambda s: (s.get("state"), s.get("serving"))
+                         == ("serving", "good"), "serve good")  # fmt: skip
+            capsys.readouterr()
+            code = kd(cluster, namespace, "up", "serve", "--drafter", "good", "--gate",
+                      "--gate-baseline", "same-server", "--set", AWAIT_BENCH, "--set", GATE_BENCH,
+                      "-o", "json",
+                      *wait)  # fmt: skip
+            out, err = capsys.readouterr()
+        document = json.loads(out)
+        verdict = document["verdict"]
+        rows = _history_rows(cluster, namespace, capsys)
+        deployment = json.loads(cluster.kubectl("-n", namespace, "get", "deployment",
+                                                "tiny-serve", "-o", "json"))  # fmt: skip
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    assert code in (0, 4), err[-3000:]
+    assert (
+        "baseline measured on the drafter's own pods with speculation switched off"
+        in (verdict["baseline_note"])
+    )
+    assert not verdict.get("gate_failed"), verdict
+    # Two rounds: the drafter and the baseline each benched twice, on one server.
+    assert len(verdict["run_id"].split(",")) == len(verdict["baseline_run"].split(",")) == 2
+    changes = [r["change"] for r in rows]
+    assert changes.count("speculation off") >= 1 and changes.count("speculation on") >= 1, rows
+    assert deployment["metadata"]["generation"] == 1  # the pods were never replaced
+    assert server.process.pid == pid and _start_time(pid) == started_at
+    # What serves now follows the verdict: the drafter kept, or switched off by the rollback.
+    last = rows[-1]
+    assert last["change"] == ("speculation on" if code == 0 else "speculation off"), rows
+    switched = {lv["concurrency"]: lv["baseline_tokens_per_s"] for lv in verdict["levels"]}
+    separate = bench(cpu_python, project, volumes, "none", target_server, overrides=(GATE_BENCH,))
+    plain = {lv["concurrency"]: lv["output_tokens_per_s"] for lv in separate["levels"]}
+    FIGURES["gate same-server: baseline tok/s switched off / separate server (c=4)"] = (
+        f"{switched[4]:.1f} / {plain[4]:.1f} ({switched[4] / plain[4]:.2f}x); verdict "
+        f"{verdict['decision']} at {verdict['levels'][0].get('speedup')}"
+    )
+
+
+def _history_rows(cluster: harness.TestCluster, namespace: str,
+                  capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:  # fmt: skip
+    capsys.readouterr()
+    assert kd(cluster, namespace, "history", "serve", "-o", "json") == 0
+    rows: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+    return sorted(rows, key=lambda r: r["revision"])
+
+
+# --- what a live swap reads, on the engine (issue: a swap can hang serving) ----------------------
+
+
+def _spec_naming(project: LoadedProject, name: str, **changes: Any) -> str:
+    """The rendered good revision's spec, naming the drafter folder /models/drafters/NAME."""
+    spec = dict(pods.rendered(project, "serve", "good").spec)
+    spec.update(drafter=name, drafter_path=f"/models/drafters/{name}", speculation=True)
+    spec.update(changes)
+    return json.dumps(spec)
+
+
+def _candidate(volumes: Volumes, source: Path, name: str) -> Path:
+    out = volumes.root / "models" / "drafters" / name
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(source, out)
+    return out
+
+
+def test_a_swap_reads_its_candidate_once_as_untrusted_input_while_requests_stream(
+    swap_pod: Any,
+    project: LoadedProject,
+    volumes: Volumes,
+    good_drafter: dict[str, Any],
+    untrained_drafter: dict[str, Any],
+) -> None:
+    """Candidates a shared volume can hold: a FIFO for config.json (it blocked the engine's
+    collective call forever, /health still answering), a link to /dev/zero (read until memory
+    ran out), a header over no data and a truncated file (half-written), a folder outside the
+    models mount, files other than the release recorded, and files replaced while the swap
+    reads them. Each is refused within seconds while requests stream, none is lost, and the
+    good drafter goes on serving the same greedy tokens; the process never restarts."""
+    from kimideploy.formats.drafter_swap import hold_drafter
+
+    _, server, mounts, _ = swap_pod
+    pid, started_at = server.process.pid, _start_time(server.process.pid)
+    model = project.project.model.served_name
+    good, untrained = Path(good_drafter["out"]), Path(untrained_drafter["out"])
+    volumes.mount_spec(POD, _spec_naming(project, "good"))
+    _wait_keeper(mounts.home, lambda s: (s.get("state"), s.get("serving"), s.get("speculation"))
+                 == ("serving", "good", "on"), "serve good with speculation on")  # fmt: skip
+    prompts = _greedy_prompts(3)
+    reference = [_complete(server, model, p)["choices"][0]["text"] for p in prompts]
+
+    fifo = _candidate(volumes, good, "fifo")
+    (fifo / "config.json").unlink()
+    os.mkfifo(fifo / "config.json")
+    zero = _candidate(volumes, good, "zero")
+    [weights] = sorted(zero.glob("*.safetensors"))
+    weights.unlink()
+    weights.symlink_to("/dev/zero")
+    header_only = _candidate(volumes, untrained, "header-only")
+    [weights] = sorted(header_only.glob("*.safetensors"))
+    raw = weights.read_bytes()
+    weights.write_bytes(raw[: 8 + int.from_bytes(raw[:8], "little")])
+    truncated = _candidate(volumes, untrained, "truncated")
+    [weights] = sorted(truncated.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-4096])
+    outside = volumes.root / "elsewhere" / "drafter"
+    shutil.rmtree(outside.parent, ignore_errors=True)
+    shutil.copytree(untrained, outside)
+    good_files = hold_drafter(good).sha256s()
+    cases = [
+        (_spec_naming(project, "fifo"), "not a regular file"),
+        (_spec_naming(project, "zero"), "symbolic link"),
+        (_spec_naming(project, "header-only"), "truncated"),
+        (_spec_naming(project, "truncated"), "truncated"),
+        (_spec_naming(project, "outside", drafter_path="/elsewhere/drafter"), "models mount"),
+        (_spec_naming(project, "untrained", drafter_sha256=good_files), "sha256"),
+    ]
+    refusals: dict[str, float] = {}
+    with Load(server, model) as load:
+        for spec, named in cases:
+            began = time.monotonic()
+            volumes.mount_spec(POD, spec)
+            wanted = json.loads(spec)["drafter"]
+            state = _wait_keeper(mounts.home, lambda s, w=wanted: s.get("state") == "refused"
+                                 and s.get("wanted") == w, f"refuse {wanted}", 120)  # fmt: skip
+            refusals[wanted] = round(time.monotonic() - began, 1)
+            assert named in state["reason"], state
+            assert state["serving"] == "good", state
+        # Files replaced under the swap: the release lists untrained's; a writer swaps the
+        # folder's weights between untrained's and good's bytes while the keeper and the
+        # engine read them. Whatever is loaded is exactly what the release listed, or nothing.
+        flip = _candidate(volumes, untrained, "flip")
+        [weights] = sorted(flip.glob("*.safetensors"))
+        listed = hold_drafter(flip).sha256s()
+        versions = [
+            weights.read_bytes(),
+            next(iter(sorted(good.glob("*.safetensors")))).read_bytes(),
+        ]
+        stop = threading.Event()
+
+        def flipping() -> None:
+            turn = 0
+            while not stop.is_set():
+                draft = weights.with_name(".flip.tmp")
+                draft.write_bytes(versions[turn % 2])
+                draft.replace(weights)
+                turn += 1
+                stop.wait(0.005)
+
+        writer = threading.Thread(target=flipping, daemon=True)
+        writer.start()
+        try:
+            volumes.mount_spec(POD, _spec_naming(project, "flip", drafter_sha256=listed))
+            flipped = _wait_keeper(mounts.home, lambda s: s.get("wanted") == "flip"
+                                   and s.get("state") in ("serving", "refused"), "judge flip",
+                                   120)  # fmt: skip
+        finally:
+            stop.set()
+            writer.join(timeout=30)
+        volumes.mount_spec(POD, _spec_naming(project, "good"))
+        _wait_keeper(mounts.home, lambda s: (s.get("state"), s.get("serving"))
+                     == ("serving", "good"), "swap good back", 120)  # fmt: skip
+    after = [_complete(server, model, p)["choices"][0]["text"] for p in prompts]
+    FIGURES["swap safety: seconds to refuse fifo / zero / header-only / truncated / outside / "
+            "sha256; requests under the refusals"] = (
+        " / ".join(str(refusals[k]) for k in ("fifo", "zero", "header-only", "truncated",
+                                                "outside", "untrained"))
+        + f"; {load.done} completed, {len(load.lost)} lost"
+    )  # fmt: skip
+    FIGURES["swap safety: files replaced during the swap"] = (
+        f"{flipped['state']}: {flipped.get('reason') or 'the listed bytes were loaded'}"[:160]
+    )
+    assert load.lost == [] and load.done >= 3, (load.done, load.lost)
+    assert after == reference  # the good drafter served throughout: the same greedy tokens
+    if flipped["state"] == "refused":
+        assert "sha256" in flipped["reason"], flipped
+    else:
+        assert flipped["verified"] is True, flipped
+    assert server.process.poll() is None
+    assert server.process.pid == pid and _start_time(pid) == started_at

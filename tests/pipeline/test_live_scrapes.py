@@ -121,6 +121,9 @@ def test_watch_reads_real_counters_through_the_pod_proxy_and_rolls_back(
         assert latest["drafter"] == "none" and latest["revision"] == 2, history
         deployment = json.loads(pipeline_cluster.kubectl("-n", namespace, "get", "deployment",
                                                          "tiny-serve", "-o", "json"))  # fmt: skip
+        # This server was started without the keeper's variables: its keeper route answers but
+        # no keeper loop ever looks, so the switch gives way to replacing the pods after
+        # swap.KEEPER_SILENT_S (it held the rollback until --timeout before).
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert "--speculative-config" not in container["args"]
     finally:

@@ -25,7 +25,7 @@ def _run(dest: Path, data_parts: list[bytes], want: str, mode: str, tmp: Path) -
         old.unlink()
     for index, chunk in enumerate(data_parts):
         (parts / f"{index:05d}").write_bytes(chunk)
-    done = subprocess.run(["sh", "-c", SCRIPT, "put", str(dest), want, mode, str(parts)],
+    done = subprocess.run(["sh", "-c", SCRIPT, "put", str(dest), want, mode, str(parts), str(tmp)],
                           capture_output=True, text=True, check=False)  # fmt: skip
     return done.returncode, done.stdout.strip().splitlines()[-1]
 
@@ -77,3 +77,58 @@ def test_a_path_off_the_volume_is_refused(example: LoadedProject, bad: str) -> N
         upload(ctx, bad, b"x", replace=False)
     with pytest.raises(UsageError, match="carries at most"):
         upload(ctx, "p.jsonl", b"x" * (MAX_BYTES + 1), replace=False)
+
+
+def _script(args: list[str]) -> tuple[int, str]:
+    done = subprocess.run(["sh", "-c", SCRIPT, "put", *args], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    return done.returncode, (done.stdout.strip().splitlines() or [""])[-1]
+
+
+def test_links_planted_on_the_volume_are_refused_not_written_through(tmp_path: Path) -> None:
+    volume, outside = tmp_path / "volume", tmp_path / "outside"
+    (volume / "prompts").mkdir(parents=True)
+    outside.mkdir()
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "00000").write_bytes(b"x\n")
+    digest = hashlib.sha256(b"x\n").hexdigest()
+    # The destination itself a link, a folder on the way a link, the old fixed temporary name.
+    (volume / "prompts" / "a.jsonl").symlink_to(outside / "victim")
+    (volume / "elsewhere").symlink_to(outside)
+    (volume / "prompts" / "b.jsonl.part").symlink_to(outside / "victim-part")
+    for dest, named in [(volume / "prompts" / "a.jsonl", "a.jsonl"),
+                        (volume / "elsewhere" / "c.jsonl", "elsewhere")]:  # fmt: skip
+        code, last = _script([str(dest), digest, "replace", str(parts), str(volume)])
+        assert code == 1 and last.startswith("link ") and named in last, last
+    code, last = _script([str(volume / "prompts" / "b.jsonl"), digest, "replace", str(parts),
+                          str(volume)])  # fmt: skip
+    assert (code, last) == (0, f"wrote {volume / 'prompts' / 'b.jsonl'} {digest}")
+    assert list(outside.iterdir()) == []  # nothing written through any link
+    (volume / "prompts" / "d.jsonl").mkdir()
+    code, last = _script([str(volume / "prompts" / "d.jsonl"), digest, "replace", str(parts),
+                          str(volume)])  # fmt: skip
+    assert code == 1 and last.startswith("notfile "), last
+
+
+def test_overlapping_replacements_each_report_what_the_path_holds(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    dest = volume / "p.jsonl"
+    procs = []
+    for index in range(4):
+        parts = tmp_path / f"parts{index}"
+        parts.mkdir()
+        data = bytes([65 + index]) * (3 << 20)
+        (parts / "00000").write_bytes(data)
+        args = [str(dest), hashlib.sha256(data).hexdigest(), "replace", str(parts), str(volume)]
+        procs.append(subprocess.Popen(["sh", "-c", SCRIPT, "put", *args], text=True,
+                                      stdout=subprocess.PIPE))  # fmt: skip
+    lasts = [p.communicate()[0].strip().splitlines()[-1] for p in procs]
+    final = hashlib.sha256(dest.read_bytes()).hexdigest()
+    wanted = {hashlib.sha256(bytes([65 + i]) * (3 << 20)).hexdigest() for i in range(4)}
+    assert final in wanted  # one upload's bytes whole, never a mixture
+    assert all(last.split()[0] in ("wrote", "raced") for last in lasts), lasts  # none corrupt
+    # Whoever says "wrote" read its own bytes back under the name.
+    assert all(last.split()[-1] in wanted for last in lasts), lasts
+    assert sorted(p.name for p in volume.iterdir()) == ["p.jsonl"]  # no temporary left

@@ -17,8 +17,11 @@ from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.formats.drafter_swap import (
     DEV_ROUTES_GUARD,
     DRAFTER_FILES_BACKEND,
+    DRAFTERS_ROOT_ENV,
     KEEPER_PATH,
+    SPECULATION_PATH,
     SWAP_REFUSED,
+    hold_drafter,
     swap_refusals,
 )
 from kimideploy.plan.asks import ServeAsk, SyntheticAcceptance
@@ -53,6 +56,10 @@ def drafter(root: Path, config: dict[str, Any] | None = None,
     return root
 
 
+def refusals(running: Path, candidate: Path) -> list[str]:
+    return swap_refusals(hold_drafter(running), hold_drafter(candidate))
+
+
 def edited(**changes: Any) -> dict[str, Any]:
     config = json.loads(json.dumps(CONFIG))
     config.update(changes)
@@ -63,7 +70,7 @@ def test_same_shape_drafters_swap_whatever_their_paths_and_versions(tmp_path: Pa
     running = drafter(tmp_path / "a")
     other = edited(transformers_version="4.58.1", _name_or_path="/elsewhere")
     other["speculators_config"] = {"verifier": {"name_or_path": "/other/copy/of/target"}}
-    assert swap_refusals(running, drafter(tmp_path / "b", other)) == []
+    assert refusals(running, drafter(tmp_path / "b", other)) == []
 
 
 @pytest.mark.parametrize(
@@ -87,7 +94,7 @@ def test_a_drafter_vllm_would_build_differently_is_refused_with_the_reason(
     tmp_path: Path, config: dict[str, Any] | None, tensors: Any, named: str
 ) -> None:
     running = drafter(tmp_path / "a")
-    reasons = swap_refusals(running, drafter(tmp_path / "b", config, tensors))
+    reasons = refusals(running, drafter(tmp_path / "b", config, tensors))
     assert any(reason.startswith(named) for reason in reasons), reasons
 
 
@@ -95,10 +102,12 @@ def test_unreadable_candidates_are_refused_not_raised(tmp_path: Path) -> None:
     running = drafter(tmp_path / "a")
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "cannot be read" in swap_refusals(running, empty)[0]
+    assert refusals(running, empty)[0] == (
+        f"{empty}/config.json: cannot be opened (No such file or directory)"
+    )
     broken = drafter(tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"\x10\x00")
-    assert any("model.safetensors" in r for r in swap_refusals(running, broken))
+    assert any("model.safetensors" in r for r in refusals(running, broken))
 
 
 def deployment(example: LoadedProject, request: PlanRequest) -> dict[str, Any]:
@@ -312,16 +321,22 @@ def test_a_revision_that_changes_more_is_rolled_out_and_says_why(
     assert decision.why_not.startswith(why) and bool(decision.why_not) == bool(why), decision
 
 
-def fake_vllm(served: list[str], calls: list[str], refuse: str = "") -> Any:
+def fake_vllm(
+    served: list[str], calls: list[str], refuse: str = "", speculating: list[bool] | None = None
+) -> Any:
     """vLLM's weight routes as the keeper uses them: /weight_info answers served[0]; an update of
-    a folder containing `refuse` is refused as the engine refuses it."""
+    a folder containing `refuse` is refused as the engine refuses it. The keeper's own switch
+    route answers as over an engine whose speculation is speculating[0], or (None) as over a
+    vLLM without patch 0002."""
 
     def respond(handler: Any) -> None:
         body = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
                           or b"{}")  # fmt: skip
         calls.append(handler.path)
         status, answer = 200, {}
-        if handler.path == "/weight_info":
+        if handler.path.startswith(SPECULATION_PATH):
+            status, answer = switch_answer(handler.path, speculating)
+        elif handler.path == "/weight_info":
             answer = {"weight_version": served[0]}
         elif handler.path == "/update_weights" and refuse and refuse in body["update_info"]["path"]:
             status, answer = 500, {"error": f"x {SWAP_REFUSED} (y) without a restart: tensor z"}
@@ -338,11 +353,25 @@ def fake_vllm(served: list[str], calls: list[str], refuse: str = "") -> Any:
     return respond
 
 
+def switch_answer(path: str, speculating: list[bool] | None) -> tuple[int, dict[str, Any]]:
+    """What the keeper's route answers over a (fake) engine: 501 without the switch."""
+    if speculating is None:
+        return 501, {"error": drafter_swap.NO_SWITCH}
+    was = speculating[0]
+    if "enabled=" in path:
+        speculating[0] = path.endswith("enabled=true")
+    changed = speculating[0] != was
+    reset = True if changed and speculating[0] else None
+    return 200, {"speculation": speculating[0], "changed": changed, "reset": reset}
+
+
 def test_the_keeper_serves_what_the_spec_names_and_stops_on_a_refusal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     spec = tmp_path / "spec.json"
+
+    monkeypatch.setenv(DRAFTERS_ROOT_ENV, "/models")
 
     def wants(name: str) -> None:
         spec.write_text(json.dumps({"drafter": name, "drafter_path": f"/models/drafters/{name}"}))
@@ -354,7 +383,8 @@ def test_the_keeper_serves_what_the_spec_names_and_stops_on_a_refusal(
         keeper.step()
         state = drafter_swap.read_keeper_state()
         assert (state["state"], state["serving"]) == ("serving", "good")
-        assert calls == ["/weight_info"]  # vLLM's "default" is the drafter it started with
+        # vLLM's "default" is the drafter it started with; this vLLM has no switch.
+        assert calls == [SPECULATION_PATH, "/weight_info"]
         wants("untrained")
         keeper.step()
         state = drafter_swap.read_keeper_state()

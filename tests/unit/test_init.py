@@ -62,3 +62,37 @@ def test_init_refuses_unknown_clusters_and_asks_only_on_a_terminal(
     assert main(["init", str(tmp_path)]) == 2  # pytest's stdin is no terminal
     assert "which clusters?" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_init_does_not_write_through_a_link_planted_at_its_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    target = tmp_path / "project"
+    target.mkdir()
+    victim = tmp_path / "victim"
+    # The name round four's init wrote its temporary file under (a guessable pid).
+    for pid in {os.getpid(), os.getpid() + 1}:
+        (target / f".kimideploy.yaml.{pid}.tmp").symlink_to(victim)
+    assert main(["init", str(target), "--cluster", "rtx6000"]) == 0
+    assert not victim.exists()
+    assert (target / "kimideploy.yaml").is_file()
+
+
+def test_only_the_packages_own_checkout_lends_it_templates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kimideploy import paths
+
+    monkeypatch.delenv("KIMIDEPLOY_HOME", raising=False)
+    repo = tmp_path / "someones-repo"
+    (repo / "templates").mkdir(parents=True)
+    (repo / "kimideploy.yaml").write_text("name: not-ours\n")
+    (repo / "src" / "kimideploy").mkdir(parents=True)
+    installed = repo / "target" / "kimideploy"  # `pip install --target target` inside it
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(paths, "package_dir", lambda: installed)
+    assert paths.repository_root() == installed / "_share"
+    monkeypatch.setattr(paths, "package_dir", lambda: repo / "src" / "kimideploy")
+    assert paths.repository_root() == repo

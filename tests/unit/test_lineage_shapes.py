@@ -64,3 +64,20 @@ def test_replay_sample_rows_are_checked_where_they_are_read(
     (tmp_path / replay_sample.REPLAY_SAMPLE_FILE).write_text(f"{good}\n{line}\n")
     with pytest.raises(BadInputError, match=f":2: {why}"):
         replay_sample.read(tmp_path)
+
+
+@pytest.mark.parametrize("held_out", [*BAD, {"mean_acceptance_length": {"3": 2.4, "x": 1.0},
+                                              "by_k": {"k3": {}, "3": {"acceptance_per_position":
+                                                                       [0.8, "a", 0.5]}}}])  # fmt: skip
+def test_the_doctor_reads_what_it_can_of_a_lineage_and_never_raises(held_out: Any) -> None:
+    """The round-four case: `drafter doctor` on a lineage whose held-out figures carry a key that
+    is not a depth ended in a traceback (`int(k)`); it now leaves that figure out."""
+    from types import SimpleNamespace
+
+    from kimideploy.services.drafters.doctor import _held_out
+
+    lengths, rates = _held_out(SimpleNamespace(held_out=None), {"held_out": held_out})
+    if isinstance(held_out, dict) and "x" in held_out["mean_acceptance_length"]:
+        assert (lengths, rates) == ({3: 2.4}, [0.8, 0.5])
+    else:
+        assert lengths in (None, {3: 2.0}, {3: 99.0}) and all(isinstance(r, float) for r in rates)

@@ -34,7 +34,14 @@ def obj(plan: Plan, template: str) -> dict[str, Any]:
 def test_each_b300_trainer_pod_runs_the_target_on_half_its_gpus(example: LoadedProject) -> None:
     plan = resolve(example, PlanRequest("train", "b300"))  # the example trains online there
     job = obj(plan, "job-train")
-    [server] = job["init_containers"]
+    # The locked-memory check runs first (multi-node RDMA, workloads/memlock_check.py), then the
+    # train image's GPU check on the trainer's half (FlexAttention), then the target server.
+    [check, gpu_check, server] = job["init_containers"]
+    assert check["name"] == "memlock-check" and gpu_check["name"] == "gpu-check"
+    probes = gpu_check["command"][gpu_check["command"].index("--probes") + 1]
+    assert probes == "torch-arch,flex-attention"
+    assert gpu_check["command"][gpu_check["command"].index("--gpus") + 1] == "4"
+    assert gpu_check["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert server["name"] == "target-server" and server["restartPolicy"] == "Always"
     assert server["image"].startswith("ghcr.io/kimideploy/vllm@")  # the extraction image
     assert server["command"] == ["vllm", "serve", "/models/hub/moonshotai/Kimi-K2.5/"
@@ -78,7 +85,8 @@ def test_the_server_asks_vllm_for_exactly_what_offline_extraction_asks_for(
     example: LoadedProject,
 ) -> None:
     job = obj(resolve(example, PlanRequest("train", "b300")), "job-train")
-    args = job["init_containers"][0]["args"]
+    [server] = [c for c in job["init_containers"] if c["name"] == "target-server"]
+    args = server["args"]
     extract = json.loads(obj(resolve(example, PlanRequest("extract", "b300")), "configmap-spec")
                          ["data"]["spec.json"])  # fmt: skip
     kwargs = engine_kwargs(ExtractSpec(**extract), Path(SCRATCH_MOUNT), 4096)

@@ -68,7 +68,12 @@ def test_a_copy_anywhere_with_placeholder_pins_is_refused_before_any_cluster(
     _, err = capsys.readouterr()
     assert code == 2, err
     assert "placeholder pins" in err and f"{copy}:15: model.revision" not in err
-    assert f"{copy}:51: images.vllm-0.16.base" in err or f"{copy}:50:" in err
+    [line] = [
+        p.line
+        for p in placeholders_in(copy.read_text())
+        if p.path == "images.vllm-0.16-kimi.digest"
+    ]
+    assert f"{copy}:{line}: images.vllm-0.16-kimi.digest" in err
     assert "KIMIDEPLOY_ALLOW_PLACEHOLDERS=1" in err and "cannot use kube context" not in err
 
 

@@ -25,8 +25,8 @@ def test_user_strings_are_escaped_and_kimideploys_references_kept(
 ) -> None:
     config = edited_config(
         ("  served_name: kimi-k2.5\n", "  served_name: kimi-$(HF_TOKEN)\n"),
-        ("    gpu: {product: NVIDIA-B300-SXM6-AC, arch: sm_103, memory_gb: 288, per_node: 8}\n    interconnect: nvlink\n    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    env:\n",
-         "    gpu: {product: NVIDIA-B300-SXM6-AC, arch: sm_103, memory_gb: 288, per_node: 8}\n    interconnect: nvlink\n    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    env:\n      NCCL_SOCKET_IFNAME: $(HF_TOKEN)\n"),
+        ("    price_per_gpu_hour: 6.00       # what the provider charges per GPU-hour: estimates add up money\n    interconnect: nvlink\n    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    env:\n",
+         "    price_per_gpu_hour: 6.00       # what the provider charges per GPU-hour: estimates add up money\n    interconnect: nvlink\n    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n    env:\n      NCCL_SOCKET_IFNAME: $(HF_TOKEN)\n"),
     )  # fmt: skip
     serve = next(
         c for c in containers(config, "serve", cluster="b300")
@@ -39,7 +39,9 @@ def test_user_strings_are_escaped_and_kimideploys_references_kept(
     )
     assert "kimi-$$(HF_TOKEN)" in sidecar["args"]
     trainer = next(
-        c for c in containers(config, "train", cluster="b300") if c["name"] != "target-server"
+        c
+        for c in containers(config, "train", cluster="b300")
+        if c["name"] not in ("target-server", "memlock-check", "gpu-check")
     )
     assert any(
         "$(JOB_COMPLETION_INDEX)" in a

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kimideploy.cluster import records
-from kimideploy.cluster.record_trust import MAX_RECORD_BYTES
+from kimideploy.cluster.record_trust import MAX_RECORD_BYTES, RouteParent
 
 RELEASE, NAMESPACE = "kimi-k25-serve", "kimi"
 LABELS = {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/managed-by": "kimideploy"}
@@ -198,3 +198,67 @@ def test_damaged_data_is_named_not_a_traceback(data: dict[str, Any], problem: st
     item = {"type": records.RECORD_TYPE, "metadata": {"name": "kimideploy.release.kimi-k25-serve.v3"},
             "data": data}  # fmt: skip
     assert problem in refused(item)
+
+
+# --- a stored HTTPRoute: parents, hostnames, backends ---------------------------------------------
+
+PARENT = RouteParent("inference-gateway", "gateways")
+
+
+def routed_record(**route_spec: Any) -> dict[str, Any]:
+    """The objects `up serve` renders behind the example's gateway (tests/unit/test_canary.py),
+    the route's spec changed by `route_spec`."""
+    from tests.unit.test_canary import objects, with_gateway
+
+    found = objects(with_gateway("b300"), "b300")
+    for obj in found:
+        obj["metadata"].setdefault("namespace", NAMESPACE)
+        if obj["kind"] == "HTTPRoute":
+            obj["spec"] = {**obj["spec"], **route_spec}
+    return record(manifests=found)
+
+
+def route_refused(data: dict[str, Any], parent: RouteParent | None = PARENT) -> str:
+    with pytest.raises(records.UntrustedRecordError) as caught:
+        records._decode(secret(data), NAMESPACE, RELEASE, parent)
+    return caught.value.message
+
+
+def test_the_route_up_renders_for_the_profiles_gateway_is_trusted() -> None:
+    assert records._decode(secret(routed_record()), NAMESPACE, RELEASE, PARENT).revision == 3
+
+
+@pytest.mark.parametrize(
+    ("route_spec", "problem"),
+    [
+        ({"parentRefs": [{"name": "inference-gateway", "namespace": "tenant-b"}]},
+         "attaches to Gateway tenant-b/inference-gateway, not the cluster profile's "
+         "gateways/inference-gateway"),
+        ({"parentRefs": [{"name": "public", "namespace": "gateways"}]},
+         "attaches to Gateway gateways/public"),
+        ({"parentRefs": [{"name": "inference-gateway", "namespace": "gateways",
+                          "sectionName": "https-tenant-b"}]},
+         "attaches to Gateway gateways/inference-gateway (https-tenant-b)"),
+        ({"parentRefs": [{"name": "inference-gateway", "namespace": "gateways", "port": 443}]},
+         "attaches to Gateway gateways/inference-gateway"),
+        ({"hostnames": ["api.tenant-b.example"]},
+         "claims hostnames ['api.tenant-b.example'] (kimideploy renders none)"),
+        ({"rules": [{"backendRefs": [{"kind": "Service", "name": "billing",
+                                      "namespace": "tenant-b", "port": 80}]}]},
+         "sends traffic to Service tenant-b/billing, not to one of the record's own "
+         "InferencePools"),
+        ({"rules": [{"backendRefs": [{"group": "inference.networking.k8s.io",
+                                      "kind": "InferencePool", "name": "other-pool"}]}]},
+         "sends traffic to InferencePool kimi/other-pool"),
+        ({"rules": [{"matches": [{"path": {"value": "/admin"}}], "backendRefs": []}]},
+         "has rule fields kimideploy never renders: ['matches']"),
+    ],
+)  # fmt: skip
+def test_a_route_anywhere_but_the_profiles_gateway_and_pools_is_refused(
+    route_spec: dict[str, Any], problem: str
+) -> None:
+    assert problem in route_refused(routed_record(**route_spec))
+
+
+def test_a_route_on_a_cluster_without_a_gateway_is_refused() -> None:
+    assert "the cluster profile serves through no gateway" in route_refused(routed_record(), None)

@@ -80,7 +80,8 @@ def test_published_drafter_and_conversations_are_not_listed() -> None:
 
 def rental_config(edited_config: Any, ends: str) -> Any:
     anchor = (
-        "    # rental: {ends: 2027-01-31T18:00:00Z, provider: Example GPU Cloud, warn_hours: 72}\n"
+        "    # rental: {ends: 2027-01-31T18:00:00Z, provider: Example GPU Cloud, warn_hours: 72,\n"
+        "    #          margin_hours: 2}     # `run` refuses what would reach into the last 2 hours\n"
     )
     return edited_config((anchor, f"    rental: {{ends: {ends}, warn_hours: 72}}\n"))
 

@@ -132,11 +132,14 @@ def test_explicit_small_hidden_state_claim_is_warned(edited_config: Callable[...
     assert any("smaller than the 831.5 GB" in w for w in plan.warnings)
 
 
-def test_train_is_single_node_torchrun_on_the_pcie_host(example: LoadedProject) -> None:
+def test_train_is_single_node_under_the_launcher_on_the_pcie_host(example: LoadedProject) -> None:
     plan = resolve(example, PlanRequest("train", "rtx6000"))
     job = obj(plan, "job-train")
-    assert job["command"] == ["torchrun"]
-    assert "--standalone" in job["args"] and "--nproc-per-node=8" in job["args"]
+    # kimideploy's launcher, not torchrun: a rank's exit code reaches the Job (75 resumes).
+    assert job["command"] == ["python", "-m", "kimideploy.workloads.launch"]
+    assert "--nnodes=1" in job["args"] and "--nproc-per-node=8" in job["args"]
+    assert job["args"][job["args"].index("--") :] == [
+        "--", "-m", "kimideploy.workloads", "train", "--spec", "/etc/kimideploy/spec.json"]  # fmt: skip
     assert job["completions"] == job["parallelism"] == 1
     assert not [o for o in plan.objects if o.template == "service-train"]
 

@@ -21,7 +21,10 @@ def test_a_failed_revision_says_the_same_thing_everywhere() -> None:
     }
     assert failed.message == (
         "revision 4 failed: container vllm restarted 3 times\n  last log lines:\n"
-        "    loading weights\n    CUDA out of memory"
+        "    loading weights\n    CUDA out of memory\n"
+        "  what to do (CrashLoop): the server exits again and again: the log lines say why "
+        "(`kimideploy logs serve` for all of them); killed for memory, the plan's `memory` and "
+        "`page cache` lines say what the pod holds (`kimideploy up serve --dry-run`)"
     )
     assert failed.outcome("failed") == {
         "status": "failed",

@@ -41,6 +41,12 @@ def test_bench_measures_each_level_and_compares_with_a_baseline(
             level["metrics"] == "unavailable" and level["acceptance_rate"] is None
         )  # no /metrics here
     assert any(json.loads(line).get("event") == "result" for line in out.splitlines())
+    # One progress event per level, each with the rate `run` keeps for the next estimate.
+    progress = [e for e in map(json.loads, out.splitlines()) if e.get("event") == "progress"]
+    assert [(e["done"], e["total"], e["unit"]) for e in progress] == [
+        (n, 4, "levels") for n in (1, 2, 3, 4)
+    ]
+    assert all(e["rate"] > 0 for e in progress), progress
     spec = bench_spec(
         tmp_path,
         openai_server,

@@ -104,3 +104,25 @@ def test_the_transport_is_read_from_nccls_own_log(logs: list[str], transport: st
     from kimideploy.workloads.allreduce_probe import transport_from_logs
 
     assert transport_from_logs(logs) == transport
+
+
+def test_the_flex_attention_probe_compiles_the_training_kernel_and_checks_it(
+    torch_python: Path,
+) -> None:
+    """The train image's probe on this CPU: FlexAttention compiled by the real torch (forward
+    only: torch has no CPU backward; the GPU's backward is what the pod's check adds) and
+    compared with SDPA; a wrong result is named, not passed."""
+    script = (
+        "from kimideploy.workloads import gpucheck as g\n"
+        "print(g.flex_attention('cpu', (1, 2, 256, 64)))\n"
+        "import torch\n"
+        "real = torch.nn.functional.scaled_dot_product_attention\n"
+        "torch.nn.functional.scaled_dot_product_attention = lambda *a, **k: real(*a, **k) + 1\n"
+        "try:\n    g.flex_attention('cpu', (1, 2, 256, 64))\n"
+        "except RuntimeError as e:\n    print('refused:', e)\n"
+    )
+    done = run(torch_python, "-c", script, env={"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("FlexAttention forward at 2 heads x 256 tokens x head dim 64")
+    assert lines[-1].startswith("refused: FlexAttention differs from SDPA: outputs by 1")

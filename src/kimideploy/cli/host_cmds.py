@@ -29,7 +29,15 @@ def host() -> None:
 @click.option(
     "--over-ssh-only",
     is_flag=True,
-    help="Skip the checks that run on the cluster (the weights on a shared models claim).",
+    help="Skip the checks that run on the cluster (the weights on a shared models claim, the "
+    "storage probe).",
+)
+@click.option(
+    "--storage",
+    is_flag=True,
+    help="Also measure the models claim's cold read bandwidth from a pod (a Job reading 20 GB) "
+    "and record it for the serve plan's reader (`up` runs it before the first load where the "
+    "reader waits on it).",
 )
 @click.option(
     "--timeout", "timeout_s", default=900.0, show_default=True, help="For the all-reduce Job (s)."
@@ -52,6 +60,7 @@ def check(
     only: str | None,
     allreduce: bool,
     over_ssh_only: bool,
+    storage: bool,
     timeout_s: float,
     overrides: tuple[str, ...],
     context: str | None,
@@ -71,14 +80,21 @@ def check(
     results = check_hosts(project, cluster, only=only)
     profile = project.clusters[cluster]
     on_cluster = []
-    if (profile.weights_via == "job" and not over_ssh_only) or allreduce:
+    shared = profile.weights_via == "job" and not over_ssh_only
+    if shared or allreduce or storage:
         from kimideploy.services.connection import open_session
         from kimideploy.services.hosts import cluster_checks
 
         session = open_session(loaded, cluster, context, namespace)
-        if profile.weights_via == "job" and not over_ssh_only:
+        if shared:
             on_cluster.append(
                 cluster_checks.weights_check(
+                    session, loaded, cluster, overrides=overrides, poll_s=poll
+                )
+            )
+        if storage:
+            on_cluster.append(
+                cluster_checks.storage_check(
                     session, loaded, cluster, overrides=overrides, poll_s=poll
                 )
             )

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("release_cmds", "Remove the release."),
     "watch": ("release_cmds", "Watch live acceptance against the break-even rate."),
     "run": ("run_cmds", "Start a workload as a Job and follow its progress."),
+    "plan": ("plan_cmds", "The lifecycle's hours, GPUs and money; what a cluster needs."),
     "logs": ("run_cmds", "Logs of the serve release or of a run."),
     "host": ("host_cmds", "The GPU machines behind a cluster profile, over SSH."),
     "image": ("image_cmds", "Pinned CUDA/vLLM images with verified patches."),

@@ -25,16 +25,21 @@ if TYPE_CHECKING:
 
 OUTCOME_SCHEMA = "kimideploy.outcome.v1"
 
-RELEASE_KEYS = ("release", "revision", "serving_revision", "verdict")
-"""up, rollback: the revision made, what serves afterwards, the gate's verdict (up --gate)."""
+RELEASE_KEYS = ("release", "revision", "serving_revision", "verdict", "change", "startup")
+"""up, rollback: the revision made, what serves afterwards, the gate's verdict (up --gate), how
+it reached the pods (rollout, swap, speculation off/on) and the new pods' start-up by phase."""
+RUN_PLAN_KEYS = ("plan", "lifecycle")
+"""run --dry-run: the plan document (kimideploy.plan.v1) with its `estimate`; the bake-off and
+calibrate: the serve loads and benches they would run, as a lifecycle (stages and total)."""
 PLAN_KEYS = ("release", "plan")
 """up --dry-run: the release it would change and the plan document (kimideploy.plan.v1:
 decisions, predictions, warnings, the drafter's findings, objects, and the refusal, if any)."""
 DOWN_KEYS = ("release", "removed")
-RUN_KEYS = ("run", "results", "comparison", "calibration", "bakeoff")
+RUN_KEYS = ("run", "results", "comparison", "calibration", "bakeoff", "estimate", "actual")
 """run: the Job's state; results: each index's result line; comparison: run bench's table
 (with --baseline, the speedup per level); calibration: what run calibrate stored; bakeoff: run
-bench --drafters' rows, recommended method per concurrency, and candidates it could not judge."""
+bench --drafters' rows, recommended method per concurrency, and candidates it could not judge;
+estimate: what the plan predicted (time, GPU-hours, money, source); actual: what it took."""
 
 STATUS_FOR_EXIT = {
     ExitCode.RUNTIME: "error",
@@ -113,5 +118,7 @@ def print_release(
             "revision": outcome.revision,
             "serving_revision": outcome.revision if outcome.waited else None,
             "verdict": verdict.details() if verdict is not None else None,
+            "change": outcome.change,
+            "startup": outcome.startup,
         },
     )

@@ -19,7 +19,13 @@ from kimideploy.cli.table import format_table, machine
     "--registry-auth",
     type=click.Path(path_type=Path, dir_okay=False),
     help="A Docker/ORAS auth file (`oras login` writes ~/.docker/config.json): the registry push "
-    "and pull Secrets are created from it.",
+    "and pull Secrets are created with its entry for the project registry's host only.",
+)
+@click.option(
+    "--registry-pull-auth",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A separate auth file with pull rights only, for the pull Secret (the push Secret then "
+    "takes --registry-auth's).",
 )
 @output_option()
 @click.pass_obj
@@ -31,6 +37,7 @@ def prepare(
     namespace: str | None,
     dry_run: bool,
     registry_auth: Path | None,
+    registry_pull_auth: Path | None,
     output: str,
 ) -> None:
     """Check, and create where missing, what the cluster must hold before the first `up` or `run`:
@@ -38,12 +45,13 @@ def prepare(
     from $HF_TOKEN, registry credentials from --registry-auth, a random API key). Existing
     Secrets are never read or replaced. Exit 1 while something is still missing."""
     from kimideploy.services.connection import open_session
+    from kimideploy.services.prerequisites import RegistryAuth, unready
     from kimideploy.services.prerequisites import prepare as run
-    from kimideploy.services.prerequisites import unready
 
     loaded = state.project(None if dry_run else "prepare creates objects on a cluster")
     session = open_session(loaded, cluster, context, namespace)
-    rows = run(session, loaded, dry_run=dry_run, registry_auth=registry_auth)
+    auth = RegistryAuth(push=registry_auth, pull=registry_pull_auth)
+    rows = run(session, loaded, dry_run=dry_run, registry_auth=auth)
     table = [r.row() for r in rows]
     click.echo(machine(table, output) or format_table(table))
     problem = unready(rows)

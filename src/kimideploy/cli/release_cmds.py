@@ -42,8 +42,25 @@ def _release(state: CliState, workload: str) -> str:
 @cluster_option
 @cluster_options
 @click.option("--to", "to", type=int, help="Revision to return to (see `history`).")
-@click.option("--no-spec", is_flag=True, help="The current revision without speculative decoding.")
+@click.option(
+    "--no-spec",
+    is_flag=True,
+    help="The current revision without speculative decoding: switched off in the running pods "
+    "where they can switch (seconds), else a restart.",
+)
+@click.option(
+    "--no-swap",
+    is_flag=True,
+    help="Replace the pods even where the running ones could swap the drafter or switch "
+    "speculation off (a reload: frees the drafter's memory for the KV cache).",
+)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Say which revision the rollback would make, how it would reach the pods (a switch "
+    "or a swap in seconds, or a rollout), and the API server's dry-run diff; change nothing.",
+)
 @click.option("--no-wait", is_flag=True, help="Apply and return without following the rollout.")
 @click.option("--timeout", default=3600, show_default=True, type=click.IntRange(min=1))
 @click.option("--scheduling-grace", default=120, hidden=True)
@@ -59,7 +76,9 @@ def rollback(
     namespace: str | None,
     to: int | None,
     no_spec: bool,
+    no_swap: bool,
     yes: bool,
+    dry_run: bool,
     no_wait: bool,
     timeout: int,
     scheduling_grace: int,
@@ -76,9 +95,24 @@ def rollback(
     state.outcome = pending = expect(f"rollback {workload}", output, RELEASE_KEYS)
     if no_spec and to is not None:
         raise UsageError("--no-spec and --to exclude each other")
+    if dry_run:
+        session = _session(state, cluster, context, namespace, changes=None)
+        preview = deploy.rollback_preview(
+            session,
+            _release(state, workload),
+            deploy.RollbackTo(to=to, no_spec=no_spec),
+            deploy.ChangeOptions(swap=not no_swap),
+        )
+        if pending:
+            pending.known.update(release=_release(state, workload), revision=preview.revision)
+            pending.print(ExitCode.OK, "planned", preview.lines()[0])
+            return
+        click.echo("\n".join(preview.lines()))
+        click.echo("Dry run (server): nothing was changed.", err=True)
+        return
     session = _session(state, cluster, context, namespace, changes="rollback changes a cluster")
     apply = deploy.ApplyOptions(
-        change=deploy.ChangeOptions(yes=yes, auto_rollback=False),
+        change=deploy.ChangeOptions(yes=yes, auto_rollback=False, swap=not no_swap),
         wait=deploy.WaitOptions(
             wait=not no_wait, timeout_s=timeout, poll_s=poll, scheduling_grace_s=scheduling_grace
         ),
@@ -132,6 +166,7 @@ def status(
     report = status_report(session, release, project, session.cluster)
     _warn_ignored(ignored_records(session, release))
     lines = report.pop("rental_lines")
+    startup_lines = report.pop("startup_lines")
     if output in MACHINE_FORMATS:
         click.echo(machine(report, output))
         return
@@ -140,6 +175,9 @@ def status(
     width = max(len(key) for key in report["serving"])
     for key, value in report["serving"].items():
         click.echo(f"{key:<{width}}  {value}")
+    if startup_lines:
+        click.echo(f"\nStart-up of the serving pods (revision {report['startup']['revision']}):")
+        click.echo("\n".join(startup_lines))
     click.echo("\nRuns:")
     click.echo(format_table(report["runs"]))
 
@@ -149,6 +187,7 @@ def status(
 @cluster_option
 @cluster_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
 @outcome_option
 @click.pass_obj
 def down(
@@ -159,12 +198,23 @@ def down(
     context: str | None,
     namespace: str | None,
     yes: bool,
+    dry_run: bool,
     output: str,
 ) -> None:
     """Remove the release. PersistentVolumeClaims (models, data) and history are kept."""
     from kimideploy.services.release import deploy
 
     state.outcome = pending = expect(f"down {workload}", output, DOWN_KEYS)
+    if dry_run:
+        session = _session(state, cluster, context, namespace, changes=None)
+        would = deploy.down_preview(session, _release(state, workload))
+        message = f"would remove {len(would)} objects; claims and history stay"
+        if pending:
+            facts = {"release": _release(state, workload), "removed": [str(r) for r in would]}
+            pending.print(ExitCode.OK, "planned", message, facts=facts)
+            return
+        click.echo("\n".join([*(f"  {r}" for r in would), message]))
+        return
     session = _session(state, cluster, context, namespace, changes="down changes a cluster")
     removed = deploy.down(
         session, _release(state, workload), deploy.ChangeOptions(yes=yes), TerminalReporter()

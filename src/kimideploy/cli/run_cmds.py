@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -14,7 +15,8 @@ from kimideploy.cli.options import (
     plan_options,
     poll_option,
 )
-from kimideploy.cli.outcome import RUN_KEYS, expect
+from kimideploy.cli.outcome import RUN_KEYS, RUN_PLAN_KEYS, expect
+from kimideploy.cli.run_plan import RunToPlan, plan_run
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import format_table
 from kimideploy.cli.terminal import TerminalReporter
@@ -84,6 +86,22 @@ SHARED_WITH_BAKEOFF = ("--concurrency", "--image", "--yes")
 @click.option("--image", help="calibrate only: calibrate this serve image's stack instead.")
 @click.option("--again", is_flag=True, help="calibrate only: measure a calibrated plan anew.")
 @click.option("--yes", is_flag=True, help="calibrate only: do not ask before deploying.")
+@click.option(
+    "--dry-run",
+    type=click.Choice(["client", "server"]),
+    is_flag=False,
+    flag_value="client",
+    default=None,
+    help="client (plain --dry-run): resolve, render and validate the run and print its plan "
+    "(GPUs, claims, checks, the estimate: time, GPU-hours, money), contacting no cluster. "
+    "server: with the cluster's measured rates and storage, its prerequisites checked and "
+    "every object validated by the API server; nothing is created.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Start a run whose upper estimate reaches into the rental's last margin_hours.",
+)
 @click.option("--timeout", default=3600, type=click.IntRange(min=1), hidden=True)
 @click.option("--scheduling-grace", default=120, hidden=True)
 @poll_option
@@ -108,6 +126,8 @@ def run(
     image: str | None,
     again: bool,
     yes: bool,
+    dry_run: str | None,
+    force: bool,
     timeout: int,
     scheduling_grace: int,
     poll: float,
@@ -123,6 +143,19 @@ def run(
     from kimideploy.errors import UsageError
     from kimideploy.services.release.deploy import WaitOptions
 
+    if dry_run is not None:
+        if detach or baseline is not None or rounds is not None:
+            raise UsageError("--dry-run plans the run; drop --detach, --baseline and --rounds")
+        state.outcome = expect(f"run {workload}", output, RUN_PLAN_KEYS)
+        plan_run(
+            state,
+            RunToPlan(workload, cluster, drafter, overrides, candidates),
+            where=dry_run,
+            context=context,
+            namespace=namespace,
+            force=force,
+        )
+        return
     state.outcome = expect(f"run {workload}", output, RUN_KEYS)
     waits = WaitOptions(timeout_s=timeout, poll_s=poll, scheduling_grace_s=scheduling_grace)
     values = (ks, lengths, levels, image, again or None, yes or None)
@@ -194,6 +227,7 @@ def run(
         detach=detach,
         baseline=baseline,
         poll=poll,
+        force=force,
     )
 
 
@@ -260,6 +294,7 @@ def _job(
     detach: bool,
     baseline: str | None,
     poll: float,
+    force: bool = False,
 ) -> None:
     """One workload as a new Job: started, then followed (or left running with --detach)."""
     from kimideploy.plan.model import PlanRequest
@@ -269,7 +304,7 @@ def _job(
 
     pending = state.outcome
     loaded = state.project(f"run {workload} creates a Job on a cluster", pulls=True)
-    refuse_before_contact(loaded, [PlanRequest(workload, cluster, drafter, overrides)])
+    refuse_before_contact(loaded, [PlanRequest(workload, cluster, drafter, overrides)], force=force)
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
     request = PlanRequest(workload, session.cluster, drafter, overrides)
@@ -279,7 +314,7 @@ def _job(
 
         chosen, why = choose_bench_baseline(session, loaded, request, baseline)
         reporter.info(f"comparing with {why}")
-    started = batch_runs.start_run(session, loaded, request, reporter)
+    started = batch_runs.start_run(session, loaded, request, reporter, force=force)
     follow_hint = f"kimideploy logs {started.run_id} --follow"
     if detach:
         if pending:
@@ -299,14 +334,23 @@ def _job(
         if workload == "train":
             resume = f"kimideploy run train --set train.resume_run={started.run_id}"
         snapshot = batch_runs.follow_run(
-            session, started.job, started.run_id, reporter, poll_s=poll, resume=resume
+            session,
+            started.job,
+            started.run_id,
+            reporter,
+            poll_s=poll,
+            resume=resume,
+            engine=started.rendered.plan.engine_start,
         )
         rows = _after_the_run(session, loaded, started, snapshot, chosen=chosen, reporter=reporter)
+        actual = _the_truth(session, started, snapshot, reporter)
         if pending:
             facts = {
                 "run": batch_runs.run_facts(snapshot, started.run_id),
                 "results": batch_runs.run_results(snapshot),
                 "comparison": rows,
+                "estimate": _estimate_facts(started),
+                "actual": actual,
             }
             pending.print(
                 ExitCode.OK, "complete", f"run {started.run_id} complete", None, facts=facts
@@ -316,6 +360,33 @@ def _job(
     except KeyboardInterrupt:
         reporter.info(f"detached; Job {started.job} keeps running. Re-attach: {follow_hint}")
         raise
+
+
+def _estimate_facts(started: RunStarted) -> dict[str, Any] | None:
+    plan = started.rendered.plan
+    stage = plan.stage_estimate
+    return None if stage is None else stage.to_dict(plan.price_per_gpu_hour)
+
+
+def _the_truth(
+    session: ClusterSession, started: RunStarted, snapshot: JobSnapshot, reporter: TerminalReporter
+) -> dict[str, Any] | None:
+    """What the run measured, said against its estimate and kept on the cluster for the next."""
+    from kimideploy.services.runs import run_rates
+
+    plan = started.rendered.plan
+    gpus = plan.stage_estimate.gpus if plan.stage_estimate is not None else 0
+    rate = run_rates.measured_rate(snapshot, plan.workload, started.run_id, gpus)
+    if rate is None:
+        return None
+    if plan.stage_estimate is not None:
+        rate = dataclasses.replace(rate, predicted_s=round(plan.stage_estimate.seconds, 1))
+    line, facts = run_rates.against_prediction(plan.stage_estimate, rate, plan.price_per_gpu_hour)
+    reporter.info(line)
+    problem = run_rates.record(session, rate)
+    if problem:
+        reporter.info(f"note: {problem}")
+    return facts
 
 
 def _after_the_run(

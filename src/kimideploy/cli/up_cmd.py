@@ -61,8 +61,9 @@ if TYPE_CHECKING:
 @click.option(
     "--no-swap",
     is_flag=True,
-    help="Replace the pods even where only the drafter changes and the running server could "
-    "swap it in without a reload (docs/usage/serving-and-rollback.md).",
+    help="Replace the pods even where only the drafter changes (or, with --drafter none, "
+    "speculation) and the running server could swap it in or switch it off without a reload "
+    "(docs/usage/serving-and-rollback.md).",
 )
 @click.option(
     "--canary",
@@ -88,6 +89,15 @@ if TYPE_CHECKING:
     default=None,
     help="When the gate cannot measure (bench failed, counters missing): keep the drafter "
     "(open) or roll back (closed, the default unless gate.fail_open).",
+)
+@click.option(
+    "--gate-baseline",
+    type=click.Choice(["auto", "same-server", "separate"]),
+    default=None,
+    help="Where the non-speculative baseline is measured when no fresh stored one compares: "
+    "same-server (the drafter's pods with speculation switched off, rounds interleaved, no "
+    "second load), separate (a revision of its own, one more load), auto (same-server where "
+    "the pods can switch; default gate.baseline).",
 )
 @click.option(
     "--watch",
@@ -121,6 +131,7 @@ def up(
     min_speedup: float | None,
     at_concurrency: tuple[int, ...] | None,
     gate_fail_open: bool | None,
+    gate_baseline: str | None,
     watch_after: bool,
     scheduling_grace: int,
     poll: float,
@@ -155,6 +166,7 @@ def up(
         min_speedup=min_speedup,
         at_concurrency=at_concurrency,
         gate_fail_open=gate_fail_open,
+        gate_baseline=gate_baseline,
     )
     loaded = state.project(
         None if dry_run == "client" else "up changes a cluster", pulls=dry_run is None
@@ -194,6 +206,7 @@ def up(
             min_speedup=min_speedup,
             concurrency=at_concurrency,
             fail_open=gate_fail_open,
+            baseline=gate_baseline,
             bench_poll_s=poll,
         )
     _deploy(
@@ -225,6 +238,7 @@ def _refuse_mixed(
         "min_speedup": "--min-speedup",
         "at_concurrency": "--at-concurrency",
         "gate_fail_open": "--gate-fail-open/--gate-fail-closed",
+        "gate_baseline": "--gate-baseline",
     }
     given = [names[key] for key, value in gate_only.items() if value is not None]
     if given and not gate:
@@ -265,10 +279,13 @@ def _dry_run_server(
 ) -> None:
     from kimideploy.services.preflight import require_prerequisites
     from kimideploy.services.release.deploy import refuse_failing_drafter
-    from kimideploy.services.rendering import render_workload
+    from kimideploy.services.rendering import describe_plan, render_workload
 
     session.require_namespace()
     rendered = render_workload(loaded, request, session.answers)
+    # The plan as this cluster's answers decide it (its calibrations, its measured storage), on
+    # stderr: stdout stays the diff, for a pipe.
+    click.echo(describe_plan(rendered), err=True)
     refuse_failing_drafter(rendered.plan, force)
     # What the API server's dry run cannot see (a PriorityClass, the API-key Secret).
     require_prerequisites(session, rendered.objects, rendered.plan.cluster)

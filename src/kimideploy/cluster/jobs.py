@@ -25,6 +25,12 @@ class JobSnapshot:
     logs: dict[int, str] = field(default_factory=dict)
     message: str = ""
     waiting: dict[int, str] = field(default_factory=dict)
+    engine_startup: dict[str, Any] | None = None
+    """The run's vLLM start-up by phase (formats/startup_phases.py), where the caller read it."""
+    started_at: str | None = None
+    """The Job's status.startTime (RFC 3339), once the Job controller started it."""
+    finished_at: str | None = None
+    """Its status.completionTime: set when it succeeded."""
 
     @property
     def done(self) -> bool:
@@ -104,6 +110,8 @@ def job_snapshot(api: KubeApi, namespace: str, name: str, with_logs: bool = True
         logs=logs,
         message=message,
         waiting=waiting,
+        started_at=status.get("startTime"),
+        finished_at=status.get("completionTime"),
     )
 
 

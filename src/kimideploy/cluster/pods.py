@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from kimideploy.cluster.api import KubeApi, NotFoundError
@@ -25,13 +26,23 @@ def pod_events(api: KubeApi, namespace: str, pod: str) -> list[dict[str, Any]]:
 
 
 def pod_log(
-    api: KubeApi, namespace: str, pod: str, tail: int | None = None, *, container: str | None = None
+    api: KubeApi,
+    namespace: str,
+    pod: str,
+    tail: int | None = None,
+    *,
+    container: str | None = None,
+    timestamps: bool = False,
 ) -> str:
+    """The log (its last `tail` lines), "" when it cannot be read; with `timestamps` each line
+    starts with the kubelet's RFC 3339 time (what the start-up phase table reads)."""
     query: dict[str, Any] = {}
     if tail:
         query["tailLines"] = tail
     if container:
         query["container"] = container
+    if timestamps:
+        query["timestamps"] = "true"
     try:
         return api.text(path("Pod", namespace, pod, "log"), query)
     except NotFoundError:
@@ -51,6 +62,34 @@ def waiting_reason(pod: dict[str, Any]) -> tuple[str, str] | None:
         if waiting:
             return waiting.get("reason", ""), waiting.get("message", "")
     return None
+
+
+def container_times(
+    pod: dict[str, Any], container: str | None = None
+) -> tuple[datetime | None, datetime | None]:
+    """When the container (default: the first) last started, and when the pod became Ready
+    (None where not yet): the ends of a start-up."""
+    status_of = pod.get("status", {})
+    # A native sidecar (online training's target server) reports among the init containers.
+    statuses = (status_of.get("containerStatuses") or []) + (
+        status_of.get("initContainerStatuses") or [] if container else []
+    )
+    status: dict[str, Any] = next((s for s in statuses if container in (None, s.get("name"))), {})
+    started = _time((status.get("state", {}).get("running") or {}).get("startedAt"))
+    conditions = pod.get("status", {}).get("conditions") or []
+    ready = next(
+        (c for c in conditions if c.get("type") == "Ready" and c.get("status") == "True"), None
+    )
+    return started, _time(ready.get("lastTransitionTime") if ready else None)
+
+
+def _time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def is_ready(pod: dict[str, Any]) -> bool:

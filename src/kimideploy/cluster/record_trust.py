@@ -10,11 +10,18 @@ namespace, labelled as the release's, with a pod spec kimideploy could have rend
 namespaces or host paths, no privileged or privilege-escalating containers, no service account
 token). A record that fails is never applied; `history` and `status` show it as ignored, with why.
 
+A stored HTTPRoute is read too: it may attach only to the cluster profile's gateway (name,
+namespace, listener: `RouteParent`), carry no hostnames (kimideploy renders none: the Gateway's
+listeners decide), and send traffic only to the record's own InferencePools in the release's
+namespace. A route re-parented onto another namespace's Gateway with another tenant's hostname,
+or pointing at a Service of another namespace, would otherwise take that traffic on an admin's
+`rollback --to N`.
+
 What a namespace-level Secret writer can still do (docs/reference/security.md): write a record that
 passes, i.e. a release of the kinds kimideploy renders in that namespace, with an image and
 arguments of their choosing, which an admin's rollback to that revision would deploy there. It
 cannot make the admin write to another namespace, create cluster-scoped objects (RBAC, priority
-classes, CRDs), mount host paths, or give a pod an API token.
+classes, CRDs), mount host paths, give a pod an API token, or route another Gateway's traffic.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import zlib
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +76,20 @@ FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
 OPTIONAL = {"note", "source_revision", "details", "schema", "workload"}
 
 
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+POOL_GROUP = "inference.networking.k8s.io"
+
+
+@dataclass(frozen=True)
+class RouteParent:
+    """The one Gateway listener a release's HTTPRoute may attach to: the cluster profile's
+    `gateway` (namespace None: the release's own)."""
+
+    name: str
+    namespace: str | None = None
+    section_name: str | None = None
+
+
 def mapping(value: Any) -> dict[str, Any]:
     """`value` if it is a JSON object, else an empty one (what an absent field reads as)."""
     return value if isinstance(value, dict) else {}
@@ -102,9 +124,17 @@ def parse(raw: bytes, name: str) -> dict[str, Any]:
 
 
 def problems(
-    data: dict[str, Any], name: str, labels: dict[str, Any], namespace: str, release: str
+    data: dict[str, Any],
+    name: str,
+    labels: dict[str, Any],
+    namespace: str,
+    release: str,
+    *,
+    route_parent: RouteParent | None = None,
 ) -> list[str]:
-    """Everything wrong with a decoded record read for `release` in `namespace`."""
+    """Everything wrong with a decoded record read for `release` in `namespace`, on a cluster
+    whose profile routes through `route_parent` (None: no gateway, so no route is the
+    release's)."""
     found = _field_problems(data)
     if found:
         return found
@@ -123,8 +153,72 @@ def problems(
         datetime.fromisoformat(str(data["created_at"]).replace("Z", "+00:00"))
     except ValueError:
         found.append(f"created_at {data['created_at']!r} is not a timestamp")
+    pools = {
+        mapping(o.get("metadata")).get("name")
+        for o in data["manifests"]
+        if isinstance(o, dict) and o.get("kind") == "InferencePool"
+    }
     for index, obj in enumerate(data["manifests"]):
         found += [f"object {index}: {p}" for p in object_problems(obj, namespace, release)]
+        if isinstance(obj, dict) and obj.get("kind") == "HTTPRoute":
+            where = f"object {index}: HTTPRoute/{mapping(obj.get('metadata')).get('name')}"
+            found += [f"{where} {p}" for p in route_problems(obj, namespace, pools, route_parent)]
+    return found
+
+
+def route_problems(
+    route: dict[str, Any], namespace: str, pools: set[Any], parent: RouteParent | None
+) -> list[str]:
+    """Why a stored HTTPRoute is not the one kimideploy renders for this cluster profile."""
+    if parent is None:
+        return ["is in a record, but the cluster profile serves through no gateway"]
+    spec = mapping(route.get("spec"))
+    found = []
+    wanted = {
+        "group": GATEWAY_GROUP,
+        "kind": "Gateway",
+        "name": parent.name,
+        "namespace": parent.namespace or namespace,
+        "sectionName": parent.section_name,
+    }
+    refs = spec.get("parentRefs")
+    if not isinstance(refs, list) or not refs:
+        found.append("has no parentRefs")
+    for ref in refs if isinstance(refs, list) else []:
+        ref = mapping(ref)
+        seen = {"group": ref.get("group", GATEWAY_GROUP), "kind": ref.get("kind", "Gateway"),
+                "name": ref.get("name"), "namespace": ref.get("namespace", namespace),
+                "sectionName": ref.get("sectionName")}  # fmt: skip
+        if seen != wanted or set(ref) - {"group", "kind", "name", "namespace", "sectionName"}:
+            where = f"{seen['namespace']}/{seen['name']}" + (
+                f" ({seen['sectionName']})" if seen["sectionName"] else ""
+            )
+            mine = f"{wanted['namespace']}/{parent.name}" + (
+                f" ({parent.section_name})" if parent.section_name else ""
+            )
+            found.append(f"attaches to Gateway {where}, not the cluster profile's {mine}")
+    if spec.get("hostnames"):
+        found.append(f"claims hostnames {spec['hostnames']} (kimideploy renders none)")
+    rules: list[Any] = spec["rules"] if isinstance(spec.get("rules"), list) else []
+    for rule in rules:
+        rule = mapping(rule)
+        if set(rule) - {"backendRefs"}:
+            found.append(
+                f"has rule fields kimideploy never renders: {sorted(set(rule) - {'backendRefs'})}"
+            )
+        for backend in rule.get("backendRefs") or []:
+            backend = mapping(backend)
+            target = (backend.get("group"), backend.get("kind"), backend.get("name"))
+            if (
+                target[:2] != (POOL_GROUP, "InferencePool")
+                or target[2] not in pools
+                or backend.get("namespace", namespace) != namespace
+            ):
+                found.append(
+                    f"sends traffic to {backend.get('kind')} "
+                    f"{backend.get('namespace', namespace)}/{backend.get('name')}, not to one of "
+                    "the record's own InferencePools"
+                )
     return found
 
 

@@ -76,7 +76,12 @@ class UntrustedRecordError(UsageError):
     """A stored record failed the trust checks (cluster/record_trust.py): never applied."""
 
 
-def _decode(secret: dict[str, Any], namespace: str, release: str) -> ReleaseRecord:
+def _decode(
+    secret: dict[str, Any],
+    namespace: str,
+    release: str,
+    route_parent: record_trust.RouteParent | None = None,
+) -> ReleaseRecord:
     """The record a Secret holds, if it is one kimideploy may act on for `release` in
     `namespace`; otherwise UntrustedRecordError naming the Secret and every problem."""
     meta = record_trust.mapping(secret.get("metadata"))
@@ -95,7 +100,7 @@ def _decode(secret: dict[str, Any], namespace: str, release: str) -> ReleaseReco
             hint="upgrade kimideploy to the version that wrote it (pip install -U kimideploy)",
         )
     labels = record_trust.mapping(meta.get("labels"))
-    wrong = record_trust.problems(data, name, labels, namespace, release)
+    wrong = record_trust.problems(data, name, labels, namespace, release, route_parent=route_parent)
     if wrong:
         raise UntrustedRecordError(f"{name}: " + "; ".join(wrong[:8]), hint=UNTRUSTED_HINT)
     known = {f.name for f in fields(ReleaseRecord) if f.metadata.get("stored", True)}
@@ -178,7 +183,10 @@ def update(api: KubeApi, record: ReleaseRecord) -> None:
 
 
 def read_history(
-    api: KubeApi, namespace: str, release: str
+    api: KubeApi,
+    namespace: str,
+    release: str,
+    route_parent: record_trust.RouteParent | None = None,
 ) -> tuple[list[ReleaseRecord], list[UntrustedRecordError]]:
     """Every stored revision that passes the trust checks, oldest first, and why the others
     did not (they are never acted on)."""
@@ -190,15 +198,20 @@ def read_history(
         if item.get("type") != RECORD_TYPE:
             continue
         try:
-            records.append(_decode(item, namespace, release))
+            records.append(_decode(item, namespace, release, route_parent))
         except UntrustedRecordError as exc:
             refused.append(exc)
     return sorted(records, key=lambda r: r.revision), refused
 
 
-def history(api: KubeApi, namespace: str, release: str) -> list[ReleaseRecord]:
+def history(
+    api: KubeApi,
+    namespace: str,
+    release: str,
+    route_parent: record_trust.RouteParent | None = None,
+) -> list[ReleaseRecord]:
     """Every trusted stored revision, oldest first."""
-    return read_history(api, namespace, release)[0]
+    return read_history(api, namespace, release, route_parent)[0]
 
 
 def get(api: KubeApi, namespace: str, release: str, revision: int) -> ReleaseRecord:
@@ -209,9 +222,15 @@ def get(api: KubeApi, namespace: str, release: str, revision: int) -> ReleaseRec
     return _decode(secret, namespace, release)
 
 
-def trim(api: KubeApi, namespace: str, release: str, keep: int = DEFAULT_KEEP) -> list[int]:
+def trim(
+    api: KubeApi,
+    namespace: str,
+    release: str,
+    keep: int = DEFAULT_KEEP,
+    route_parent: record_trust.RouteParent | None = None,
+) -> list[int]:
     """Delete the oldest records beyond `keep`; returns the revisions removed."""
-    records = history(api, namespace, release)
+    records = history(api, namespace, release, route_parent)
     removed = []
     for record in records[: max(0, len(records) - keep)]:
         preconditions = {"resourceVersion": record.resource_version}

@@ -14,16 +14,20 @@ from datetime import datetime
 from typing import Any
 
 from kimideploy.cluster import apply as applying
-from kimideploy.cluster import bench_results, calibrations, jobs, records
+from kimideploy.cluster import bench_results, calibrations, jobs, measurements, records
 from kimideploy.cluster import pods as pod_reads
 from kimideploy.cluster.api import ConflictError, KubeApi, NotFoundError
 from kimideploy.cluster.lock import ReleaseLock
+from kimideploy.cluster.record_trust import RouteParent
 from kimideploy.cluster.resources import KUEUE_VERSIONS, path
 from kimideploy.cluster.rollout import RolloutWatcher
 from kimideploy.errors import ClusterError, UsageError
 from kimideploy.plan.calibration import Calibration
 from kimideploy.plan.model import ClusterAnswers
+from kimideploy.plan.stage_estimate import MeasuredRate
 
+RATES = "rates"
+"""The measurement kind finished runs record their rates under (services/runs/run_rates.py)."""
 MONITORING_API = "monitoring.coreos.com/v1"
 """The Prometheus Operator's API: a serve plan renders a PodMonitor where it is served."""
 
@@ -41,6 +45,9 @@ class ClusterSession:
     (services/connection.open_session); empty when opened without one."""
     keep_calibrations: Callable[[tuple[Calibration, ...]], None] | None = None
     """Called with the calibrations `answers` read (the CLI keeps a local copy for offline use)."""
+    route_parent: RouteParent | None = None
+    """The cluster profile's gateway listener: the only parent a stored HTTPRoute may name
+    (cluster/record_trust.py); None where the profile serves through no gateway."""
 
     @functools.cached_property
     def answers(self) -> ClusterAnswers:
@@ -53,7 +60,38 @@ class ClusterSession:
             namespace=self.namespace,
             monitoring_crd=self.has_api_resource(MONITORING_API, "podmonitors"),
             calibrations=found,
+            storage_read_gbps=self.storage_read_gbps(),
+            rates=self.run_rates(),
         )
+
+    def run_rates(self) -> tuple[MeasuredRate, ...]:
+        """What finished runs measured on this cluster (plan/estimates.py), oldest first;
+        entries of the wrong shape are left out (the store is a ConfigMap)."""
+        if not self.cluster:
+            return ()
+        try:
+            found = self.measurements(RATES)
+        except ClusterError:
+            return ()
+        return tuple(r for r in map(MeasuredRate.from_dict, found) if r is not None)
+
+    def storage_read_gbps(self) -> float | None:
+        """The newest storage probe's read bandwidth of this cluster's models claim (GB/s)."""
+        if not self.cluster:
+            return None
+        try:
+            found = self.measurements("storage")
+        except ClusterError:
+            return None
+        gbps = found[-1].get("gbps") if found else None
+        return float(gbps) if isinstance(gbps, int | float) else None
+
+    def measurements(self, kind: str) -> list[dict[str, Any]]:
+        """What was measured of `kind` on this session's cluster, oldest first."""
+        return measurements.read(self.api, self.namespace, self.cluster, kind)
+
+    def record_measurement(self, kind: str, entry: dict[str, Any]) -> None:
+        measurements.record(self.api, self.namespace, self.cluster, kind, entry)
 
     # namespaces -----------------------------------------------------------------------------
     def namespace_exists(self) -> bool:
@@ -202,7 +240,7 @@ class ClusterSession:
     def history(self, release: str) -> list[records.ReleaseRecord]:
         """The release's trusted records; those that failed the trust checks are kept in
         `ignored_records` for the commands that show history to report."""
-        found, refused = records.read_history(self.api, self.namespace, release)
+        found, refused = records.read_history(self.api, self.namespace, release, self.route_parent)
         self.ignored_records[release] = refused
         return found
 
@@ -210,7 +248,7 @@ class ClusterSession:
         (records.create if new else records.update)(self.api, record)
 
     def trim_history(self, release: str, keep: int) -> list[int]:
-        return records.trim(self.api, self.namespace, release, keep)
+        return records.trim(self.api, self.namespace, release, keep, self.route_parent)
 
     def lock(self, release: str, action: str) -> ReleaseLock:
         return ReleaseLock(self.api, self.namespace, release, action)
@@ -253,8 +291,17 @@ class ClusterSession:
     def pods(self, selector: str) -> list[dict[str, Any]]:
         return pod_reads.list_pods(self.api, self.namespace, selector)
 
-    def log(self, pod: str, tail: int | None = None, container: str | None = None) -> str:
-        return pod_reads.pod_log(self.api, self.namespace, pod, tail=tail, container=container)
+    def log(
+        self,
+        pod: str,
+        tail: int | None = None,
+        container: str | None = None,
+        *,
+        timestamps: bool = False,
+    ) -> str:
+        return pod_reads.pod_log(
+            self.api, self.namespace, pod, tail=tail, container=container, timestamps=timestamps
+        )
 
     def follow(self, pod: str) -> Any:
         return pod_reads.follow_log(self.api, self.namespace, pod)
@@ -305,10 +352,16 @@ def connect(
     namespace: str,
     cluster: str = "",
     keep_calibrations: Callable[[tuple[Calibration, ...]], None] | None = None,
+    *,
+    route_parent: RouteParent | None = None,
 ) -> ClusterSession:
     """A session on KUBECONFIG's `context` (or the current one), checked with one cheap request."""
     api = KubeApi(context=context)
     api.request("GET", "/version", timeout=10)  # unreachable or unauthenticated fails here
     return ClusterSession(
-        api=api, namespace=namespace, cluster=cluster, keep_calibrations=keep_calibrations
+        api=api,
+        namespace=namespace,
+        cluster=cluster,
+        keep_calibrations=keep_calibrations,
+        route_parent=route_parent,
     )

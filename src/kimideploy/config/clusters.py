@@ -33,6 +33,12 @@ class Rental(StrictModel):
         default=72, description="Warn this long before the end (publish takes a while)."
     )
     provider: str = Field(default="", description="Who it is rented from (shown in warnings).")
+    margin_hours: Annotated[float, Field(ge=0, le=24 * 7)] = Field(
+        default=2.0,
+        description="Kept free before the end: a run whose upper estimate reaches into it is "
+        "refused before it starts (checkpoints, publishing the drafter and the data take this "
+        "long); `--force` starts it anyway.",
+    )
 
     @field_validator("ends", mode="before")
     @classmethod
@@ -100,6 +106,15 @@ class HiddenStatesClaim(StrictModel):
     ] = 0.15
 
 
+class NodeLocal(StrictModel):
+    """Node-local NVMe for a copy of the target."""
+
+    path: Annotated[str, Field(pattern=r"^/[^\s]*$")] = Field(
+        description="An absolute host path on every GPU node (an NVMe mount)."
+    )
+    size_gb: Annotated[float, Field(gt=0)] = Field(description="Space there, GB.")
+
+
 class Storage(StrictModel):
     models: Claim = Field(description="Target weights and drafters (read-only when serving).")
     datasets: Claim = Field(
@@ -107,6 +122,12 @@ class Storage(StrictModel):
     )
     hidden_states: HiddenStatesClaim = Field(description="Extracted features (largest by far).")
     checkpoints: Claim = Field(description="Training checkpoints.")
+    node_local: NodeLocal | None = Field(
+        default=None,
+        description="A folder on each GPU node's local NVMe (a host path) that a copy of the "
+        "target may be kept in, read at NVMe speed instead of over the shared filesystem "
+        "(workloads.serve.load.local_copy).",
+    )
     compile_cache: Claim | None = Field(
         default=None,
         description="Kernels compiled at run time (torch.compile, Triton, vLLM's compiled "
@@ -426,6 +447,12 @@ class Cluster(StrictModel):
     )
     nodes: Annotated[int, Field(ge=1, le=1024, description="GPU nodes available.")]
     gpu: GpuProfile
+    node_memory_gb: Annotated[float, Field(gt=0, le=65536)] | None = Field(
+        default=None,
+        description="RAM of one GPU node in GB (`free -g`'s total): the memory plan's host side "
+        "(can the page cache hold the checkpoint across a restart, may the serve pod's limit "
+        "be raised for it). Unset: the plan cannot tell, and says so.",
+    )
     interconnect: Literal["pcie", "nvlink"] = Field(
         description="pcie: no NVLink (NCCL all-reduce); nvlink: NVL8 within a node."
     )
@@ -481,6 +508,12 @@ class Cluster(StrictModel):
     host_setup: HostSetup | None = None
     rental: Rental | None = Field(
         default=None, description="Set on a rented cluster: when its volumes go away."
+    )
+    price_per_gpu_hour: Annotated[float, Field(ge=0, le=1000)] | None = Field(
+        default=None,
+        description="What one GPU-hour of this cluster costs (your currency; the plans print "
+        "it as $): every run's estimate and the lifecycle plan add up the money. Unset: "
+        "GPU-hours only.",
     )
 
     @property

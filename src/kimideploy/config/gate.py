@@ -45,4 +45,17 @@ class GateSettings(StrictModel):
         description="When the gate itself fails (bench failed, metrics missing), keep the "
         "drafter instead of rolling back.",
     )
+    baseline: Literal["auto", "same-server", "separate"] = Field(
+        default="auto",
+        description="Where the non-speculative baseline comes from when no fresh stored one "
+        "compares. same-server: the drafter's own pods with speculation switched off (vLLM "
+        "0.32 with patch 0002: seconds, no second load), benched in rounds interleaved with "
+        "the drafter; separate: a non-speculative revision of its own (one more model load). "
+        "auto: same-server where the pods can switch, else separate.",
+    )
+    same_server_rounds: Annotated[int, Field(ge=1, le=10)] = Field(
+        default=2,
+        description="With the same-server baseline: rounds of drafter and baseline benches, "
+        "in alternating order, whose means are judged.",
+    )
     watch: WatchSettings = Field(default_factory=WatchSettings)

@@ -327,6 +327,17 @@ class ServeSpec(WorkloadSpec):
     image_patches: list[str] = []
     image_cuda_archs: list[str]
     vllm_version: str | None
+    speculation: bool = Field(
+        default=True,
+        description="False: this revision serves without speculation from a server that keeps "
+        "its drafter loaded; the keeper switches speculation off in the running engine.",
+    )
+    drafter_sha256: dict[str, str] = Field(
+        default_factory=dict,
+        description="The drafter's config.json and safetensors files by sha256, where the project "
+        "knows them (a published drafter's files, a drafter's `sha256`): the keeper and the "
+        "engine swap in only files that match.",
+    )
 
 
 class ReplayDrafter(SpecModel):

@@ -30,6 +30,14 @@ class AttentionShape(StrictModel):
     """MLA: the latent's width (512 for DeepSeek-V3 and Kimi-K2)."""
     qk_rope_head_dim: Annotated[int, Field(ge=1, le=1024)] | None = None
     """MLA: the rotary part of each key, stored beside the latent (64)."""
+    q_lora_rank: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """MLA: the query's latent width (1536 for Kimi-K2); its down-projection and the KV one are
+    replicated on every tensor-parallel rank (the memory plan counts them per GPU)."""
+    qk_nope_head_dim: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """MLA: each head's key part without rotation (128): sizes the prefill's up-projected
+    context in the MLA workspace."""
+    v_head_dim: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """MLA: each head's value width (128)."""
     num_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
     """mha: num_key_value_heads."""
     head_dim: Annotated[int, Field(ge=1, le=1024)] | None = None
@@ -70,6 +78,9 @@ class MoeShape(StrictModel):
     """One routed expert of one layer, in millions (3 x hidden x its intermediate size)."""
     moe_layers: Annotated[int, Field(ge=1, le=1024)]
     """Layers with routed experts (Kimi-K2: 60; its first layer is dense)."""
+    weight_group_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    """Weights sharing one scale in an INT4 (W4A16) checkpoint (Kimi-K2.5's: 32): which experts
+    kernel vLLM can run them on."""
 
 
 class TargetModel(StrictModel):

@@ -37,6 +37,45 @@ class GrafanaDashboard(StrictModel):
     """That label's value."""
 
 
+class LoadSettings(StrictModel):
+    """How vLLM reads the target's weights at start-up, and whether a restart finds them in the
+    page cache (plan/page_cache.py decides what `auto` means on each cluster and says why)."""
+
+    strategy: Literal["auto", "lazy", "eager", "prefetch"] = Field(
+        default="auto",
+        description="vLLM's --safetensors-load-strategy. auto: prefetch (every rank reads its "
+        "share of the files into the page cache with several threads, then maps them) where the "
+        "page cache can hold the checkpoint, else lazy (mapped and read on demand; eager reads "
+        "whole files into each rank's memory: 8 copies of 595 GB).",
+    )
+    prefetch_threads: Annotated[int, Field(ge=1, le=128)] | None = Field(
+        default=None,
+        description="vLLM's --safetensors-prefetch-num-threads per rank with prefetch. Unset: "
+        "16 on a shared filesystem (latency-bound reads), 4 on local storage (8 ranks x 4 "
+        "readers saturate an NVMe drive).",
+    )
+    page_cache: Literal["auto", "raise-limit", "warmer", "off"] = Field(
+        default="auto",
+        description="Keep the checkpoint in the page cache across restarts. auto: raise the "
+        "serve container's memory limit to hold it where the node has the RAM; warmer: keep the "
+        "limit and read the checkpoint into the page cache from a Job of its own on the serving "
+        "node before the serve pod starts; off: leave the limit as it is (a restart reads the "
+        "storage again). Needs clusters.<c>.node_memory_gb.",
+    )
+    local_copy: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Serve the target from a copy on each node's local NVMe "
+        "(storage.node_local) instead of the shared models claim. auto: when the models "
+        "claim's measured read bandwidth is below min_read_gbps; always; never.",
+    )
+    min_read_gbps: Annotated[float, Field(gt=0, le=1000)] = Field(
+        default=2.0,
+        description="With local_copy auto: the shared filesystem's read bandwidth (GB/s, "
+        "measured by the storage probe) below which the weights are copied to node-local NVMe "
+        "once (595 GB at 2 GB/s is about 5 minutes a load).",
+    )
+
+
 class ServeSettings(WorkloadSettings):
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
     """Serve pods (each holds the whole model)."""
@@ -70,6 +109,15 @@ class ServeSettings(WorkloadSettings):
         "recipe's choice), weights shards it across the tensor-parallel GPUs like the LLM. Not "
         "passed for a text-only target.",
     )
+    moe_backend: Literal[
+        "auto", "marlin", "triton", "humming", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass"
+    ] = Field(
+        default="auto",
+        description="vLLM's --moe-backend: the routed experts' kernel. auto: vLLM's oracle (for "
+        "Kimi-K2.5's INT4 experts, Marlin on every cluster; the kernel plan says what it picks). "
+        "flashinfer_trtllm runs INT4 experts on FlashInfer's TRT-LLM kernel on the sm_100 family "
+        "only (the plan then sets VLLM_USE_FLASHINFER_MOE_INT4=1, which that kernel needs).",
+    )
     attention_backend: Annotated[str, Field(pattern=r"^[A-Z0-9_]+$")] | None = Field(
         default=None,
         description="vLLM's --attention-backend, pinned instead of chosen at start-up (the "
@@ -97,6 +145,9 @@ class ServeSettings(WorkloadSettings):
         "response (--per-request-spec-decode-metrics summary): the bench and the gate then count "
         "only their own requests, not other traffic on the release.",
     )
+    load: LoadSettings = Field(default_factory=LoadSettings)
+    """How the target's weights are read at start-up (the loader, the page cache, a local
+    copy)."""
     drafter_swap: bool = Field(
         default=True,
         description="Where the image's vLLM can (>= 0.32), serve a drafter so that `up serve "
@@ -255,7 +306,7 @@ class TrainSettings(WorkloadSettings):
         default="offline", description="offline: stored hidden states; online: computed live."
     )
     nodes: Annotated[int, Field(ge=1, le=128)] = 1
-    """Nodes the training Job spans (one torchrun rank group per node)."""
+    """Nodes the training Job spans (one launcher and its ranks per node)."""
     epochs: Annotated[int, Field(ge=1, le=100)] = 5
     """Passes over the training samples."""
     lr: Annotated[float, Field(gt=0, le=1)] = 1e-4
@@ -336,7 +387,7 @@ class TrainSettings(WorkloadSettings):
         "pod of the same run always resumes its own).",
     )
     rendezvous_port: Port = 29500
-    """torchrun's rendezvous port across nodes."""
+    """The port rank 0 listens on for the others (MASTER_PORT)."""
     shm_size: Quantity = "64Gi"
     """Size of /dev/shm in the training pods (NCCL and data loaders use it)."""
     online: OnlineTrainSettings = Field(default_factory=OnlineTrainSettings)

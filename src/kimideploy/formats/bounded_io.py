@@ -6,6 +6,7 @@ is an UnreadableFileError naming the file and what is wrong, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -29,13 +30,15 @@ class UnreadableFileError(ValueError):
     """A file that is not what it should be: its message names the file and the problem."""
 
 
-def open_regular(path: Path, limit: int) -> tuple[int, int]:
+def open_regular(path: Path, limit: int, *, dir_fd: int | None = None) -> tuple[int, int]:
     """An fd for `path` opened without following a final symlink, and its size; refuses links,
-    devices, FIFOs and files over `limit` bytes."""
+    devices, FIFOs (opened non-blocking, so a FIFO never waits for a writer) and files over
+    `limit` bytes. With `dir_fd`, `path` is a name inside that open folder: a folder renamed or
+    replaced by a link meanwhile cannot redirect the read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as exc:
-        if path.is_symlink():
+        if exc.errno == errno.ELOOP or (dir_fd is None and path.is_symlink()):
             raise UnreadableFileError(f"{path}: is a symbolic link; refusing to follow it") from exc
         raise UnreadableFileError(f"{path}: cannot be opened ({exc.strerror or exc})") from exc
     info = os.fstat(fd)
@@ -48,15 +51,29 @@ def open_regular(path: Path, limit: int) -> tuple[int, int]:
     return fd, info.st_size
 
 
-def read_bytes(path: Path, limit: int) -> bytes:
+def read_bytes(path: Path, limit: int, *, dir_fd: int | None = None) -> bytes:
     """The whole file, if it is a regular file of at most `limit` bytes (also checked while
     reading, in case it grows)."""
-    fd, _ = open_regular(path, limit)
+    fd, _ = open_regular(path, limit, dir_fd=dir_fd)
     with os.fdopen(fd, "rb") as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise UnreadableFileError(f"{path}: grew past the {limit:,}-byte limit while being read")
     return data
+
+
+def open_folder(path: Path) -> int:
+    """An fd for the folder `path`, refusing a path through any symbolic link (the folder itself
+    or a parent): what is read through it stays inside the folder that was asked for."""
+    if os.path.realpath(path) != os.path.abspath(path):  # noqa: PTH100 (normalised, not resolved)
+        raise UnreadableFileError(
+            f"{path}: reached through a symbolic link ({os.path.realpath(path)}); name the "
+            "folder itself"
+        )
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise UnreadableFileError(f"{path}: not a readable folder ({exc.strerror or exc})") from exc
 
 
 def read_json_object(path: Path, limit: int = JSON_LIMIT) -> dict[str, Any]:

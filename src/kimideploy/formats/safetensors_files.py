@@ -38,22 +38,44 @@ def _header(path: Path) -> tuple[dict[str, Any], int, int]:
     fd, size = open_regular(path, NO_SIZE_LIMIT)
     with os.fdopen(fd, "rb") as handle:
         raw = handle.read(8)
-        if len(raw) < 8:
-            raise UnreadableFileError(f"{path}: shorter than a safetensors header")
-        (length,) = struct.unpack("<Q", raw)
-        if length > MAX_HEADER:
-            raise UnreadableFileError(
-                f"{path}: header claims {length:,} bytes, over the {MAX_HEADER:,}-byte limit"
-            )
-        if length > size - 8:
-            raise UnreadableFileError(f"{path}: header claims {length} bytes, file has {size}")
-        try:
-            header = json.loads(handle.read(length))
-        except (ValueError, RecursionError) as exc:
-            raise UnreadableFileError(f"{path}: header is not JSON") from exc
-    if not isinstance(header, dict):
-        raise UnreadableFileError(f"{path}: header is not a JSON object")
+        length = _header_length(raw, size, str(path))
+        header = _parse_header(handle.read(length), str(path))
     return header, 8 + length, size
+
+
+def _header_length(raw: bytes, size: int, what: str) -> int:
+    if len(raw) < 8:
+        raise UnreadableFileError(f"{what}: shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", raw[:8])
+    if length > MAX_HEADER:
+        raise UnreadableFileError(
+            f"{what}: header claims {length:,} bytes, over the {MAX_HEADER:,}-byte limit"
+        )
+    if length > size - 8:
+        raise UnreadableFileError(f"{what}: header claims {length} bytes, file has {size}")
+    return int(length)
+
+
+def _parse_header(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise UnreadableFileError(f"{what}: header is not JSON") from exc
+    if not isinstance(header, dict):
+        raise UnreadableFileError(f"{what}: header is not a JSON object")
+    return header
+
+
+def checked_header(data: bytes, what: str) -> tuple[dict[str, Any], int]:
+    """The header of a safetensors file held in memory and where its data begins, if the file is
+    whole (every tensor inside it, of its size, none overlapping); UnreadableFileError naming
+    `what` and the problem otherwise."""
+    length = _header_length(data, len(data), what)
+    header = _parse_header(data[8 : 8 + length], what)
+    problem = _layout_problem(header, 8 + length, len(data))
+    if problem is not None:
+        raise UnreadableFileError(f"{what}: {problem}")
+    return header, 8 + length
 
 
 def _layout_problem(header: dict[str, Any], base: int, size: int) -> str | None:

@@ -80,6 +80,8 @@ def _platform(major: int, minor: int) -> Any:
     value = major * 10 + minor
 
     def as_int(asked: Any) -> int:
+        if isinstance(asked, tuple):  # (major, minor), as some callers ask
+            return int(asked[0]) * 10 + int(asked[1])
         return asked if isinstance(asked, int) else int(asked.to_int())
 
     platform = cuda.CudaPlatform
@@ -181,6 +183,86 @@ def select(cuda: Any, capability: Any, engine: dict[str, Any]) -> dict[str, Any]
     return {"candidates": candidates, "selected": chosen, "undetermined_ahead": ahead}
 
 
+FLASHINFER_MOE = "FLASHINFER"
+"""Backends whose kernels are FlashInfer's: with FlashInfer a stand-in here, whether the image's
+FlashInfer has them cannot be told on CPU (reported undetermined, as attention's are)."""
+
+
+def _moe_config(moe: dict[str, Any]) -> Any:
+    """vLLM's FusedMoEConfig for the target's routed experts on `tensor_parallel` GPUs."""
+    import torch
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        RoutingMethodType,
+    )
+
+    parallel = FusedMoEParallelConfig(
+        tp_size=moe["tensor_parallel"], pcp_size=1, dp_size=1, ep_size=1, tp_rank=0, pcp_rank=0,
+        dp_rank=0, ep_rank=0, sp_size=1, use_ep=False, all2all_backend="allgather_reducescatter",
+        enable_eplb=False,
+    )  # fmt: skip
+    return FusedMoEConfig(
+        num_experts=moe["experts"], experts_per_token=moe["experts_per_token"],
+        hidden_dim=moe["hidden"], intermediate_size=moe["intermediate"],
+        num_local_experts=moe["experts"], num_logical_experts=moe["experts"],
+        activation=MoEActivation.SILU, device="cuda", routing_method=RoutingMethodType.DeepSeekV3,
+        moe_parallel_config=parallel, in_dtype=torch.bfloat16,
+        moe_backend=moe.get("moe_backend", "auto"),
+    )  # fmt: skip
+
+
+def select_moe(moe: dict[str, Any]) -> dict[str, Any]:
+    """The experts kernel vLLM's oracle picks for the target's quantization, under the
+    capability being evaluated: W4A16 group 32 (compressed-tensors INT4, Kimi-K2.5's) or NVFP4.
+    A FlashInfer kernel ahead of the choice is reported undetermined, with what vLLM takes
+    without it (the choice where the image's FlashInfer lacks it)."""
+    config = _moe_config(moe)
+    if moe["quantization"] == "nvfp4":
+        from vllm.model_executor.layers.fused_moe.oracle import nvfp4
+        from vllm.model_executor.layers.quantization.utils.quant_utils import (
+            kNvfp4Dynamic,
+            kNvfp4Static,
+        )
+
+        backend, experts = nvfp4.select_nvfp4_moe_backend(config, kNvfp4Static, kNvfp4Dynamic)
+        chosen = {"backend": backend.value, "experts": experts.__name__}
+        flashinfer = [backend.value] if backend.value.startswith(FLASHINFER_MOE) else []
+        return {"selected": chosen, "undetermined_ahead": flashinfer}
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy
+    from vllm.model_executor.layers.fused_moe.oracle import int_wna16
+    from vllm.model_executor.layers.quantization.utils.quant_utils import kInt4Static32
+
+    group = QuantizationStrategy.GROUP
+    args = QuantizationArgs(
+        num_bits=4, type="int", symmetric=True, strategy=group, group_size=moe["group_size"]
+    )
+
+    def pick() -> tuple[str, str]:
+        backend, experts = int_wna16.select_wna16_moe_backend(
+            config, kInt4Static32, args, may_have_zp=False, may_have_bias=False
+        )
+        return backend.value, experts.__name__
+
+    backend, experts = pick()
+    undetermined: list[str] = []
+    if backend.startswith(FLASHINFER_MOE):
+        undetermined.append(backend)
+        ordered = int_wna16._get_priority_backends
+        int_wna16._get_priority_backends = lambda: [
+            b for b in ordered() if not b.value.startswith(FLASHINFER_MOE)
+        ]
+        try:
+            backend, experts = pick()
+        finally:
+            int_wna16._get_priority_backends = ordered
+    return {
+        "selected": {"backend": backend, "experts": experts},
+        "undetermined_ahead": undetermined,
+    }
+
+
 def main() -> int:
     spec = json.loads(sys.stdin.read())
     sys.meta_path.insert(0, _StandIns())
@@ -195,6 +277,15 @@ def main() -> int:
             found["archs"][arch] = {
                 name: select(cuda, capability, engine) for name, engine in spec["engines"].items()
             }
+            for name, moe in (spec.get("moe") or {}).items():
+                try:
+                    found["archs"][arch][name] = select_moe(moe)
+                except (ImportError, AttributeError, TypeError) as exc:
+                    # An older vLLM (0.16) has no such oracle: not derived, never guessed.
+                    found["archs"][arch][name] = {
+                        "selected": None,
+                        "undetermined_ahead": [f"{type(exc).__name__}: {str(exc)[:120]}"],
+                    }
     print(json.dumps(found))  # the last line: vLLM may log to stdout before it
     return 0
 

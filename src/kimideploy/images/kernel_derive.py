@@ -35,10 +35,44 @@ def engines(project: Project, image: Image) -> dict[str, dict[str, Any]]:
     return found
 
 
+MOE_QUANTIZATIONS = {"int4": "w4a16", "nvfp4": "nvfp4"}
+"""The checkpoint formats whose experts kernel kernel_check.py derives from vLLM's oracle."""
+
+
+def moe_engines(project: Project) -> dict[str, dict[str, Any]]:
+    """The target's routed experts for each quantization it is served in (the model and its
+    variants), on 8 tensor-parallel GPUs: `moe-<format>` -> what vLLM's MoE oracle is asked."""
+    model, moe = project.model, project.model.moe
+    if moe is None:
+        return {}
+    intermediate = round(moe.expert_params_m * 1e6 / (3 * model.hidden_size))
+    found = {}
+    for quantization in {
+        model.quantization,
+        *(v.quantization for v in project.model_variants.values()),
+    }:
+        if quantization not in MOE_QUANTIZATIONS:
+            continue
+        found[f"moe-{quantization}"] = {
+            "quantization": MOE_QUANTIZATIONS[quantization],
+            "experts": moe.routed_experts,
+            "experts_per_token": moe.experts_per_token,
+            "hidden": model.hidden_size,
+            "intermediate": intermediate,
+            "group_size": moe.weight_group_size,
+            "tensor_parallel": 8,
+        }
+    return dict(sorted(found.items()))
+
+
 def derive(project: Project, image_name: str, python: Path, overlay: Path | None) -> dict[str, Any]:
     """Run kernel_check.py with the image's vLLM: its answer for every architecture it claims."""
     image = project.images[image_name]
-    spec = {"archs": list(image.cuda_archs), "engines": engines(project, image)}
+    spec = {
+        "archs": list(image.cuda_archs),
+        "engines": engines(project, image),
+        "moe": moe_engines(project) if image.vllm else {},
+    }
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "ERROR"}
     if overlay is not None:
         env["PYTHONPATH"] = str(overlay)

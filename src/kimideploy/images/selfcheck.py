@@ -103,6 +103,65 @@ def _mla_drafter_kimi_k2() -> str:
     return "a kimi_k2 MLA EAGLE-3 drafter is detected as MLA"
 
 
+def _module_source(name: str) -> str:
+    """A module's source, read without importing it (Model Runner V2 imports Triton, which a
+    CPU build of vLLM lacks)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin, f"{name} is missing"
+    return Path(spec.origin).read_text()
+
+
+def _speculation_switch() -> str:
+    """Patch 0002: the engine core's switch sets the scheduler's flag, the scheduler schedules
+    k = 0 while it is off and tells the workers, both runners skip the drafter, and the k = 0
+    decode width is captured when KIMIDEPLOY_SPECULATION_SWITCH=1."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.spec_decode.dynamic import utils as dynamic
+
+    assert SchedulerOutput.make_empty().speculation_paused is False, "no speculation_paused"
+    scheduler = SimpleNamespace(num_spec_tokens=3, speculation_paused=False)
+    scheduler.set_speculation_enabled = lambda enabled: Scheduler.set_speculation_enabled(
+        scheduler,
+        enabled,
+    )
+    core = SimpleNamespace(scheduler=scheduler)
+    assert EngineCore.set_speculation_enabled(core, False) is False
+    assert scheduler.speculation_paused, "switching off did not reach the scheduler"
+    assert EngineCore.set_speculation_enabled(core, None) is False
+    assert EngineCore.set_speculation_enabled(core, True) is True
+    plain = SimpleNamespace(num_spec_tokens=0, speculation_paused=False)
+    assert Scheduler.set_speculation_enabled(plain, True) is False
+    schedule = inspect.getsource(Scheduler.schedule)
+    assert "num_spec_tokens_to_schedule = 0" in schedule, "the scheduler still drafts while off"
+    assert "speculation_paused=self.speculation_paused" in schedule
+    runner_v1 = _module_source("vllm.v1.worker.gpu_model_runner")
+    assert "if scheduler_output.speculation_paused:" in runner_v1, "V1 still drafts while off"
+    runner_v2 = _module_source("vllm.v1.worker.gpu.model_runner")
+    assert "speculation_paused=scheduler_output.speculation_paused" in runner_v2
+    assert "if self.speculator is not None and speculation_paused:" in runner_v2
+    graphs = _module_source("vllm.v1.worker.gpu.cudagraph_utils")
+    config = _module_source("vllm.config.vllm")
+    assert "speculation_switch_enabled()" in graphs and "speculation_switch_enabled()" in config
+    saved = os.environ.get(dynamic.SPECULATION_SWITCH_ENV)
+    try:
+        os.environ[dynamic.SPECULATION_SWITCH_ENV] = "1"
+        assert dynamic.speculation_switch_enabled()
+        os.environ[dynamic.SPECULATION_SWITCH_ENV] = "0"
+        assert not dynamic.speculation_switch_enabled()
+    finally:
+        if saved is None:
+            os.environ.pop(dynamic.SPECULATION_SWITCH_ENV, None)
+        else:
+            os.environ[dynamic.SPECULATION_SWITCH_ENV] = saved
+    return "speculation switches off and on in the engine core; both runners skip the drafter"
+
+
 def _suffix_decoding() -> str:
     from arctic_inference.suffix_decoding import SuffixDecodingCache
     from vllm.utils.import_utils import has_arctic_inference
@@ -123,6 +182,7 @@ CHECKS: dict[str, Callable[[], str]] = {
     "native-kimi-k25-supports-eagle3": _supports_eagle3,
     "native-deepseek-final-aux-layer": _native_final_aux_layer,
     "0001-mla-eagle3-drafter-kimi-k2.patch": _mla_drafter_kimi_k2,
+    "0002-speculation-switch.patch": _speculation_switch,
     SUFFIX_CHECK: _suffix_decoding,
 }
 

@@ -33,6 +33,10 @@ class ServeAsk:
     gate_min_speedup: float | None = None
     """The gate's threshold instead of the cluster's (`--min-speedup`): what the plan's gate line
     and predictions are judged against, as the gate itself is."""
+    speculation_off: bool = False
+    """Serve the drafter with speculation switched off (spec `speculation: false`): the form a
+    non-speculative revision takes on a server that can switch (`rollback serve --no-spec`, `up
+    serve --drafter none`), applied to the running pods instead of a reload."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,17 +31,29 @@ CONTAINER = "probe"
 """The job-probe template's one container."""
 CONFLICT_EXIT = 3
 SCRIPT = (
-    'dest="$1"; want="$2"; replace="$3"; parts="$4"; '
-    'if [ -f "$dest" ]; then have=$(sha256sum "$dest" | cut -d" " -f1); '
+    'dest="$1"; want="$2"; replace="$3"; parts="$4"; root="$5"; dir=$(dirname "$dest"); '
+    'p="$dest"; while [ "$p" != "$root" ] && [ "$p" != / ]; do '
+    'if [ -L "$p" ]; then echo "link $p"; exit 1; fi; p=$(dirname "$p"); done; '
+    'if [ -e "$dest" ] && [ ! -f "$dest" ]; then echo "notfile $dest"; exit 1; fi; '
+    'if [ -f "$dest" ]; then have=$(sha256sum < "$dest" | cut -d" " -f1); '
     'if [ "$have" = "$want" ]; then echo "present $dest $want"; exit 0; fi; '
     'if [ "$replace" != "replace" ]; then echo "conflict $dest $have"; exit 3; fi; fi; '
-    'mkdir -p "$(dirname "$dest")" && cat "$parts"/* > "$dest.part" || exit 1; '
-    'got=$(sha256sum "$dest.part" | cut -d" " -f1); '
-    'if [ "$got" != "$want" ]; then echo "corrupt $dest $got"; rm -f "$dest.part"; exit 1; fi; '
-    'mv "$dest.part" "$dest" && echo "wrote $dest $want"'
+    'mkdir -p "$dir" && tmp=$(mktemp "$dir/.put.XXXXXXXXXX") || exit 1; '
+    'cat "$parts"/* > "$tmp" || { rm -f "$tmp"; exit 1; }; '
+    'got=$(sha256sum < "$tmp" | cut -d" " -f1); '
+    'if [ "$got" != "$want" ]; then echo "corrupt $dest $got"; rm -f "$tmp"; exit 1; fi; '
+    'mv -T -f "$tmp" "$dest" || { rm -f "$tmp"; exit 1; }; '
+    'now=$(sha256sum < "$dest" | cut -d" " -f1); '
+    'if [ "$now" != "$want" ]; then echo "raced $dest $now"; exit 1; fi; '
+    'echo "wrote $dest $want"'
 )
-"""POSIX sh and coreutils (every image has them): join the parts (their names sort in order),
-verify, rename; the last line says what happened."""
+"""POSIX sh and coreutils (every image has them): refuse a link anywhere from the datasets mount
+down to the file, join the parts (their names sort in order) into a temporary file of a unique
+name (mktemp: created exclusively, never a planted link), verify, rename it over the destination
+(`mv -T`: never into a folder planted at its name), and read back what the name now holds: two
+overlapping `--replace` uploads each report the bytes that are there ("raced" for the one whose
+bytes were replaced), never the other's under their own sha256. The last line says what
+happened."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,7 @@ def upload(ctx: PlanInputs, relative: str, data: bytes, *, replace: bool) -> Upl
             "node_selector": dict(sorted(ctx.cluster.node_selector.items())),
             "image": image.reference,
             "command": ["sh", "-c", SCRIPT, CONTAINER],
-            "args": [dest, digest, "replace" if replace else "keep", UPLOAD_MOUNT],
+            "args": [dest, digest, "replace" if replace else "keep", UPLOAD_MOUNT, DATASETS_MOUNT],
             "env": [],
             "resources": pods.resources("100m", "128Mi", 0),
             "volumes": [

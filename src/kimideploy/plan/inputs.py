@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kimideploy.config.clusters import Cluster
 from kimideploy.config.datasets import PublishedDataset
@@ -50,6 +50,10 @@ class PlanInputs:
     overrides: tuple[str, ...]
     namespace_override: str | None = None
     monitoring_crd: bool | None = None
+    storage_read_gbps: float | None = None
+    rates: tuple[Any, ...] = ()
+    """The cluster's measured run rates (plan/estimates.MeasuredRate), oldest first."""
+    """The storage probe's measured read bandwidth of the models claim (ClusterAnswers)."""
     ask: WorkloadAsk | None = None
     """The request's ask of the workload's kind (read through `asked`)."""
     synthetic_k: int | None = None
@@ -78,7 +82,11 @@ class PlanInputs:
 
     @property
     def cost_model(self) -> CostModel:
-        return self.costs or uncalibrated(self.project, self.cluster_name, self.image_name)
+        """A serve step's cost: on this plan's image where it is a vLLM one (a serve revision,
+        the calibration of another serve image), else on the cluster's serve image (a train or
+        tools image serves nothing: "(vLLM None)" was printed)."""
+        serving = self.image_name if self.image.vllm else None
+        return self.costs or uncalibrated(self.project, self.cluster_name, serving)
 
     @property
     def model(self) -> TargetModel:

@@ -382,6 +382,15 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
         resources = pods.resources(shape.cpu, shape.memory, shape.gpus, crossing["resources"])
         env += [{"name": k, "value": v} for k, v in sorted(crossing["env"].items())]
         host_network = crossing["host_network"]
+        if ctx.cluster.network.rdma_resource:
+            # First of all: seconds, before the target server's ~25-minute load.
+            check = pods.memlock_check_container(ctx.image.reference, security_context, mounts)
+            init_containers = [check, *init_containers]
+    if ctx.workload == "train" and shape.gpus:
+        # The trainer's own kernels on these GPUs (FlexAttention's backward among them) before
+        # the target server loads: init containers run in order, so after the locked memory.
+        at = 1 if init_containers and init_containers[0]["name"] == "memlock-check" else 0
+        init_containers.insert(at, train_gpu_check(ctx, shape.gpus, mounts))
     job = {
         **common,
         "labels": {**labels, **queue},
@@ -556,7 +565,7 @@ def _job_env(ctx: PlanInputs, gpus: int) -> list[dict[str, Any]]:
     asks = isinstance(settings, DatagenSettings) and settings.asks_the_serve_release
     if ctx.kind.measures_serving or asks:
         entries += pods.api_key_env(ctx, API_KEY_ENV)
-    # Declared explicitly so `$(JOB_COMPLETION_INDEX)` in torchrun's arguments always expands.
+    # Declared explicitly so `$(JOB_COMPLETION_INDEX)` in the launcher's arguments always expands.
     index = {"fieldRef": {"fieldPath": INDEX_ANNOTATION}}
     return [*entries, {"name": "JOB_COMPLETION_INDEX", "valueFrom": index}]
 
@@ -619,16 +628,42 @@ def _pull_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
     return JobShape(res.cpu, res.memory, WORKLOADS_ENTRYPOINT, args, 1, 1, ctx.kind.retries)
 
 
+TRAIN_GPU_PROBES = ["torch-arch", "flex-attention"]
+"""The train image's GPU check: its torch runs on these GPUs, and the attention kernel training
+runs compiles and runs forward and backward (workloads/gpucheck.py)."""
+TRAIN_GPU_CHECK_TIMEOUT_S = 60
+
+
+def train_gpu_check(ctx: PlanInputs, gpus: int, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    writable = [m for m in mounts if m["name"] in ("tmp", "home")]
+    return {
+        "name": "gpu-check",
+        "image": ctx.image.reference,
+        "command": pods.gpu_check_command(
+            ctx, TRAIN_GPU_PROBES, TRAIN_GPU_CHECK_TIMEOUT_S, gpus=gpus
+        ),
+        "resources": pods.resources("1", "8Gi", gpus),
+        "volumeMounts": writable,
+        "securityContext": pods.container_hardening(),
+    }
+
+
+TRAIN_LAUNCHER = ["python", "-m", "kimideploy.workloads.launch"]
+"""One worker per GPU with the variables torchrun would set, and their exit code passed to the
+Job (workloads/launch.py): torchrun turns a rank's 75 or 2 into 1, which the podFailurePolicy's
+resume and bad-input rules never match."""
+
+
 def _train_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
-    """torchrun: standalone on one node; static ranks from the completion index across nodes."""
+    """The launcher: one node alone; static ranks from the completion index across nodes."""
     train, gpus = ctx.cluster.workloads.train, ctx.cluster.gpu.per_node
     if online.is_online(ctx):
         gpus = online.check(ctx).trainer_gpus  # the target server holds the others
-    tail = ["-m", "kimideploy.workloads", "train", "--spec", SPEC_PATH]
+    tail = ["--", "-m", "kimideploy.workloads", "train", "--spec", SPEC_PATH]
     args = [f"--nproc-per-node={gpus}"]
     subdomain = ""
     if train.nodes == 1:
-        args += ["--standalone", "--nnodes=1"]
+        args += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={train.rendezvous_port}"]
     else:
         subdomain = ctx.object_name
         master = f"{ctx.object_name}-0.{subdomain}.{ctx.namespace}.svc"
@@ -641,7 +676,7 @@ def _train_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
     return JobShape(
         train.resources.cpu,
         train.resources.memory,
-        ["torchrun"],
+        TRAIN_LAUNCHER,
         args + tail,
         completions=train.nodes,
         parallelism=train.nodes,

@@ -15,7 +15,7 @@ MLA's prefill over the whole context, every step, where speculation cannot pay.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,8 @@ class KernelChoice:
     def describe(self) -> str:
         graphs = f", CUDA graphs {self.cudagraph_support.lower()}" if self.cudagraph_support else ""
         text = f"{self.backend}{graphs}"
+        if self.backend in self.undetermined_ahead:  # the choice itself cannot be checked on CPU
+            return f"{text} (not decidable on CPU: its kernels are the image's FlashInfer's)"
         if self.undetermined_ahead:
             text = f"{' or '.join(self.undetermined_ahead)} (not decidable on CPU), else {text}"
         return text
@@ -57,6 +59,9 @@ class KernelPlan:
     arch: str
     target: KernelChoice
     drafter: KernelChoice | None
+    experts: dict[str, KernelChoice] = field(default_factory=dict)
+    """The routed experts' kernel per checkpoint format (int4, nvfp4): vLLM's MoE oracle,
+    about half of a decode step's cost."""
 
     @property
     def speculation_can_pay(self) -> bool | None:
@@ -75,8 +80,24 @@ class KernelPlan:
             "whole context"
         )
 
-    def describe(self) -> str:
+    def experts_kernel(self, quantization: str, moe_backend: str = "auto") -> str | None:
+        """The experts' kernel of a checkpoint format, as configured or as vLLM picks it."""
+        if moe_backend != "auto":
+            return f"{moe_backend.upper()} (serve.moe_backend)"
+        found = self.experts.get(quantization)
+        return found.describe() if found is not None and found.backend else None
+
+    def describe(
+        self, quantization: str | None = None, moe_backend: str = "auto", speculative: bool = True
+    ) -> str:
+        """The kernels of a serve engine; without a drafter (`speculative` False) the target's
+        only: a drafter's kernel and the verification path are not part of that engine."""
         lines = f"vLLM {self.vllm} on {self.arch}: target {self.target.describe()}"
+        experts = self.experts_kernel(quantization, moe_backend) if quantization else None
+        if experts:
+            lines += f", {quantization} experts {experts}"
+        if not speculative:
+            return lines
         if self.drafter is not None:
             lines += f"; drafter {self.drafter.describe()}"
         return f"{lines}; verification on the {self.verification()}"
@@ -129,6 +150,16 @@ def stored_plan(image_name: str, image: Image, arch: str) -> KernelPlan | None:
 def plan_of(image_name: str, vllm: str, arch: str, per_engine: dict[str, Any]) -> KernelPlan:
     """One architecture's entry of a derived or stored plan."""
     drafter = per_engine.get("drafter")
+    experts = {
+        name.removeprefix("moe-"): _choice(raw.get("selected") or raw)
+        for name, raw in per_engine.items()
+        if name.startswith("moe-")
+    }
     return KernelPlan(
-        image_name, vllm, arch, _choice(per_engine["target"]), _choice(drafter) if drafter else None
+        image_name,
+        vllm,
+        arch,
+        _choice(per_engine["target"]),
+        _choice(drafter) if drafter else None,
+        experts,
     )

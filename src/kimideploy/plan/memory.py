@@ -7,8 +7,15 @@ minutes for Kimi-K2.5). The same arithmetic from the config, per GPU of the engi
     weights     = the checkpoint's bytes / tensor-parallel ranks
     drafter     = an EAGLE-3 head's weights (own embedding, fc, one decoder layer, lm_head over the
                   draft vocabulary), sharded like the target
-    activations = a prior: 1.5 GiB (CUDA graphs, NCCL, sampler) + max_num_batched_tokens x hidden
+    replicated  = what every rank holds whole, not a 1/tp share: MLA's query and KV down-projections
+                  (hidden x (q_lora_rank + kv_lora_rank + qk_rope_head_dim) per layer) and the
+                  routers (experts x hidden per MoE layer), bf16
+    activations = a prior: 1.5 GiB (CUDA graphs, NCCL) + max_num_batched_tokens x hidden
                   x 2 bytes x 16 (the peak of one step's buffers, MoE's included)
+    workspace   = MLA's chunked-prefill workspace (min(max(8 x max_model_len, 4 x max_num_seqs x
+                  16), 64K) tokens of latent, and its up-projected keys and values for this
+                  rank's heads) and the sampler's logits and probabilities over the full
+                  vocabulary, fp32, for max_num_seqs x (1 + k) rows
     hidden cache= extraction: the captured layers' states of one step's tokens
     KV cache    = what is left; per token, for MLA, (kv_lora_rank + qk_rope_head_dim) x layers x
                   the KV dtype's bytes on every rank (the latent is not split by tensor
@@ -56,6 +63,8 @@ class EngineShape:
     max_num_batched_tokens: int
     kv_cache_dtype: str
     drafter: Drafter | None = None
+    max_num_seqs: int = 256
+    speculative_tokens: int = 0
     captured_layers: int = 0
     """Extraction and replay capture: the layers whose hidden states one step keeps."""
     strict: bool = True
@@ -76,16 +85,41 @@ class MemoryPlan:
     kv_bytes_per_token: int
     kv_tokens: int
     max_model_len: int
+    drafter_kv_bytes_per_token: int = 0
+    """The drafter's layer's share of kv_bytes_per_token."""
+    replicated_gib: float = 0.0
+    """Beyond the 1/tp share of the checkpoint: what each rank holds whole."""
+    workspace_gib: float = 0.0
+    """MLA's prefill workspace and the sampler's full-vocabulary rows."""
 
     @property
     def concurrent_max_length(self) -> float:
         return self.kv_tokens / self.max_model_len
 
+    def staying_ready(self) -> str:
+        """What a server that keeps its drafter loaded with speculation switched off holds for
+        it, per GPU, that a server started without a drafter gives to the target's KV cache."""
+        kv = self.kv_tokens * self.drafter_kv_bytes_per_token / GIB
+        plain_tokens = int(
+            (self.kv_cache_gib + self.drafter_gib)
+            * GIB
+            // max(1, self.kv_bytes_per_token - self.drafter_kv_bytes_per_token)
+        )
+        return (
+            f"{self.drafter_gib + kv:.1f} GiB per GPU stays with the drafter while speculation is "
+            f"off (weights {self.drafter_gib:.1f} + its KV {kv:.1f}): a server started without it "
+            f"would hold {plain_tokens:,} tokens instead of {self.kv_tokens:,}"
+        )
+
     def describe(self) -> str:
         parts = [f"weights {self.weights_gib:.1f}"]
+        if self.replicated_gib:
+            parts.append(f"replicated {self.replicated_gib:.1f}")
         if self.drafter_gib:
             parts.append(f"drafter {self.drafter_gib:.1f}")
         parts.append(f"activations {self.activations_gib:.1f}")
+        if self.workspace_gib:
+            parts.append(f"workspace {self.workspace_gib:.1f}")
         if self.hidden_cache_gib:
             parts.append(f"hidden states {self.hidden_cache_gib:.1f}")
         parts.append(f"KV cache {self.kv_cache_gib:.1f}")
@@ -102,6 +136,64 @@ def kv_bytes_per_token(model: TargetModel, tensor_parallel: int, kv_cache_dtype:
     assert model.attention is not None
     values = model.attention.kv_values_per_token_layer(tensor_parallel)
     return values * model.num_hidden_layers * KV_BYTES[kv_cache_dtype]
+
+
+EAGLE3_GQA = 8
+"""Query heads per KV head of an EAGLE-3 head with a Llama decoder layer (the published Kimi
+drafters': num_key_value_heads = num_attention_heads / 8): a planning prior for its KV."""
+
+
+def drafter_kv_bytes_per_token(
+    model: TargetModel, drafter: Drafter, tensor_parallel: int, kv_cache_dtype: str
+) -> int:
+    """One token's KV of the drafter's one decoder layer on one GPU: vLLM keeps it in the same
+    pages as the target's layers. An MLA decoder stores the target's latent (1,152 B in bf16
+    for Kimi: 1.6% of the target's 70,272); a Llama one keys and values of its KV heads."""
+    assert model.attention is not None
+    attention = model.attention
+    if drafter.decoder == "mla" and attention.kind == "mla":
+        return attention.kv_values_per_token_layer(tensor_parallel) * KV_BYTES[kv_cache_dtype]
+    heads = max(1, (attention.num_heads // EAGLE3_GQA) // tensor_parallel)
+    head_dim = model.hidden_size // attention.num_heads
+    return 2 * heads * head_dim * KV_BYTES[kv_cache_dtype]
+
+
+def replicated_bytes(model: TargetModel) -> float:
+    """What each tensor-parallel rank holds whole (vLLM builds them as ReplicatedLinear, or
+    replicates them): MLA's down-projections and the MoE routers, in bf16. About 2 GiB for
+    Kimi-K2.5 (61 x 7168 x 2112 + 60 x 384 x 7168 values)."""
+    attention, found = model.attention, 0.0
+    if attention is not None and attention.kind == "mla":
+        latent = (
+            (attention.q_lora_rank or 0)
+            + (attention.kv_lora_rank or 0)
+            + (attention.qk_rope_head_dim or 0)
+        )
+        found += model.num_hidden_layers * model.hidden_size * latent * 2
+    if model.moe is not None:
+        found += model.moe.moe_layers * model.moe.routed_experts * model.hidden_size * 2
+    return found
+
+
+MLA_WORKSPACE_TOKENS = 64 * 1024
+MLA_BLOCK_SIZE = 16
+
+
+def workspace_bytes(model: TargetModel, shape: EngineShape) -> float:
+    """MLA's chunked-prefill workspace and up-projected context (vLLM 0.32, mla_attention.py
+    determine_chunked_prefill_workspace_size) and the sampler's rows over the full vocabulary."""
+    attention, tp, found = model.attention, shape.tensor_parallel, 0.0
+    if attention is not None and attention.kind == "mla":
+        tokens = min(
+            max(8 * shape.max_model_len, 4 * shape.max_num_seqs * MLA_BLOCK_SIZE),
+            MLA_WORKSPACE_TOKENS,
+        )
+        latent = (attention.kv_lora_rank or 0) + (attention.qk_rope_head_dim or 0)
+        heads = max(1, attention.num_heads // tp)
+        head = (attention.qk_nope_head_dim or 0) + (attention.v_head_dim or 0)
+        found += tokens * latent * 2 + tokens * heads * head * 2
+    rows = shape.max_num_seqs * (1 + shape.speculative_tokens)
+    return found + rows * model.vocab_size * 4 * 2
 
 
 def drafter_bytes(model: TargetModel, drafter: Drafter, tensor_parallel: int) -> float:
@@ -123,7 +215,9 @@ def plan(model: TargetModel, shape: EngineShape) -> MemoryPlan | None:
         return None
     tp = shape.tensor_parallel
     usable = shape.gpu_memory_gb * 1e9 * shape.utilization
-    weights = model.weights_gb * 1e9 / tp
+    whole = replicated_bytes(model)
+    weights = (model.weights_gb * 1e9 - whole) / tp
+    replicated = whole
     drafter = drafter_bytes(model, shape.drafter, tp) if shape.drafter else 0.0
     activations = (
         ACTIVATION_BASE_BYTES
@@ -131,7 +225,14 @@ def plan(model: TargetModel, shape: EngineShape) -> MemoryPlan | None:
     )
     hidden_cache = shape.captured_layers * model.hidden_size * 2 * shape.max_num_batched_tokens
     per_token = kv_bytes_per_token(model, tp, shape.kv_cache_dtype)
-    kv = usable - weights - drafter - activations - hidden_cache
+    drafter_kv = (
+        drafter_kv_bytes_per_token(model, shape.drafter, tp, shape.kv_cache_dtype)
+        if shape.drafter
+        else 0
+    )
+    per_token += drafter_kv
+    workspace = workspace_bytes(model, shape)
+    kv = usable - weights - replicated - drafter - activations - workspace - hidden_cache
     tokens = max(0, int(kv // per_token))
     return MemoryPlan(
         engine=shape.engine,
@@ -145,6 +246,9 @@ def plan(model: TargetModel, shape: EngineShape) -> MemoryPlan | None:
         kv_bytes_per_token=per_token,
         kv_tokens=tokens,
         max_model_len=shape.max_model_len,
+        drafter_kv_bytes_per_token=drafter_kv,
+        replicated_gib=replicated / GIB,
+        workspace_gib=workspace / GIB,
     )
 
 
@@ -181,6 +285,7 @@ def engine_shapes(ctx: PlanInputs) -> list[EngineShape]:
             max_model_len=model.max_model_len,
             max_num_batched_tokens=serve.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,
             kv_cache_dtype=serve.kv_cache_dtype, drafter=drafter,
+            max_num_seqs=serve.max_num_seqs, speculative_tokens=ctx.speculative_tokens or 0,
         ))  # fmt: skip
     elif ctx.kind.engine is not None:  # the extraction engine, or the replay's capture in its shape
         extract = workloads.extract

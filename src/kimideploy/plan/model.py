@@ -13,6 +13,7 @@ from kimideploy.plan.asks import PullAsk, WorkloadAsk
 from kimideploy.plan.calibration import Calibration
 from kimideploy.plan.inputs import AskT
 from kimideploy.plan.kinds import KINDS
+from kimideploy.plan.stage_estimate import MeasuredRate, StageEstimate
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,23 @@ class ClusterAnswers:
     calibrations: tuple[Calibration, ...] = ()
     """The cluster's stored calibrations, oldest first (offline: the local copy, when read):
     predictions use the newest measured on this plan's serve image and configuration."""
+    storage_read_gbps: float | None = None
+    """The models claim's read bandwidth the storage probe measured on this cluster (GB/s);
+    None where it was never measured (offline, or before the first probe)."""
+    rates: tuple[MeasuredRate, ...] = ()
+    """What finished runs measured on this cluster, oldest first: each run's estimate uses the
+    newest of its workload (plan/estimates.py)."""
 
 
 OFFLINE = ClusterAnswers()
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """Where a run's vLLM logs its start-up."""
+
+    container: str | None = None
+    """The container of the run's pod (index 0) whose log it is; None: the pod's first."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,23 @@ class Plan:
     break_even: dict[str, Any] = field(default_factory=dict)
     """Speculative serve plans: {"source": which cost model, "measured": bool, "rate": {c: vLLM
     acceptance rate at break-even}, "length": {c: acceptance length}} at the gated levels."""
+    storage_probe: ObjectPlan | None = None
+    """Serve plans: the Job that measures the models claim's cold read bandwidth (`host check`,
+    and `up` before the first load where the reader depends on it); never part of the release."""
+    stage_estimate: StageEstimate | None = None
+    """How long the run takes, on how many GPUs, from which source (plan/estimates.py); None
+    for a release and for a kind no model covers."""
+    price_per_gpu_hour: float | None = None
+    """The cluster's price, for the estimate's money."""
+    engine_start_estimate_s: float = 0.0
+    """One engine start of this cluster's target, estimated (plan/estimates.engine_start_s): a
+    bake-off or a calibration loads the serve engine once per candidate."""
+    measure_storage_first: bool = False
+    """The reader depends on a storage measurement this cluster does not have yet (a local copy
+    decided by min_read_gbps): `up` runs storage_probe, records it, and plans again."""
+    engine_start: EngineStart | None = None
+    """Runs whose pods start a vLLM engine (extraction, the replay's capture, online training's
+    target server): where its start-up log lines are, for the phase table."""
 
     @property
     def serve_release(self) -> str:

@@ -154,12 +154,18 @@ def tolerations(ctx: PlanInputs) -> list[dict[str, Any]]:
 
 
 def resources(
-    cpu: str, memory: str, gpus: int, devices: dict[str, str] | None = None
+    cpu: str,
+    memory: str,
+    gpus: int,
+    devices: dict[str, str] | None = None,
+    *,
+    memory_limit: str | None = None,
 ) -> dict[str, dict[str, str]]:
     """Requests equal limits for GPU pods: extended resources (GPUs, RDMA devices) cannot be
-    overcommitted."""
+    overcommitted. `memory_limit` above the request lets the page cache hold more than the pod
+    reserves (the serve pod's checkpoint: plan/page_cache.py)."""
     requests = {"cpu": cpu, "memory": memory}
-    limits = {"memory": memory}
+    limits = {"memory": memory_limit or memory}
     if gpus:
         requests[GPU_RESOURCE] = str(gpus)
         limits[GPU_RESOURCE] = str(gpus)
@@ -260,8 +266,9 @@ pre-training all-reduce reads to tell InfiniBand from a fall-back to sockets."""
 
 def multi_node_pod(ctx: PlanInputs) -> dict[str, Any]:
     """What a pod whose NCCL crosses nodes needs from clusters.X.network: the RDMA device, the
-    node's network or an SR-IOV attachment, and IPC_LOCK (NCCL registers GPU and host memory
-    with the HCA; the capability lifts the locked-memory limit for that)."""
+    node's network or an SR-IOV attachment, and IPC_LOCK (effective only for a root process; for
+    the non-root trainer the node's runtime must set LimitMEMLOCK, which memlock_check_container
+    checks first)."""
     network = ctx.cluster.network
     rdma = {network.rdma_resource: str(network.rdma_per_pod)} if network.rdma_resource else {}
     annotations = (
@@ -275,6 +282,24 @@ def multi_node_pod(ctx: PlanInputs) -> dict[str, Any]:
         "annotations": annotations,
         "capabilities": ["IPC_LOCK"],
         "env": NCCL_LOG_ENV,
+    }
+
+
+def memlock_check_container(
+    image: str, security_context: dict[str, Any], mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The trainer's first init container: the process that will run NCCL (same image, user and
+    capabilities) must be able to pin memory for InfiniBand, else the pod fails at once naming
+    the node's fix (workloads/memlock_check.py): IPC_LOCK in capabilities.add does not reach a
+    non-root process, so the limit has to come from the node's container runtime."""
+    writable = [m for m in mounts if m["name"] in ("tmp", "home")]
+    return {
+        "name": "memlock-check",
+        "image": image,
+        "command": ["python", "-m", "kimideploy.workloads.memlock_check"],
+        "resources": resources("100m", "64Mi", 0),
+        "volumeMounts": writable,
+        "securityContext": security_context,
     }
 
 
@@ -314,7 +339,9 @@ def spec_volume(config_map: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return volume, {"name": "spec", "mountPath": SPEC_MOUNT_DIR, "readOnly": True}
 
 
-def gpu_check_command(ctx: PlanInputs, probes: list[str], timeout_s: int) -> list[str]:
+def gpu_check_command(
+    ctx: PlanInputs, probes: list[str], timeout_s: int, gpus: int | None = None
+) -> list[str]:
     """The GPU check (workloads/gpucheck.py) as the serve pod's init container and `host check
     --allreduce`'s probe both run it: the image's architectures and CUDA against the node's, the
     probes asked for, and the cluster's all-reduce floor where the all-reduce is probed."""
@@ -327,7 +354,7 @@ def gpu_check_command(ctx: PlanInputs, probes: list[str], timeout_s: int) -> lis
         "--cuda",
         ctx.image.cuda or "",
         "--gpus",
-        str(ctx.cluster.gpu.per_node),
+        str(gpus or ctx.cluster.gpu.per_node),
         "--probes",
         ",".join(probes),
         "--timeout-s",

@@ -16,16 +16,19 @@ from kimideploy.config.specs import PullSpec, WorkloadSpec
 from kimideploy.config.workload_names import WORKLOAD_NAMES
 from kimideploy.errors import MethodNotServedError, UsageError
 from kimideploy.formats.check_result import CheckResult
+from kimideploy.formats.drafter_swap import SPECULATION_SWITCH_PATCH
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import (
     acceptance,
     calibration,
     data_layout,
+    estimates,
     gateway,
     jobs,
     memory,
     node_probe,
     online,
+    page_cache,
     publish,
     replay,
     serve,
@@ -43,7 +46,7 @@ from kimideploy.plan.drafter_judgement import (
 )
 from kimideploy.plan.inputs import PlanInputs, deterministic_run_id, gate_threshold, gated_levels
 from kimideploy.plan.kinds import KINDS, WorkloadKind
-from kimideploy.plan.model import OFFLINE, ClusterAnswers, Plan, PlanRequest
+from kimideploy.plan.model import OFFLINE, ClusterAnswers, EngineStart, Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
 
@@ -70,6 +73,11 @@ def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
         ]
     else:
         objects = jobs.job_objects(ctx, spec, spec_json)
+    stage = None if ctx.kind.release else estimates.estimate(ctx, ctx.rates)
+    price = ctx.cluster.price_per_gpu_hour
+    facts = _facts(ctx, estimate)
+    if stage is not None:
+        facts.append(("estimate", stage.line(price)))
     return Plan(
         workload=ctx.workload,
         project=ctx.project.name,
@@ -84,13 +92,37 @@ def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
         objects=(*claim_objects(ctx, estimate), *objects),
         spec=spec,
         drafter_findings=_drafter_findings(ctx),
-        facts=tuple(_facts(ctx, estimate)),
+        facts=tuple(facts),
         warnings=tuple(_warnings(ctx, estimate)),
         inputs=_inputs(ctx, request),
         break_even=_break_even(ctx),
-        preflight=tuple(p for p in (weights.probe(ctx),) if p is not None),
+        preflight=tuple(
+            p
+            for p in (
+                weights.probe(ctx),
+                page_cache.local_copy_job(ctx),
+                page_cache.warmer_job(ctx),
+            )
+            if p is not None
+        ),
         gpu_probe=node_probe.allreduce_job(ctx) if ctx.kind.release else None,
+        engine_start=_engine_start(ctx),
+        stage_estimate=stage,
+        price_per_gpu_hour=price,
+        engine_start_estimate_s=estimates.engine_start_s(ctx, ctx.workload)[0],
+        storage_probe=page_cache.storage_probe_job(ctx) if ctx.kind.release else None,
+        measure_storage_first=ctx.kind.release and page_cache.needs_measurement(ctx),
     )
+
+
+def _engine_start(ctx: PlanInputs) -> EngineStart | None:
+    """Where a run's vLLM logs its start-up: online training's target server, or the main
+    container of a run whose kind starts an engine (a serve release reports its own)."""
+    if online.is_online(ctx):
+        return EngineStart(online.SERVER_CONTAINER)
+    if ctx.kind.engine is not None and not ctx.kind.release:
+        return EngineStart()
+    return None
 
 
 def _break_even(ctx: PlanInputs) -> dict[str, Any]:
@@ -147,10 +179,18 @@ def _plan_inputs(
         overrides=request.overrides,
         namespace_override=answers.namespace,
         monitoring_crd=answers.monitoring_crd,
+        storage_read_gbps=answers.storage_read_gbps,
+        rates=answers.rates,
         ask=request.ask,
     )
     _check_method_on_image(ctx)
     _check_capacity(ctx)
+    moe_refusal = serve.moe_backend_refusal(ctx) if ctx.kind.release else None
+    if moe_refusal:
+        raise UsageError(
+            f"nothing was created: {moe_refusal}",
+            hint="moe_backend: auto (vLLM picks Marlin there) or marlin",
+        )
     refusal = gateway.canary_refusal(ctx)
     if refusal is not None:
         raise refusal
@@ -448,6 +488,20 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
     if ctx.kind.trains_for_serving and ctx.drafter is not None:
         key, text, _ = _training_target_fact(ctx)
         facts.append((key, text))
+    if (
+        ctx.kind.trains
+        and ctx.cluster.workloads.train.nodes > 1
+        and (ctx.cluster.network.rdma_resource)
+    ):
+        facts.append(
+            (
+                "locked memory",
+                "NCCL over InfiniBand pins its buffers: the node's container runtime must give "
+                "pods an unlimited RLIMIT_MEMLOCK (LimitMEMLOCK=infinity; IPC_LOCK does not "
+                "reach the non-root trainer); the pods' first init container checks it in "
+                "seconds (`host check` reads it, `host provision` sets it)",
+            )
+        )
     datasets = _datasets_fact(ctx)
     if datasets:
         facts.append(("datasets", datasets))
@@ -485,10 +539,14 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
         ("rollout", strategy),
         ("startup budget", f"{serve_settings.startup_budget_s // 60} min (probe on /v1/models)"),
         ("pod monitor", _pod_monitor_fact(ctx)),
+        ("page cache", page_cache.page_cache_plan(ctx).describe()),
+        ("weights reader", page_cache.load_plan(ctx, ctx.storage_read_gbps).reason),
+        ("CUDA graphs", serve.capture_size(ctx)[1]),
     ]
     spec = serve.speculative_config(ctx)
     if spec is None:
         return [*facts, ("speculative", "off (no drafter)")]
+    facts.append(("speculation off", _switch_fact(ctx)))
     drafter = ctx.drafter
     if drafter is not None:
         vllm_ids = to_vllm_layer_ids(drafter.aux_layer_ids, drafter.layer_id_convention)
@@ -537,6 +595,23 @@ def _serve_facts(ctx: PlanInputs) -> list[tuple[str, str]]:
                 "where it can pay: gate.concurrency)"
             )
     return [*facts, *prediction_facts(ctx, k, gated), ("gate", policy)]
+
+
+def _switch_fact(ctx: PlanInputs) -> str:
+    """How `rollback serve --no-spec` turns this release's speculation off, and what staying
+    ready for it costs."""
+    if serve.switches_speculation(ctx):
+        staying = next((m.staying_ready() for m in memory.memory_plans(ctx)), "")
+        return (
+            "in seconds: the running engine is switched off (patch 0002), the pods stay; " + staying
+        )
+    if not serve.swaps_drafters(ctx):
+        why = "the server is not started able to swap drafters"
+        if ctx.model_free is not None:
+            why = "a model-free method has no keeper"
+    else:
+        why = f"the image's vLLM lacks {SPECULATION_SWITCH_PATCH}"
+    return f"a restart (a new load of the target): {why}"
 
 
 def prediction_facts(ctx: PlanInputs, k: int, levels: list[int]) -> list[tuple[str, str]]:
@@ -624,6 +699,10 @@ def _warnings(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[str]:
         why = stack.cannot_pay(ctx)
         if why:
             warnings.append(f"a drafter trained for {ctx.cluster_name} would be wasted: {why}")
+    if ctx.kind.release:
+        cache = page_cache.page_cache_plan(ctx)
+        if cache.worth_a_warning:
+            warnings.append(f"{cache.describe()}: every restart reads the storage again")
     reads, writes = data_layout.data_flow(ctx)
     if "hidden_states" in (*reads, *writes) and estimate.claim_bytes < estimate.total_bytes:
         warnings.append(

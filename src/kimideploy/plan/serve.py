@@ -25,16 +25,25 @@ from kimideploy.formats.drafter_swap import (
     DEV_ROUTES_GUARD,
     DRAFTER_FILES_BACKEND,
     DRAFTER_KEEPER,
+    DRAFTERS_ROOT_ENV,
+    SPECULATION_SWITCH_ENV,
+    SPECULATION_SWITCH_PATCH,
     STARTED_WITH_ENV,
     WANTED_SPEC_ENV,
     drafter_version,
 )
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import pods, publish
+from kimideploy.plan import page_cache, pods, publish
 from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.claims import workload_claims
 from kimideploy.plan.dashboard import dashboard_object
-from kimideploy.plan.inputs import PlanInputs, drafter_path, is_speculative, target_model_path
+from kimideploy.plan.inputs import (
+    MODELS_MOUNT,
+    PlanInputs,
+    drafter_path,
+    is_speculative,
+    target_model_path,
+)
 from kimideploy.plan.k_schedule import KSchedule, choose_schedule
 from kimideploy.plan.model import ObjectPlan
 from kimideploy.plan.vllm_server import (
@@ -125,12 +134,58 @@ def config_fingerprint(ctx: PlanInputs) -> str:
     serve = ctx.cluster.workloads.serve
     relevant = {
         "image": ctx.image.reference,
-        "args": vllm_args(plain),
+        # How the weights are read changes the start, not a decode step.
+        "args": _without(vllm_args(plain), LOAD_FLAGS),
         "replicas": serve.replicas,
         "gpus": f"{ctx.cluster.gpu.per_node} x {ctx.cluster.gpu.product}",
         "env": dict(sorted(ctx.cluster.env.items())),  # NCCL settings change the verify step
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+LOAD_FLAGS = frozenset({"--safetensors-load-strategy", "--safetensors-prefetch-num-threads"})
+
+
+def _without(args: list[str], flags: frozenset[str]) -> list[str]:
+    """`args` without each of `flags` and the value after it."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+DEFAULT_CAPTURE_CAP = {"sm_100": 1024, "sm_103": 1024}
+"""vLLM 0.32's default ceiling of its CUDA-graph capture sizes: 1024 tokens on the sm_100
+family, 512 elsewhere (config/vllm.py, `default_max_graph_size`)."""
+OTHER_CAPTURE_CAP = 512
+
+
+def capture_size(ctx: PlanInputs) -> tuple[int | None, str]:
+    """(--max-cudagraph-capture-size, why): the widest decode step is max_num_seqs x (1 + k)
+    tokens. Left to vLLM where its default covers it: set explicitly, vLLM 0.32 drops the
+    decode-aligned sizes it otherwise adds (each tier's request counts x its query length,
+    patch 0002's k = 0 tier included) and captures its token-strided grid instead."""
+    serve = ctx.cluster.workloads.serve
+    k = max((r[2] for r in k_schedule(ctx).ranges), default=0) if ctx.drafter else 0
+    k = max(k, ctx.speculative_tokens or 0)
+    widest = serve.max_num_seqs * (1 + k)
+    cap = DEFAULT_CAPTURE_CAP.get(ctx.cluster.gpu.arch, OTHER_CAPTURE_CAP)
+    if widest <= cap:
+        return None, (
+            f"vLLM's default (up to {cap} tokens on {ctx.cluster.gpu.arch}) covers the widest "
+            f"decode step, {serve.max_num_seqs} requests x {1 + k} tokens = {widest}"
+        )
+    return widest, (
+        f"--max-cudagraph-capture-size {widest}: {serve.max_num_seqs} requests x {1 + k} "
+        f"tokens, above vLLM's default of {cap} on {ctx.cluster.gpu.arch} (wider steps would "
+        "run without CUDA graphs)"
+    )
 
 
 def vllm_args(ctx: PlanInputs) -> list[str]:
@@ -153,10 +208,16 @@ def vllm_args(ctx: PlanInputs) -> list[str]:
         args += ["--mm-encoder-tp-mode", serve.mm_encoder_tp_mode]
     if serve.attention_backend is not None:
         args += ["--attention-backend", serve.attention_backend]
+    if serve.moe_backend != "auto":
+        args += ["--moe-backend", serve.moe_backend]
     if model.reasoning_parser:
         args += ["--reasoning-parser", model.reasoning_parser]
     if model.tool_call_parser:
         args += ["--tool-call-parser", model.tool_call_parser, "--enable-auto-tool-choice"]
+    args += page_cache.load_plan(ctx, ctx.storage_read_gbps).args()
+    size, _ = capture_size(ctx)
+    if size is not None:
+        args += ["--max-cudagraph-capture-size", str(size)]
     spec = speculative_config(ctx)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec)]
@@ -202,12 +263,60 @@ def swaps_drafters(ctx: PlanInputs) -> bool:
     )
 
 
+def switches_speculation(ctx: PlanInputs) -> bool:
+    """Whether this release starts able to switch speculation off and on without a reload: it
+    can swap drafters (the keeper runs) and its image's vLLM carries patch 0002, the engine's
+    switch. A non-speculative revision of such a server is then the same pods with speculation
+    switched off (`rollback serve --no-spec` in seconds); the drafter's weights and its share
+    of the KV cache stay allocated (the memory plan's "staying ready" line)."""
+    return swaps_drafters(ctx) and SPECULATION_SWITCH_PATCH in ctx.image.patches
+
+
 def keeper_env(ctx: PlanInputs) -> dict[str, str]:
     """What the drafter keeper reads: the drafter this container's `--speculative-config` loads
-    (the label vLLM's "default" weight version stands for) and the mounted spec it keeps to."""
+    (the label vLLM's "default" weight version stands for) and the mounted spec it keeps to;
+    and, where the engine can switch, what makes it capture the k = 0 decode graphs too."""
     if not swaps_drafters(ctx):
         return {}
-    return {STARTED_WITH_ENV: drafter_version(ctx.drafter_name), WANTED_SPEC_ENV: SPEC_PATH}
+    env = {
+        STARTED_WITH_ENV: drafter_version(ctx.drafter_name),
+        WANTED_SPEC_ENV: SPEC_PATH,
+        DRAFTERS_ROOT_ENV: MODELS_MOUNT,
+    }
+    if switches_speculation(ctx):
+        env[SPECULATION_SWITCH_ENV] = "1"
+    return env
+
+
+FLASHINFER_INT4_MOE_ARCHS = frozenset({"sm_100", "sm_103"})
+"""FlashInfer's TRT-LLM INT4 experts kernel runs on the sm_100 family only (vLLM 0.32,
+fused_moe/experts/trtllm_mxint4_moe.py)."""
+
+
+def moe_env(ctx: PlanInputs) -> dict[str, str]:
+    """The variable FlashInfer's INT4 experts kernel needs besides --moe-backend: without it the
+    kernel reports the device unsupported and vLLM fails at the load (vLLM 0.32,
+    quantization/utils/flashinfer_mxint4_moe.py)."""
+    serve = ctx.cluster.workloads.serve
+    if serve.moe_backend == "flashinfer_trtllm" and ctx.model.quantization == "int4":
+        return {"VLLM_USE_FLASHINFER_MOE_INT4": "1"}
+    return {}
+
+
+def moe_backend_refusal(ctx: PlanInputs) -> str | None:
+    """Why the configured experts kernel cannot serve this checkpoint on this GPU (None: it can
+    as far as the plan can tell), said before a load that would fail at its end."""
+    serve, arch = ctx.cluster.workloads.serve, ctx.cluster.gpu.arch
+    if (
+        serve.moe_backend == "flashinfer_trtllm"
+        and ctx.model.quantization == "int4"
+        and arch not in FLASHINFER_INT4_MOE_ARCHS
+    ):
+        return (
+            f"clusters.{ctx.cluster_name}.workloads.serve.moe_backend: flashinfer_trtllm runs "
+            f"INT4 experts on the sm_100 family only, and {ctx.cluster_name} is {arch}"
+        )
+    return None
 
 
 def counts_per_request(ctx: PlanInputs) -> bool:
@@ -269,7 +378,22 @@ def serve_spec(ctx: PlanInputs) -> ServeSpec:
         image_patches=list(ctx.image.patches),
         image_cuda_archs=list(ctx.image.cuda_archs),
         vllm_version=ctx.image.vllm,
+        speculation=not ctx.asked(ServeAsk).speculation_off,
+        drafter_sha256=drafter_sha256(drafter) if drafter else {},
     )
+
+
+def drafter_sha256(drafter: Drafter) -> dict[str, str]:
+    """The files a swap reads (config.json and the safetensors) by the sha256 the project
+    recorded for them: a published drafter's artifact files, else `sha256` of model.safetensors."""
+    oci = drafter.source.oci
+    if oci is not None and oci.files:
+        return {
+            name: digest
+            for name, digest in sorted(oci.files.items())
+            if name == "config.json" or name.endswith(".safetensors")
+        }
+    return {"model.safetensors": drafter.sha256} if drafter.sha256 else {}
 
 
 MODEL_MARKER = ".kimideploy-complete"
@@ -289,11 +413,20 @@ def gpu_probes(image: Image, gpus: int) -> list[str]:
     return probes
 
 
+def served_target_path(ctx: PlanInputs) -> str:
+    """Where the serve container reads the target: the models claim, or the node-local copy."""
+    if page_cache.load_plan(ctx, ctx.storage_read_gbps).local_copy:
+        return page_cache.local_target_path(ctx)
+    return target_model_path(ctx.model)
+
+
 def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
     """Seconds-long checks before a 25-minute load: GPU architecture and driver, synced model."""
     gpus = ctx.cluster.gpu.per_node
     hardened = pods.container_hardening()
-    model_dir = target_model_path(ctx.model)
+    model_dir = served_target_path(ctx)
+    local = page_cache.load_plan(ctx, ctx.storage_read_gbps).local_copy
+    local_mounts = [page_cache.node_local_mount(True)] if local else []
     script = (
         f'test -f "$MODEL_DIR/{MODEL_MARKER}" || {{ echo "model not synced: $MODEL_DIR has no '
         f'{MODEL_MARKER}; run: kimideploy host sync-model --cluster {ctx.cluster_name}" >&2; '
@@ -365,6 +498,7 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
             "resources": pods.resources("100m", "64Mi", 0),
             "volumeMounts": [
                 {"name": "models", "mountPath": "/models", "readOnly": True},
+                *local_mounts,
                 *writable,
             ],
             "securityContext": hardened,
@@ -381,6 +515,9 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
     spec_vol, spec_mount = pods.spec_volume(ctx.object_name)
     writable_vols, writable_mounts = pods.writable_volumes()
     strategy, _ = rollout_strategy(ctx)
+    local = page_cache.load_plan(ctx, ctx.storage_read_gbps).local_copy
+    local_vols = [page_cache.node_local_volume(ctx)] if local else []
+    local_mounts = [page_cache.node_local_mount(True)] if local else []
     common = {"name": ctx.object_name, "namespace": ctx.namespace, "labels": labels}
     deployment = {
         **common,
@@ -398,7 +535,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
         "security": pods.pod_security(ctx),
         "priority_class": pods.priority_class(ctx),
         "image": ctx.image.reference,
-        "command": ["vllm", "serve", target_model_path(ctx.model)],
+        "command": ["vllm", "serve", served_target_path(ctx)],
         "args": vllm_args(ctx),
         "env": [
             *pods.env(
@@ -409,11 +546,17 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
                     **pods.compile_cache_env(ctx.image),
                     **(DEV_MODE_ENV if ctx.synthetic_k is not None or swaps_drafters(ctx) else {}),
                     **keeper_env(ctx),
+                    **moe_env(ctx),
                 },
             ),
             *pods.api_key_env(ctx, "VLLM_API_KEY"),
         ],
-        "resources": pods.resources(serve.resources.cpu, serve.resources.memory, gpus),
+        "resources": pods.resources(
+            serve.resources.cpu,
+            serve.resources.memory,
+            gpus,
+            memory_limit=page_cache.memory_limit(ctx),
+        ),
         "port": serve.port,
         "probes": probes(ctx),
         "init_containers": init_containers(ctx),
@@ -423,8 +566,9 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
             spec_vol,
             *writable_vols,
             *publish.pull_volumes(ctx, publish.pulls(ctx)),
+            *local_vols,
         ],
-        "volume_mounts": [*claim_mounts, shm_mount, spec_mount, *writable_mounts],
+        "volume_mounts": [*claim_mounts, shm_mount, spec_mount, *writable_mounts, *local_mounts],
         "security_context": pods.container_hardening(),
     }
     service = {**common, "selector": pods.selector_labels(ctx), "port": serve.port}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kimideploy.config.project import Project
 from kimideploy.formats.check_result import CheckResult
-from kimideploy.plan.inputs import PlanInputs
+from kimideploy.plan.inputs import PlanInputs, is_speculative
 from kimideploy.plan.kernel_plan import KernelPlan, stored_plan
 
 
@@ -35,7 +35,11 @@ def kernels_fact(ctx: PlanInputs) -> str:
             f"not derived for {name} from the sources it pins now: "
             f"`kimideploy image kernels {name} --write`"
         )
-    return found.describe()
+    return found.describe(
+        ctx.model.quantization,
+        ctx.cluster.workloads.serve.moe_backend,
+        speculative=not ctx.kind.release or is_speculative(ctx),
+    )
 
 
 def cannot_pay(ctx: PlanInputs) -> str | None:

@@ -6,6 +6,7 @@ import functools
 
 from kimideploy.cluster.bench_results import StoredBench
 from kimideploy.cluster.jobs import JobSnapshot
+from kimideploy.cluster.record_trust import RouteParent
 from kimideploy.cluster.session import ClusterSession, connect
 from kimideploy.config.loading import LoadedProject
 from kimideploy.services.calibration_copies import remember
@@ -23,9 +24,13 @@ def open_session(
     project = loaded.project
     name = project.cluster_name(cluster)
     profile = project.clusters[name]
+    gateway = profile.gateway
     return connect(
         context or profile.kube_context,
         namespace or profile.namespace,
         cluster=name,
         keep_calibrations=functools.partial(remember, loaded, name),
+        route_parent=RouteParent(gateway.name, gateway.namespace, gateway.section_name)
+        if gateway is not None
+        else None,
     )

@@ -7,7 +7,9 @@ release would sit with no pods, or pods in CreateContainerConfigError, until the
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import secrets
 import time
 from typing import Any
@@ -17,6 +19,7 @@ from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.clusters import KUEUE_QUEUE_LABEL
 from kimideploy.errors import UsageError
+from kimideploy.plan.page_cache import LOCAL_COPY, WARMER
 
 
 def _pod_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -156,11 +159,19 @@ is reported as such (the weights' state is then unknown, and nothing is applied)
 
 def require_weights(
     session: ClusterSession, probes: tuple[dict[str, Any], ...], cluster: str, poll_s: float = 1.0
-) -> None:
-    """Run the weights probe (plan.weights): the models claim mounted read-only, exactly as the
-    pods mount it, each completion marker tested. A missing one is a refusal before anything of
-    the release or run is applied, naming the folder and the command that fills it."""
+) -> list[str]:
+    """Run the plan's preflight Jobs in order. The weights probe (plan.weights): the models
+    claim mounted read-only, exactly as the pods mount it, each completion marker tested; a
+    missing one is a refusal before anything of the release or run is applied, naming the
+    folder and the command that fills it. Then the node-local copy (a failure refuses: the serve
+    pods would find no target) and the page-cache warmer (a failure is a note: the pods load
+    cold). Returns what the readers measured, one line each."""
+    notes: list[str] = []
     for probe in probes:
+        component = probe["metadata"].get("labels", {}).get(COMPONENT_LABEL)
+        if component in (LOCAL_COPY, WARMER):
+            notes.append(_run_reader(session, probe, component, poll_s))
+            continue
         claims = session.list_claims()
         mounted = [
             v["persistentVolumeClaim"]["claimName"]
@@ -176,6 +187,49 @@ def require_weights(
                 "the pinned revision into it (a Job)",
             )
         _run_probe(session, probe, cluster, poll_s)
+    return notes
+
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+READER_TIMEOUT_S = 7200.0
+"""A copy or a warm-up of 595 GB: an hour at 0.17 GB/s; past two the storage is the problem."""
+
+
+def reader_results(snapshot: JobSnapshot) -> list[dict[str, Any]]:
+    """Each index's result line of workloads/page_cache.py, index order."""
+    found = []
+    for _, log in sorted(snapshot.logs.items()):
+        for line in reversed(log.splitlines()):
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("event") == "result":
+                    found.append(event)
+                    break
+    return found
+
+
+def _run_reader(
+    session: ClusterSession, probe: dict[str, Any], component: str, poll_s: float
+) -> str:
+    snapshot = run_probe_job(session, probe, READER_TIMEOUT_S, poll_s)
+    results = reader_results(snapshot)
+    what = "the node-local copy" if component == LOCAL_COPY else "the page-cache warmer"
+    if snapshot.phase != "complete" or len(results) < snapshot.completions:
+        tail = " | ".join(snapshot.logs.get(0, "").strip().splitlines()[-3:])
+        why = snapshot.message or "; ".join(snapshot.waiting.values()) or snapshot.phase
+        if component == LOCAL_COPY:
+            raise UsageError(
+                f"nothing was applied: {what} did not finish on every GPU node ({why}) {tail}",
+                hint="`kubectl describe` its pods; the namespace's Pod Security level must allow "
+                "host paths (storage.node_local), and the folder needs room for the checkpoint",
+            )
+        return f"warning: {what} did not finish ({why}): the serve pods load from the storage"
+    slowest = min(results, key=lambda r: float(r.get("gbps") or 0))
+    size = float(slowest.get("bytes") or 0) / 1e9
+    return (
+        f"{what}: {size:.0f} GB on {len(results)} node(s), the slowest at "
+        f"{float(slowest.get('gbps') or 0):.2f} GB/s"
+    )
 
 
 VOLUME_BINDING_IN_PROGRESS = (

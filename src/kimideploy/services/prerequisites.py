@@ -9,7 +9,11 @@ kimideploy knows the value's source, otherwise named with the command that creat
 - the API key: a new random token (the serve release and its clients read the Secret);
 - the hub token: from $HF_TOKEN in this shell (never printed, never on a command line);
 - registry credentials: from a Docker/ORAS auth file (`--registry-auth`, as `docker login` or
-  `oras login` writes it), as a kubernetes.io/dockerconfigjson Secret;
+  `oras login` writes it; `--registry-pull-auth` for a pull-only one), as a
+  kubernetes.io/dockerconfigjson Secret holding only the project registry's host (a user's
+  ~/.docker/config.json also holds Docker Hub's and every other registry's, which every holder
+  of the deployer role could then read); a credential kept by a helper (credsStore,
+  credHelpers) is refused with the helper's name, since no pod can run the helper;
 - PriorityClasses: k8s/base/priorityclasses.yaml (cluster-scoped: a cluster admin's right).
 
 `--dry-run` creates nothing and says what it would create. The same checks run again, read-only,
@@ -34,6 +38,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
 from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
 from kimideploy.errors import ClusterError, KimiDeployError, MethodNotServedError, UsageError
+from kimideploy.formats.bounded_io import JSON_LIMIT, UnreadableFileError, read_bytes
 from kimideploy.paths import repository_root
 from kimideploy.plan.model import PlanRequest, pull_ask
 from kimideploy.services.rendering import render_workload
@@ -48,7 +53,7 @@ class Prerequisite:
     what: str
     used_by: str
     state: str
-    """present, created, would create, or missing."""
+    """present, created, would create, missing, or note (nothing to create: what to know)."""
     how: str = ""
 
     def row(self) -> dict[str, str]:
@@ -133,12 +138,33 @@ def needs(loaded: LoadedProject, cluster: str) -> Needs:
     return Needs(tuple(sorted(classes)), tuple(secret_needs))
 
 
+@dataclass(frozen=True)
+class RegistryAuth:
+    """The auth files `prepare` makes the registry Secrets from: one for both, or a pull-only
+    one beside it."""
+
+    push: Path | None = None
+    pull: Path | None = None
+
+    def for_secret(self, loaded: LoadedProject, name: str) -> bytes | None:
+        """The dockerconfigjson for Secret `name`: the pull file for the pull Secret where one
+        was given, else the shared one; only the project registry's host in it."""
+        registry = loaded.project.registry
+        if registry is None:
+            return None
+        path = self.pull if name == registry.pull_secret and self.pull is not None else self.push
+        if path is None:
+            return None
+        option = "--registry-pull-auth" if path == self.pull else "--registry-auth"
+        return registry_auth(path, registry_host(registry.repository), option)
+
+
 def prepare(
     session: ClusterSession,
     loaded: LoadedProject,
     *,
     dry_run: bool,
-    registry_auth: Path | None = None,
+    registry_auth: RegistryAuth | None = None,
 ) -> list[Prerequisite]:
     """Check each prerequisite and create the missing ones it has a source for (none when
     `dry_run`); one row each, in the order they are needed."""
@@ -146,11 +172,36 @@ def prepare(
     wanted = needs(loaded, cluster)
     rows = [_namespace(session, dry_run)]
     rows += _priority_classes(session, wanted.priority_classes, cluster, dry_run)
-    auth = _registry_auth(registry_auth) if registry_auth is not None else None
+    auths = registry_auth or RegistryAuth()
+    # Read (and refused) before anything is created: a helper-stored credential stops here.
+    auth = {
+        need.name: auths.for_secret(loaded, need.name)
+        for need in wanted.secrets
+        if need.source == "registry"
+    }
     namespace_ready = rows[0].state in ("present", "created")
     for need in wanted.secrets:
-        rows.append(_secret(session, need, dry_run or not namespace_ready, auth))
+        rows.append(_secret(session, need, dry_run or not namespace_ready, auth.get(need.name)))
+    if loaded.project.clusters[cluster].gateway is not None:
+        rows.append(gateway_grant_note(session.namespace, cluster))
     return rows
+
+
+GATEWAY_ROLE = "kimideploy-gateway-deployer"
+
+
+def gateway_grant_note(namespace: str, cluster: str) -> Prerequisite:
+    """What binding the gateway role hands its holder: RBAC checks that a RoleBinding's creator
+    holds the role's permissions, never who the subjects are (docs/reference/security.md)."""
+    return Prerequisite(
+        f"ClusterRole {GATEWAY_ROLE} (bound by an admin)",
+        f"clusters.{cluster}.gateway",
+        "note",
+        f"its rolebindings rights let a holder who also holds kimideploy-deployer bind either "
+        f"role, in namespace {namespace}, to any subject (system:authenticated included): "
+        "Kubernetes checks the binder's permissions, not the subjects. Bind it only to whom you "
+        "would let grant them (docs/reference/security.md, gateway roles)",
+    )
 
 
 def _namespace(session: ClusterSession, dry_run: bool) -> Prerequisite:
@@ -199,22 +250,65 @@ def _priority_classes(
     return rows
 
 
-def _registry_auth(path: Path) -> bytes:
-    """A Docker/ORAS auth file, checked for the shape kubelet and ORAS read (`auths`)."""
+def registry_host(repository: str) -> str:
+    """The host (with its port) a registry repository lives on: what an auth file is keyed by."""
+    return repository.split("/", 1)[0]
+
+
+DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io")
+
+
+def _auth_keys(host: str) -> tuple[str, ...]:
+    """How an auth file may spell `host`: bare, or as a URL (older `docker login`)."""
+    keys = (host, f"https://{host}", f"https://{host}/", f"http://{host}")
+    return keys + DOCKER_HUB_KEYS if host in DOCKER_HUB_KEYS else keys
+
+
+def registry_auth(path: Path, host: str, option: str = "--registry-auth") -> bytes:
+    """A Docker/ORAS auth file reduced to the entry of `host`, in the shape kubelet and ORAS
+    read: {"auths": {host: {...}}}. Refused, naming what to do: a file without `auths`, one
+    with no entry for the host, or one whose entry is kept by a credential helper."""
     try:
-        raw = path.read_bytes()
-        document = json.loads(raw)
-    except OSError as exc:
-        raise UsageError(f"--registry-auth {path}: cannot read it ({exc.strerror})") from exc
+        document = json.loads(read_bytes(path, JSON_LIMIT))
+    except UnreadableFileError as exc:
+        raise UsageError(f"{option} {path}: {str(exc).removeprefix(f'{path}: ')}") from exc
     except ValueError as exc:
-        raise UsageError(f"--registry-auth {path}: not JSON ({exc})") from exc
+        raise UsageError(f"{option} {path}: not JSON ({exc})") from exc
     if not isinstance(document, dict) or not isinstance(document.get("auths"), dict):
         raise UsageError(
-            f"--registry-auth {path}: no `auths` mapping (a Docker or ORAS auth file has one)",
+            f"{option} {path}: no `auths` mapping (a Docker or ORAS auth file has one)",
             hint="`docker login REGISTRY` or `oras login REGISTRY` writes one "
             "(~/.docker/config.json); pass that file",
         )
-    return raw
+    auths: dict[str, Any] = document["auths"]
+    entry = next((auths[k] for k in _auth_keys(host) if isinstance(auths.get(k), dict)), None)
+    usable = entry is not None and (
+        any(entry.get(k) for k in ("auth", "identitytoken", "registrytoken"))
+        or bool(entry.get("username") and entry.get("password"))
+    )
+    helpers: dict[str, Any] = (
+        document["credHelpers"] if isinstance(document.get("credHelpers"), dict) else {}
+    )
+    helper = helpers.get(host) or document.get("credsStore")
+    export = (
+        f"export a plain one: `oras login --registry-config /tmp/{host}-auth.json {host}` (or "
+        f"`docker --config /tmp/{host}-docker login {host}` with no credsStore there), then pass "
+        f"that file to {option}"
+    )
+    if not usable and helper:
+        raise UsageError(
+            f"{option} {path}: the credentials for {host} are kept by the credential helper "
+            f"docker-credential-{helper}, not in the file; a pod cannot run the helper, so a "
+            "Secret made from this file would not reach the registry",
+            hint=export,
+        )
+    if not usable:
+        raise UsageError(
+            f"{option} {path}: no credentials for {host} (the project's registry.repository "
+            f"host) among {', '.join(sorted(auths)) or 'no entries'}",
+            hint=export,
+        )
+    return json.dumps({"auths": {host: entry}}, sort_keys=True).encode()
 
 
 def _secret(
@@ -273,7 +367,7 @@ def _secret_source(
             return (
                 {DOCKER_CONFIG_KEY: registry_auth},
                 "kubernetes.io/dockerconfigjson",
-                "from --registry-auth",
+                "from the auth file: the project registry's entry only",
             )
         return (
             None,

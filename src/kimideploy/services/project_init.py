@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,9 +75,13 @@ def init_project(directory: Path, clusters: tuple[str, ...]) -> InitResult:
     load_project_text(text, path)  # what is written validates, or nothing is written
     directory.mkdir(parents=True, exist_ok=True)
     # Whole or not at all, and never over a file that appeared meanwhile: written beside it,
-    # then hard-linked to its name (which fails if the name exists).
-    partial = directory / f".{CONFIG_FILE_NAME}.{os.getpid()}.tmp"
-    partial.write_text(text, encoding="utf-8")
+    # then hard-linked to its name (which fails if the name exists). The temporary file is
+    # created exclusively under a name no one can guess: a link planted there is never written
+    # through.
+    partial = directory / f".{CONFIG_FILE_NAME}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
     try:
         os.link(partial, path)
     except FileExistsError as exc:

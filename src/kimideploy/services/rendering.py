@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -15,6 +16,7 @@ from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.config.project import Project
 from kimideploy.config.workload_names import PULL, WEIGHTS, WORKLOAD_NAMES
 from kimideploy.errors import EXIT_CODE_MEANINGS, KimiDeployError, MethodNotServedError, UsageError
+from kimideploy.plan.estimates import rental_refusal
 from kimideploy.plan.model import OFFLINE, ClusterAnswers, Plan, PlanRequest, pull_ask
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.plan.resolve import resolve
@@ -22,7 +24,7 @@ from kimideploy.render.kustomize import MARKER, ClusterRender, kustomize_tree
 from kimideploy.render.manifests import Manifest, file_name, render, render_objects, to_yaml
 from kimideploy.render.schema import schema_version_for
 
-PLAN_FACTS_SHOWN = ("datasets", "acceptance needed", "memory", "kernels")
+PLAN_FACTS_SHOWN = ("datasets", "acceptance needed", "memory", "kernels", "estimate")
 """What `run` and `render` print of a plan before anything is created: where the data is, what
 the drafter must reach, whether each engine fits, which kernels verify the drafts. Kept here,
 not with the runs, so that `render` does not import the cluster client to print them."""
@@ -38,6 +40,8 @@ class Rendered:
     objects: list[Manifest]
     preflight: tuple[Manifest, ...] = ()
     """Run to their end before `objects` are applied (the weights probe); never rendered out."""
+    request: PlanRequest | None = None
+    """What was resolved (None: not kept), so a use case can render its other forms."""
 
     @property
     def yaml(self) -> str:
@@ -50,16 +54,29 @@ def render_workload(
     """Resolve and render one workload; raises before anything is written when invalid."""
     plan = resolve(loaded, request, answers)
     preflight = tuple(render_objects(plan.preflight, plan.kubernetes_version))
-    return Rendered(plan=plan, objects=render(plan), preflight=preflight)
+    return Rendered(plan=plan, objects=render(plan), preflight=preflight, request=request)
 
 
-def refuse_before_contact(loaded: LoadedProject, requests: list[PlanRequest]) -> None:
+def refuse_before_contact(
+    loaded: LoadedProject, requests: list[PlanRequest], *, force: bool = False
+) -> None:
     """What can never run is refused before any cluster is contacted: each request goes through
     the resolver the command runs again once connected (capacity, methods and workloads the
-    cluster's image cannot run, unknown or unpublished drafters), so the refusal comes with exit
-    2 whatever the state of the kube context."""
+    cluster's image cannot run, unknown or unpublished drafters), and a run that would outlast
+    its cluster's rental (unless `force`), so the refusal comes with exit 2 whatever the state
+    of the kube context."""
     for request in requests:
-        resolve(loaded, request)
+        plan = resolve(loaded, request)
+        if not force:
+            refuse_past_the_rental(loaded, plan)
+
+
+def refuse_past_the_rental(loaded: LoadedProject, plan: Plan) -> None:
+    """The rental limit (plan/estimates.rental_refusal), judged on `plan`'s estimate now."""
+    profile = loaded.project.clusters[plan.cluster]
+    refusal = rental_refusal(plan.stage_estimate, plan.cluster, profile.rental, datetime.now(UTC))
+    if refusal is not None:
+        raise refusal
 
 
 def write_objects(rendered: Rendered, directory: Path) -> list[Path]:
@@ -264,6 +281,9 @@ def plan_document(rendered: Rendered, refusal: KimiDeployError | None) -> dict[s
         "release": plan.release,
         "image": plan.image,
         "facts": dict(plan.facts),
+        "estimate": None
+        if plan.stage_estimate is None
+        else plan.stage_estimate.to_dict(plan.price_per_gpu_hour),
         "break_even": plan.break_even or None,
         "warnings": list(plan.warnings),
         "drafter_findings": [

@@ -34,6 +34,7 @@ from kimideploy.workloads.runtime import (
     EXIT_FAILED,
     EXIT_OK,
     BadInputError,
+    Progress,
     atomic_write,
     emit,
     json_request_headers,
@@ -259,6 +260,7 @@ def run(spec: BenchSpec) -> int:
         list(spec.synthetic.acceptance_lengths) if spec.synthetic else [None]
     )
     total = len(passes) * len(spec.prompt_sets) * len(spec.concurrency)
+    progress = Progress("bench", "levels", total)
     for length in passes:
         rates = None
         if spec.synthetic is not None and length is not None:
@@ -271,17 +273,9 @@ def run(spec: BenchSpec) -> int:
                         level, synthetic_acceptance_length=length, synthetic_rates=tuple(rates)
                     )
                 levels.append(level)
-                emit(
-                    {
-                        "event": "progress",
-                        "stage": "bench",
-                        "done": len(levels),
-                        "total": total,
-                        "unit": "levels",
-                        "rate": 0.0,
-                        "eta_s": None,
-                    }
-                )
+                # Every level is an event, with its rate: `run` keeps the rate for the next
+                # bench's estimate (services/runs/run_rates.py).
+                progress.advance(force=True)
     levels = with_baseline(levels, baseline)
     result = BenchResult(
         levels=tuple(levels),

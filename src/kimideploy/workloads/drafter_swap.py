@@ -23,6 +23,13 @@ Three parts, all in the serve image:
   KEEPER_PATH, which kimideploy reads through the API server's pod proxy. A pod that restarts
   loads the drafter its Deployment names, and its keeper swaps in the wanted one as soon as the
   server answers. One keeper per container acts (a file lock), whatever the API-server count.
+- The speculation switch (vLLM 0.32 with kimideploy's patch 0002): the keeper answers
+  SPECULATION_PATH by calling the engine core's `set_speculation_enabled` through the API
+  server's own engine client, and keeps speculation off while the spec says
+  `"speculation": false` (`rollback serve --no-spec` on a server that can switch: seconds, not
+  a ~25-minute reload). Switched off, the scheduler drafts nothing and no draft pass runs; the
+  drafter stays loaded. Switched back on, the prefix cache is reset with its running requests,
+  as after a swap: the drafter's KV cache was not written while it was off.
 - `swap`, the client: start a draft weight update, load the new files, finish it (one collective
   RPC each, each run by the engine between two scheduler steps), then reset the prefix cache.
   No pause: the target verifies every draft, so a step drafted with half-updated weights can
@@ -44,6 +51,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import secrets
 import sys
 import threading
@@ -55,13 +63,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kimideploy.formats.bounded_io import UnreadableFileError, read_bytes
 from kimideploy.formats.drafter_swap import (
     DRAFTER_FILES_BACKEND,
+    DRAFTERS_ROOT_ENV,
     KEEPER_PATH,
+    SPEC_SHA256_KEY,
+    SPEC_SPECULATION_KEY,
+    SPECULATION_PATH,
     STARTED_WITH_ENV,
     SWAP_REFUSED,
     WANTED_SPEC_ENV,
     drafter_version,
+    folder_id,
+    hold_drafter,
+    sha256_mismatches,
 )
 
 ENGINE_MODULE = "kimideploy.workloads.drafter_swap_engine"
@@ -102,13 +118,24 @@ def token_path() -> Path:
     return _home() / TOKEN_FILE_NAME
 
 
+TOKEN_BYTES = 32
+"""The shortest token the guard accepts (hex characters): an empty or short file (planted, or
+cut off) would otherwise authorise a request that offers the same nothing."""
+
+
+class WeakTokenError(RuntimeError):
+    """The container's token file holds fewer than TOKEN_BYTES characters."""
+
+
 def pod_token() -> str:
-    """The container's swap token: written once (0600), whichever API-server process comes first;
-    a link makes the file appear whole or not at all."""
+    """The container's swap token: written once (0600), whichever API-server process comes first
+    (O_EXCL|O_NOFOLLOW: a link planted at the draft's name is not written through; the hard link
+    makes the file appear whole or not at all), read without following a link, and refused when
+    shorter than TOKEN_BYTES."""
     path = token_path()
-    if not path.exists():
-        draft = path.with_name(f"{path.name}.{os.getpid()}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if not os.path.lexists(path):
+        draft = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_hex(32))
         try:
@@ -117,7 +144,29 @@ def pod_token() -> str:
             pass
         finally:
             draft.unlink(missing_ok=True)
-    return path.read_text().strip()
+    try:
+        token = read_bytes(path, 4096).decode(errors="replace").strip()
+    except UnreadableFileError as exc:
+        raise WeakTokenError(f"the swap token cannot be read: {exc}") from exc
+    if len(token) < TOKEN_BYTES:
+        raise WeakTokenError(
+            f"{path} holds a token of {len(token)} characters, fewer than {TOKEN_BYTES}: the "
+            "development routes stay closed; delete the file and restart the container"
+        )
+    return token
+
+
+ENGINE_ROUTES = frozenset(
+    {
+        "/scale_elastic_ep",
+        "/is_scaling_elastic_ep",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+    }
+)
+"""vLLM routes outside its development mode that change the engine (elastic expert parallelism,
+runtime LoRA loading when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set): a shared cluster's other
+tenants reach the serve port, so they are guarded as the development routes are."""
 
 
 def dev_route_paths() -> frozenset[str]:
@@ -150,22 +199,25 @@ def _route_path(scope: Scope) -> str:
     return "/" + "/".join(part for part in path.split("/") if part)
 
 
+def from_the_pod(scope: Scope, token: str) -> bool:
+    """Whether a request comes from the pod itself (a loopback address) with the pod's token."""
+    if not _is_loopback(scope.get("client")):
+        return False
+    headers = dict(scope.get("headers") or [])
+    offered = headers.get(TOKEN_HEADER.encode(), b"").decode(errors="replace")
+    return len(token) >= TOKEN_BYTES and hmac.compare_digest(offered, token)
+
+
 class DevRoutesGuard:
     """ASGI middleware: development routes only from the pod itself, with the pod's token."""
 
     def __init__(self, app: ASGIApp, guarded: frozenset[str] | None = None) -> None:
         self.app = app
-        self.guarded = dev_route_paths() if guarded is None else guarded
-        self.token = pod_token()
+        self.guarded = (dev_route_paths() | ENGINE_ROUTES) if guarded is None else guarded
+        self.token = pod_token()  # WeakTokenError: the server does not start with an open door
 
     def allowed(self, scope: Scope) -> bool:
-        if _route_path(scope) not in self.guarded:
-            return True
-        if not _is_loopback(scope.get("client")):
-            return False
-        headers = dict(scope.get("headers") or [])
-        offered = headers.get(TOKEN_HEADER.encode(), b"").decode(errors="replace")
-        return hmac.compare_digest(offered, self.token)
+        return _route_path(scope) not in self.guarded or from_the_pod(scope, self.token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or self.allowed(scope):
@@ -233,13 +285,16 @@ def _get(url: str, path: str, token: str, timeout: float) -> Any:
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read() or b"null")
-    except (urllib.error.HTTPError, OSError) as exc:
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:2000]
+        raise SwapError(f"{path}: HTTP {exc.code}: {detail}") from exc
+    except OSError as exc:
         raise SwapError(f"{path}: {exc}") from exc
 
 
 def swap(
     drafter: str, *, version: str, url: str = DEFAULT_URL, token: str | None = None,
-    timeout: float = 600.0,
+    timeout: float = 600.0, sha256: dict[str, str] | None = None,
 ) -> SwapTimes:  # fmt: skip
     """Load `drafter` (a folder every replica can read) into the running server's draft model.
 
@@ -258,7 +313,8 @@ def swap(
         _post(url, "/start_draft_weight_update", {}, token, timeout)
     started = time.monotonic()
     # A load that raises closes the worker's session itself: nothing is left to finish.
-    _post(url, "/update_weights", {"update_info": {"path": drafter}}, token, timeout)
+    update = {"path": drafter, **({"sha256": sha256} if sha256 else {})}
+    _post(url, "/update_weights", {"update_info": update}, token, timeout)
     loaded = time.monotonic()
     _post(url, "/finish_weight_update", {"weight_version": version}, token, timeout)
     finished = time.monotonic()
@@ -277,13 +333,136 @@ def swap(
     )
 
 
-def wanted_drafter(spec_path: Path) -> tuple[str | None, str]:
-    """(folder, version) of the drafter the mounted spec names."""
-    spec = json.loads(spec_path.read_text())
+SWITCH_UTILITY = "set_speculation_enabled"
+"""The engine core's utility patch 0002 adds (None: report only)."""
+NO_SWITCH = "this server's vLLM has no speculation switch (kimideploy's patch 0002)"
+
+
+@dataclass(frozen=True)
+class SwitchTimes:
+    """One switch as the client saw it: where speculation is now, and the seconds it took."""
+
+    speculation: bool
+    changed: bool
+    reset: bool | None
+    seconds: float
+
+
+def switch_speculation(
+    enabled: bool | None,
+    *,
+    url: str = DEFAULT_URL,
+    token: str | None = None,
+    timeout: float = 120.0,
+) -> SwitchTimes:
+    """Switch speculation in the running server off (False), on (True) or only ask (None)."""
+    token = pod_token() if token is None else token
+    began = time.monotonic()
+    if enabled is None:
+        answer = _get(url, SPECULATION_PATH, token, timeout)
+    else:
+        query = "true" if enabled else "false"
+        answer = _post(url, f"{SPECULATION_PATH}?enabled={query}", {}, token, timeout)
+    return SwitchTimes(
+        speculation=bool((answer or {}).get("speculation")),
+        changed=bool((answer or {}).get("changed")),
+        reset=(answer or {}).get("reset"),
+        seconds=round(time.monotonic() - began, 3),
+    )
+
+
+async def _engine_switch(scope: Scope, enabled: bool | None) -> dict[str, Any]:
+    """Ask every engine core of this API server's client (None: only report). Switching on
+    resets the prefix cache with its running requests: the drafter's KV cache was not written
+    while speculation was off, and a cached block or a running request would feed it stale."""
+    client = scope["app"].state.engine_client
+    core = client.engine_core
+    was = all(await core.call_utility_all_async(SWITCH_UTILITY, None))
+    if enabled is None or enabled == was:
+        return {"speculation": was, "changed": False, "reset": None}
+    now = all(await core.call_utility_all_async(SWITCH_UTILITY, enabled))
+    reset = bool(await client.reset_prefix_cache(True)) if now else None
+    return {"speculation": now, "changed": now != was, "reset": reset}
+
+
+def _wanted_switch(scope: Scope) -> tuple[bool | None, str]:
+    """(enabled, "") from a request's `?enabled=`, or (None, why) when it names no state."""
+    if scope.get("method") in ("GET", "HEAD"):
+        return None, ""
+    query = dict(
+        part.split("=", 1)
+        for part in (scope.get("query_string") or b"").decode().split("&")
+        if "=" in part
+    )
+    value = query.get("enabled", "").lower()
+    if value in ("true", "1", "on"):
+        return True, ""
+    if value in ("false", "0", "off"):
+        return False, ""
+    return None, f"POST {SPECULATION_PATH}?enabled=true|false (got {value!r})"
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the mounted spec asks the keeper to serve."""
+
+    folder: str | None
+    version: str
+    speculation: bool
+    """False: the revision serves without speculation; the drafter stays loaded."""
+    sha256: dict[str, str]
+    """The files' sha256s the release recorded (empty: none known)."""
+
+    @property
+    def key(self) -> str:
+        """What a refusal is remembered by: the same name at another folder is another ask."""
+        return f"{self.version}@{self.folder}"
+
+
+SPEC_LIMIT = 1024 * 1024
+"""A serve spec is a few kB. It is a ConfigMap volume (its file is a link the kubelet swaps), so
+it is read through the link, bounded."""
+
+
+def wanted_drafter(spec_path: Path) -> Wanted:
+    """The drafter (folder, version, sha256s) and the speculation state the mounted spec names."""
+    with spec_path.open("rb") as handle:
+        raw = handle.read(SPEC_LIMIT + 1)
+    if len(raw) > SPEC_LIMIT:
+        raise ValueError(f"{spec_path}: over {SPEC_LIMIT:,} bytes")
+    spec = json.loads(raw)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{spec_path}: not a JSON object")
     drafter, folder = spec.get("drafter"), spec.get("drafter_path")
     if not drafter:
         raise ValueError(f"{spec_path} names no drafter")
-    return folder, drafter_version(str(drafter))
+    speculation = spec.get(SPEC_SPECULATION_KEY, True)
+    if not isinstance(speculation, bool):
+        raise ValueError(f"{spec_path}: {SPEC_SPECULATION_KEY} must be true or false")
+    sha256 = spec.get(SPEC_SHA256_KEY) or {}
+    if not isinstance(sha256, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in sha256.items()
+    ):
+        raise ValueError(f"{spec_path}: {SPEC_SHA256_KEY} must map file names to sha256s")
+    return Wanted(folder, drafter_version(str(drafter)), speculation, sha256)
+
+
+def folder_refusal(folder: str, root: str | None) -> str | None:
+    """Why the keeper will not ask the engine to load `folder` (None: it may): only a folder
+    under the models mount, named without `..` or a doubled slash, and reached through no link.
+    A spec the release did not write (anyone who can update ConfigMaps in the namespace) can
+    then only name a drafter that is already on the models volume, never /tmp or a path of its
+    own."""
+    if not root:
+        return f"{DRAFTERS_ROOT_ENV} is not set: this container names no models mount to swap from"
+    path = Path(folder)
+    if not path.is_absolute() or os.path.normpath(folder) != folder or "//" in folder:
+        return f"{folder}: not a plain absolute path"
+    if not folder.startswith(root.rstrip("/") + "/"):
+        return f"{folder}: not under the models mount {root}"
+    if os.path.realpath(folder) != folder:
+        return f"{folder}: reached through a symbolic link ({os.path.realpath(folder)})"
+    return None
 
 
 def keeper_state_path() -> Path:
@@ -302,9 +481,10 @@ def read_keeper_state() -> dict[str, Any]:
 class Keeper:
     """The loop behind DrafterKeeper: every KEEPER_PERIOD_S, compare what the spec wants with what
     vLLM serves (its weight_version; "default" until the first swap: the drafter it started
-    with), swap when they differ, and write what it found where every API-server process of
-    the container answers it from. A refused candidate is not tried again until the spec names
-    another; a failed swap is tried again after KEEPER_RETRY_S."""
+    with; and whether speculation is on), switch and swap until they agree, and write what it
+    found where every API-server process of the container answers it from. A refused candidate
+    is not tried again until the spec names another; a failed swap or switch is tried again
+    after KEEPER_RETRY_S."""
 
     url: str
     spec_path: Path
@@ -314,9 +494,11 @@ class Keeper:
     def __post_init__(self) -> None:
         self.refused: dict[str, str] = {}
         self.retry_at: dict[str, float] = {}
-        self.state: dict[str, Any] = {"state": "starting", "swaps": []}
+        self.state: dict[str, Any] = {"state": "starting", "swaps": [], "switches": []}
         self.known: str | None = None
         self.known_at = 0.0
+        self.speculating: bool | None = None
+        self.speculating_at = 0.0
 
     def run_forever(self) -> None:
         with (_home() / KEEPER_LOCK_FILE_NAME).open("a") as lock:
@@ -338,55 +520,161 @@ class Keeper:
         self.known_at = now
         return self.known
 
-    def step(self) -> None:
-        state = self.state
+    def speculation_now(self, wanted: bool) -> bool | None:
+        """Whether speculation is on (None: this vLLM has no switch), asked as `served` is: a
+        container that restarted comes back with it on, whatever the keeper last set."""
+        now = time.monotonic()
+        if self.speculating == wanted and now - self.speculating_at < KEEPER_RECHECK_S:
+            return self.speculating
         try:
-            folder, wanted = wanted_drafter(self.spec_path)
+            self.speculating = switch_speculation(None, url=self.url).speculation
+        except SwapError as exc:
+            if NO_SWITCH not in str(exc):
+                raise
+            self.speculating = None
+        self.speculating_at = now
+        return self.speculating
+
+    def step(self) -> None:
+        try:
+            wanted = wanted_drafter(self.spec_path)
         except (OSError, ValueError) as exc:
             self._write(state="error", reason=f"{self.spec_path}: {exc}")
             return
-        if wanted in self.refused:  # until the spec names another drafter
-            self._write(state="refused", wanted=wanted, reason=self.refused[wanted])
+        try:
+            speculating = self.speculation_now(wanted.speculation)
+        except SwapError as exc:
+            self._write(state="waiting", wanted=wanted.version, reason=f"the server: {exc}")
+            return
+        if speculating is None and not wanted.speculation:
+            reason = f"the spec asks for speculation off: {NO_SWITCH}"
+            self._write(state="refused", wanted=wanted.version, speculation="on", reason=reason)
+            return
+        switching = speculating is not None and speculating != wanted.speculation
+        if switching and not self._switch(wanted.speculation, wanted.version):
+            return
+        if not wanted.speculation:
+            self._write(state="off", wanted=wanted.version, speculation="off", reason="")
+            return
+        self._keep_drafter(wanted)
+
+    def _keep_drafter(self, wanted: Wanted) -> None:
+        state = self.state
+        if wanted.key in self.refused:  # until the spec names another drafter or folder
+            reason = self.refused[wanted.key]
+            self._write(state="refused", wanted=wanted.version, reason=reason)
             return
         try:
-            serving = self.served(wanted)
+            serving = self.served(wanted.version)
         except SwapError as exc:
-            self._write(state="waiting", wanted=wanted, reason=f"the server: {exc}")
+            self._write(state="waiting", wanted=wanted.version, reason=f"the server: {exc}")
             return
-        state.update(wanted=wanted, serving=serving)
-        if serving == wanted:
+        state.update(wanted=wanted.version, serving=serving, speculation="on")
+        if serving == wanted.version:
             self._write(state="serving", reason="")
-        elif folder is None:
+        elif wanted.folder is None:
             self._write(state="refused", reason=f"{self.spec_path} names no drafter folder")
-        elif time.monotonic() >= self.retry_at.get(wanted, 0.0):
-            self._swap(folder, wanted)
+        elif time.monotonic() >= self.retry_at.get(wanted.version, 0.0):
+            self._swap(wanted, wanted.folder)
 
-    def _swap(self, folder: str, wanted: str) -> None:
+    def _switch(self, enabled: bool, wanted: str) -> bool:
+        """Switch speculation; True when it is where the spec wants it afterwards."""
+        key = f"speculation:{enabled}"
+        if time.monotonic() < self.retry_at.get(key, 0.0):
+            return False
+        word = "on" if enabled else "off"
+        self._write(state="switching", wanted=wanted, reason=f"speculation {word}")
+        try:
+            times = switch_speculation(enabled, url=self.url)
+        except SwapError as exc:
+            self.retry_at[key] = time.monotonic() + KEEPER_RETRY_S
+            self._write(state="failed", reason=f"switching speculation {word}: {exc}")
+            return False
+        self.speculating, self.speculating_at = times.speculation, time.monotonic()
+        if times.speculation != enabled or (enabled and times.reset is False):
+            self.retry_at[key] = time.monotonic() + KEEPER_RETRY_S
+            answered = f"speculation {times.speculation}, prefix cache reset {times.reset}"
+            self._write(
+                state="failed", reason=f"speculation {word}: the engine answered {answered}"
+            )
+            return False
+        record = {"to": word, "seconds": times.seconds, "reset": times.reset, "at": time.time()}
+        switches = [*self.state.get("switches", []), record][-KEEPER_SWAPS_KEPT:]
+        self._write(speculation=word, switches=switches)
+        return True
+
+    def _refusal(self, wanted: Wanted, folder: str) -> str | None:
+        """The keeper's own checks before the engine is asked: the folder, then the files
+        against the release's sha256s (the engine checks its own read of them again)."""
+        refusal = folder_refusal(folder, os.environ.get(DRAFTERS_ROOT_ENV))
+        if refusal is None and wanted.sha256:
+            held = hold_drafter(Path(folder))
+            problems = held.problems or sha256_mismatches(held, wanted.sha256)
+            refusal = "; ".join(problems) if problems else None
+        return None if refusal is None else f"{folder} {SWAP_REFUSED}: {refusal}"
+
+    def _swap(self, wanted: Wanted, folder: str) -> None:
+        refusal = self._refusal(wanted, folder)
+        if refusal is not None:
+            self.refused[wanted.key] = refusal
+            self._write(state="refused", reason=refusal)
+            return
         self._write(state="swapping", reason=f"loading {folder}")
         try:
-            times = swap(folder, version=wanted, url=self.url)
+            times = swap(folder, version=wanted.version, url=self.url, sha256=wanted.sha256)
         except SwapError as exc:
             reason = str(exc)
             if SWAP_REFUSED in reason:
-                self.refused[wanted] = reason
+                self.refused[wanted.key] = reason
                 self._write(state="refused", reason=reason)
             else:
-                self.retry_at[wanted] = time.monotonic() + KEEPER_RETRY_S
+                self.retry_at[wanted.version] = time.monotonic() + KEEPER_RETRY_S
                 self._write(state="failed", reason=reason)
             return
-        self.known, self.known_at = times.weight_version or wanted, time.monotonic()
-        record = {"to": wanted, "from": self.state.get("serving"), **asdict(times),
+        self.known, self.known_at = times.weight_version or wanted.version, time.monotonic()
+        record = {"to": wanted.version, "from": self.state.get("serving"), **asdict(times),
                   "at": time.time()}  # fmt: skip
         swaps = [*self.state.get("swaps", []), record][-KEEPER_SWAPS_KEPT:]
-        self._write(state="serving", reason="", serving=times.weight_version or wanted,
-                    swaps=swaps)  # fmt: skip
+        self._write(state="serving", reason="", serving=times.weight_version or wanted.version,
+                    folder=folder, verified=bool(wanted.sha256), swaps=swaps)  # fmt: skip
 
     def _write(self, **changes: Any) -> None:
+        reason = changes.get("reason")
+        if reason and reason != self.state.get("reason"):
+            # The whole reason is for the container's log (`kimideploy logs serve`); the answer
+            # to clients outside the pod carries only public_reason's part of it.
+            print(f"kimideploy drafter keeper: {changes.get('state', self.state.get('state'))}: "
+                  f"{reason}", file=sys.stderr, flush=True)  # fmt: skip
         self.state.update(changes, pid=os.getpid(), started_with=self.started_with)
         path = keeper_state_path()
         draft = path.with_name(f"{path.name}.{os.getpid()}")
         draft.write_text(json.dumps(self.state, sort_keys=True))
         draft.replace(path)
+
+
+PUBLIC_STATE_KEYS = ("state", "wanted", "serving", "speculation", "swaps", "switches", "verified",
+                     "started_with")  # fmt: skip
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/[^\s:;,()'\"]+")
+
+
+def public_reason(state: str, reason: str) -> str:
+    """The keeper's reason as a client outside the pod may read it (the Service's clients and
+    the API server's pod proxy, kimideploy's own `up` and `status` included): a refusal by the
+    swap rule keeps its reasons with each folder named by its last part; a server error or an
+    unreadable spec is only named, its text is in the container's log."""
+    if not reason:
+        return ""
+    if state in ("failed", "waiting", "error"):
+        return f"{state}: the server's answer is in the serve container's log"
+    return _ABSOLUTE_PATH.sub(lambda m: Path(m.group(0)).name, reason)
+
+
+def public_state(state: dict[str, Any]) -> dict[str, Any]:
+    out = {k: state[k] for k in PUBLIC_STATE_KEYS if k in state}
+    out["reason"] = public_reason(str(state.get("state") or ""), str(state.get("reason") or ""))
+    if state.get("folder"):
+        out["folder_id"] = folder_id(str(state["folder"]), os.environ.get(DRAFTERS_ROOT_ENV, ""))
+    return out
 
 
 class DrafterKeeper:
@@ -399,6 +687,13 @@ class DrafterKeeper:
         self.started_with = os.environ.get(STARTED_WITH_ENV)
         self.started = threading.Event()
         self.starting = threading.Lock()
+
+    @staticmethod
+    def token() -> str:
+        try:
+            return pod_token()
+        except WeakTokenError:
+            return ""  # nobody is from the pod: every answer is the public one
 
     def start(self, scope: Scope) -> None:
         server = scope.get("server")
@@ -416,18 +711,63 @@ class DrafterKeeper:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") == "http":
             self.start(scope)
-            if _route_path(scope) == KEEPER_PATH and scope.get("method") in ("GET", "HEAD"):
-                await _answer(send, 200, json.dumps(read_keeper_state()).encode())
+            path = _route_path(scope)
+            if path == KEEPER_PATH and scope.get("method") in ("GET", "HEAD"):
+                state = read_keeper_state()
+                if not from_the_pod(scope, self.token()):
+                    state = public_state(state)
+                await _answer(send, 200, json.dumps(state).encode())
+                return
+            if path == SPECULATION_PATH:
+                await self.answer_switch(scope, send)
                 return
         await self.app(scope, receive, send)
+
+    async def answer_switch(self, scope: Scope, send: Send) -> None:
+        """SPECULATION_PATH: only from the pod itself with its token (this middleware is
+        outside the guard: vLLM adds --middleware in order, and the last one sees requests
+        first)."""
+        if not from_the_pod(scope, pod_token()):
+            body = {"error": f"{SPECULATION_PATH} answers only inside the serving container"}
+            await _answer(send, 403, json.dumps(body).encode())
+            return
+        enabled, problem = _wanted_switch(scope)
+        if problem:
+            await _answer(send, 400, json.dumps({"error": problem}).encode())
+            return
+        try:
+            answer = await _engine_switch(scope, enabled)
+        except Exception as exc:  # the engine's own error, or a vLLM without the utility
+            missing = SWITCH_UTILITY in str(exc) or isinstance(exc, AttributeError)
+            body = {"error": NO_SWITCH if missing else f"the engine: {exc}"}
+            await _answer(send, 501 if missing else 500, json.dumps(body).encode())
+            return
+        await _answer(send, 200, json.dumps(answer).encode())
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m kimideploy.workloads.drafter_swap")
-    parser.add_argument("--drafter", required=True, help="the drafter folder, as the pod mounts it")
-    parser.add_argument("--version", required=True, help="the label /weight_info answers after it")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--drafter", help="swap in this drafter folder, as the pod mounts it")
+    which.add_argument(
+        "--speculation",
+        choices=("on", "off", "show"),
+        help="switch speculation in the running server, or show it",
+    )
+    parser.add_argument("--version", help="the label /weight_info answers after a swap")
     parser.add_argument("--url", default=DEFAULT_URL)
     args = parser.parse_args(argv)
+    if args.speculation is not None:
+        enabled = {"on": True, "off": False, "show": None}[args.speculation]
+        try:
+            switched = switch_speculation(enabled, url=args.url)
+        except (SwapError, OSError) as exc:
+            print(json.dumps({"event": "switch", "ok": False, "error": str(exc)}), flush=True)
+            return 1
+        print(json.dumps({"event": "switch", "ok": True, **asdict(switched)}), flush=True)
+        return 0
+    if not args.version:
+        parser.error("--drafter needs --version")
     try:
         times = swap(args.drafter, version=args.version, url=args.url)
     except (SwapError, OSError) as exc:

@@ -6,16 +6,22 @@ the top (as workloads/triton_kernel.py imports Triton).
 
 What one update does, in this order, so that a refused or failed swap leaves the running drafter
 serving untouched:
-1. the candidate is judged against the drafter vLLM loaded at start-up by formats/drafter_swap's
+1. the candidate folder is read once into memory (formats/drafter_swap.hold_drafter: regular
+   files through the folder's descriptor, no link, FIFO or device, bounded sizes); a FIFO or a
+   link to /dev/zero is refused at once instead of blocking or filling the worker between two
+   scheduler steps. Where the keeper passes the sha256s the release recorded, the held bytes must
+   match them;
+2. the held files are judged against the drafter vLLM loaded at start-up by formats/drafter_swap's
    rule (config.json and tensor inventory), before any weight is written;
-2. every tensor is written by the draft model's own `load_weights` (the same name mapping and
-   tensor-parallel sharding as at start-up) inside vLLM's layerwise reload (`_load`), except a
-   tensor whose parameter vLLM shares with the target: at start-up vLLM shares the target's
-   embedding (and LM head) with a drafter that has none or an identical copy, and writing it
-   would change the target. The rule already requires the same `embed_requires_grad` as the
-   running drafter, so a candidate whose embedding is the target's frozen copy keeps serving
-   the target's, exactly as a fresh load would;
-3. if a write raises, the running drafter's files are loaded again the same way (a copy of the
+3. a tensor whose parameter vLLM shares with the target (at start-up vLLM shares the target's
+   embedding and LM head with a drafter that has none or an identical copy) is named from the
+   model's parameters, and the candidate is refused where its values for that name differ from
+   the running drafter's: writing them would change the target, skipping them would serve what
+   the candidate does not hold. Equal values are skipped, exactly as a fresh load shares them;
+4. every other tensor, parsed from the held bytes, is written by the draft model's own
+   `load_weights` (the same name mapping and tensor-parallel sharding as at start-up) inside
+   vLLM's layerwise reload (`_load`);
+5. if a write raises, the running drafter's files are loaded again the same way (a copy of the
    parameters would not do: the CPU build keeps linear weights packed outside them), and the
    error is raised to the caller.
 Only draft updates are accepted: this backend never writes the target's weights.
@@ -24,7 +30,7 @@ Only draft updates are accepted: this backend never writes the target's weights.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,14 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from kimideploy.formats.drafter_swap import SWAP_REFUSED, swap_refusals
+from kimideploy.formats.drafter_swap import (
+    SWAP_REFUSED,
+    HeldDrafter,
+    hold_drafter,
+    sha256_mismatches,
+    shared_refusals,
+    swap_refusals,
+)
 
 
 @dataclass
@@ -45,9 +58,11 @@ class FilesInitInfo(WeightTransferInitInfo):  # type: ignore[misc]  # vLLM is un
 
 @dataclass
 class FilesUpdateInfo(WeightTransferUpdateInfo):  # type: ignore[misc]
-    """One update: the drafter folder, as the serving container mounts it."""
+    """One update: the drafter folder, as the serving container mounts it, and the sha256 of each
+    file the release recorded for it (empty: none recorded)."""
 
     path: str = ""
+    sha256: dict[str, str] = field(default_factory=dict)
 
 
 def _parameter_ids(module: torch.nn.Module) -> set[int]:
@@ -89,48 +104,48 @@ class DrafterFilesEngine(WeightTransferEngine[FilesInitInfo, FilesUpdateInfo]): 
         if torch.accelerator.is_available():
             torch.accelerator.synchronize()
 
-    def _candidate_tensors(
-        self, folder: Path, shared: set[str]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        from safetensors import safe_open
+    def _tensors(self, held: HeldDrafter, shared: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The held files' tensors, one file at a time, without the shared ones."""
+        from safetensors.torch import load
 
-        for path in sorted(folder.glob("*.safetensors")):
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if name in shared:
-                        continue
-                    yield name, handle.get_tensor(name)
+        for name in sorted(held.headers):
+            for tensor_name, tensor in load(held.files[name]).items():
+                if tensor_name not in shared:
+                    yield tensor_name, tensor
 
-    def _shared_with_target(self, folder: Path) -> set[str]:
-        """Checkpoint names whose parameter in the draft model is the target's own."""
-        from safetensors import safe_open
-
+    def _shared_with_target(self, held: HeldDrafter) -> set[str]:
+        """Checkpoint names whose parameter in the draft model is the target's own, by name."""
         target = _parameter_ids(self._default_model)
         params = dict(self.model.named_parameters(remove_duplicate=False))
         shared = set()
-        for path in sorted(folder.glob("*.safetensors")):
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in handle.keys():  # noqa: SIM118
-                    for candidate in (name, f"model.{name}"):
-                        param = params.get(candidate)
-                        if param is not None and id(param) in target:
-                            shared.add(name)
+        for name in held.tensors():
+            for candidate in (name, f"model.{name}"):
+                param = params.get(candidate)
+                if param is not None and id(param) in target:
+                    shared.add(name)
         return shared
 
     def receive_weights(self, update_info: FilesUpdateInfo) -> None:
-        folder, running = Path(update_info.path), self.current
-        if self.started_with is None or running is None:
+        folder, running_folder = Path(update_info.path), self.current
+        if self.started_with is None or running_folder is None:
             raise RuntimeError("this server was started without a drafter folder to compare with")
-        refusals = swap_refusals(self.started_with, folder)
+        candidate = hold_drafter(folder)
+        started = hold_drafter(self.started_with)
+        refusals = swap_refusals(started, candidate)
+        if not refusals and update_info.sha256:
+            refusals = sha256_mismatches(candidate, update_info.sha256)
+        shared = self._shared_with_target(candidate) if not refusals else set()
+        running = started if running_folder == self.started_with else hold_drafter(running_folder)
+        if not refusals:
+            refusals = running.problems or shared_refusals(running, candidate, shared)
         if refusals:
             raise ValueError(
                 f"{folder} {SWAP_REFUSED} ({self.started_with}) without a restart: "
                 + "; ".join(refusals)
             )
-        shared = self._shared_with_target(folder)
         try:
             with torch.no_grad():
-                self._load(folder, shared)
+                self._load(candidate, shared)
         except BaseException as failed:
             # The running drafter's files, loaded the same way, put back what was written.
             try:
@@ -139,13 +154,13 @@ class DrafterFilesEngine(WeightTransferEngine[FilesInitInfo, FilesUpdateInfo]): 
             except BaseException as restoring:
                 raise RuntimeError(
                     f"loading {folder} failed ({failed}) and reloading the running drafter "
-                    f"{running} failed too ({restoring}): restart the server"
+                    f"{running_folder} failed too ({restoring}): restart the server"
                 ) from failed
             raise
         self.current = folder
         self.skipped_shared = sorted(shared)
 
-    def _load(self, folder: Path, shared: set[str]) -> None:
+    def _load(self, held: HeldDrafter, shared: set[str]) -> None:
         """vLLM's layerwise reload around the draft model's own `load_weights`: each layer gets
         its loading-time parameters back, is processed again once loaded (the CPU build repacks
         linear weights; quantized layers are re-quantized) and copied into the storage the engine
@@ -158,7 +173,7 @@ class DrafterFilesEngine(WeightTransferEngine[FilesInitInfo, FilesUpdateInfo]): 
 
         initialize_layerwise_reload(self.model)
         try:
-            self.model.load_weights(self._candidate_tensors(folder, shared))
+            self.model.load_weights(self._tensors(held, shared))
         finally:
             finalize_layerwise_reload(self.model, self.model_config)
 

@@ -10,7 +10,12 @@ kernel:
 - `moe`: one call of vLLM's fused-MoE Triton kernel (what every decode step of Kimi's 384 experts
   runs) agrees with the same experts computed in plain torch;
 - `allreduce`: an NCCL all-reduce across the pod's GPUs completes within the timeout (a blocked
-  peer-to-peer path hangs here, not in the first forward pass) and reports its bus bandwidth.
+  peer-to-peer path hangs here, not in the first forward pass) and reports its bus bandwidth;
+- `flex-attention` (the train image): one compiled FlexAttention forward and backward at the
+  drafter's attention shape (causal, bf16), against plain attention: the kernel training runs
+  (speculators' `simple_flex_attention`), whose backward at head dim 128 can run out of shared
+  memory on a GPU with 101,376 bytes per block (RTX PRO 6000, pytorch/pytorch#133254): that shows
+  here in the first minute, not after the sidecar's load.
 Each failure names what broke; exit 1 when anything did.
 """
 
@@ -32,7 +37,10 @@ from kimideploy.formats.gpuinfo import (
 )
 from kimideploy.workloads import allreduce_probe
 
-PROBES = ("torch-arch", "triton", "moe", "allreduce")
+PROBES = ("torch-arch", "triton", "moe", "allreduce", "flex-attention")
+FLEX_SHAPE = (1, 32, 2048, 128)
+"""(batch, heads, tokens, head dim) of the probe: an EAGLE-3 layer for a 7168-wide target attends
+with head dim 128; 2,048 tokens make the blocks the training kernel runs."""
 
 
 def problems(rows: list[dict[str, str]], archs: list[str], cuda: str, expected: int) -> list[str]:
@@ -122,6 +130,56 @@ def moe() -> str:
     return f"vLLM's fused-MoE kernel agrees with torch (max error {error:.2g} of {scale:.2g})"
 
 
+def flex_attention(device: str = "cuda", shape: tuple[int, int, int, int] = FLEX_SHAPE) -> str:
+    """FlexAttention compiled, forward and backward, causal, against scaled-dot-product attention
+    (the same maths, another kernel): outputs and the query's gradient agree."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    torch.manual_seed(0)
+    batch, heads, tokens, dim = shape
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+
+    def causal(b: object, h: object, q: object, k: object) -> object:
+        return q >= k  # type: ignore[operator]
+
+    mask = create_block_mask(causal, None, None, tokens, tokens, device=device)
+    compiled = torch.compile(flex)
+    backward = device != "cpu"  # FlexAttention has no CPU backward; the GPU's is the point
+    q, k, v = (
+        torch.randn(batch, heads, tokens, dim, device=device, dtype=dtype, requires_grad=backward)
+        for _ in range(3)
+    )
+    started = time.monotonic()
+    out = compiled(q, k, v, block_mask=mask)
+    if backward:
+        out.float().square().sum().backward()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.monotonic() - started
+    q2, k2, v2 = (t.detach().clone().requires_grad_(backward) for t in (q, k, v))
+    reference = torch.nn.functional.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
+    error = (out.float() - reference.float()).abs().max().item()
+    tolerance = 0.05 if dtype == torch.bfloat16 else 1e-3
+    grad_error, grad_scale = 0.0, 1.0
+    if backward:
+        reference.float().square().sum().backward()
+        assert q.grad is not None and q2.grad is not None
+        grad_error = (q.grad.float() - q2.grad.float()).abs().max().item()
+        grad_scale = q2.grad.float().abs().max().item()
+    if error > tolerance or grad_error > tolerance * max(grad_scale, 1.0):
+        raise RuntimeError(
+            f"FlexAttention differs from SDPA: outputs by {error:.3g}, the query's gradient by "
+            f"{grad_error:.3g} (of {grad_scale:.3g})"
+        )
+    passes = "forward and backward" if backward else "forward"
+    return (
+        f"FlexAttention {passes} at {heads} heads x {tokens} tokens x head dim {dim} "
+        f"compiled and ran in {seconds:.1f} s, matching SDPA"
+    )
+
+
 class SlowAllReduceError(RuntimeError):
     """The all-reduce completed below the cluster's network.min_node_bus_gbps."""
 
@@ -152,6 +210,7 @@ def run_probes(
         "triton": triton,
         "moe": moe,
         "allreduce": lambda: allreduce(gpus, timeout_s, min_bus_gbps),
+        "flex-attention": flex_attention,
     }
     results = []
     for name in names:

@@ -59,8 +59,23 @@ def log(message: str) -> None:
 
 
 def emit(event: dict[str, Any]) -> None:
-    """One machine event per stdout line (the CLI's progress bar reads these)."""
-    print(json.dumps(event, sort_keys=True), flush=True)
+    """One machine event per stdout line (the CLI's progress bar reads these).
+
+    The line and its newline go out in one write: the training launcher's ranks share one stdout
+    (the pod's log), and print() under the images' PYTHONUNBUFFERED=1 writes a text and its
+    newline apart, so two ranks' events could merge into one line no parser reads. A pipe keeps
+    one write of up to PIPE_BUF (4 KiB) whole."""
+    line = (json.dumps(event, sort_keys=True) + "\n").encode()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured stdout (tests) has no descriptor
+        sys.stdout.write(line.decode())
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()
+    view = memoryview(line)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class Progress:

@@ -14,8 +14,9 @@ the held-out judge and the best checkpoint (train_judge.py), the checkpoints and
 (train_checkpoints.py), and the drafter's folder and lineage (train_writer.py); this module is
 the loop that steps the optimizer and calls them.
 
-torchrun starts one process per GPU; several nodes get their rank from the Indexed Job and meet at
-index 0 through the headless Service (see plan/jobs.py). One process (RANK unset) runs on CPU.
+kimideploy's launcher (workloads/launch.py) starts one process per GPU; several nodes get their
+rank from the Indexed Job and meet at index 0 through the headless Service (see plan/jobs.py). One
+process (RANK unset) runs on CPU.
 """
 
 from __future__ import annotations

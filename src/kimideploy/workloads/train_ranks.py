@@ -31,7 +31,7 @@ class Ranks:
 
     @classmethod
     def from_environment(cls) -> Ranks:
-        """What torchrun set (a single process without it)."""
+        """What the launcher (or torchrun) set (a single process without it)."""
         return cls(
             int(os.environ.get("RANK", "0")),
             int(os.environ.get("WORLD_SIZE", "1")),

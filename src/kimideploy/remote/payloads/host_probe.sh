@@ -28,6 +28,11 @@ echo '### device-plugin'
 k -n kube-system get ds -l app.kubernetes.io/name=nvidia-device-plugin \
   -o jsonpath='{range .items[*]}{.status.numberReady}/{.status.desiredNumberScheduled}{"\n"}{end}' 2>&1
 echo "rc=$?"
+echo '### memlock'
+# What pods inherit: the container runtime's locked-memory limit (k3s embeds containerd).
+for unit in k3s containerd; do
+  systemctl show -p LimitMEMLOCK -p LoadState "$unit" 2>/dev/null | tr '\n' ' '; echo "unit=$unit"
+done
 echo '### fabricmanager'
 systemctl is-active nvidia-fabricmanager 2>&1
 echo '### infiniband'

@@ -101,6 +101,19 @@ def put_file(
             "it was left as it is",
             hint="--replace puts this file there instead, or --as another path",
         )
+    if last.startswith("raced "):
+        raise KimiDeployError(
+            f"{planned.destination} was replaced by another upload while this one wrote it: it "
+            f"now holds sha256 {last.split()[-1][:12]}, not this file's {planned.sha256[:12]}",
+            hint="two `data put --replace` to one path ran at once; run this one again if its "
+            "content is the one wanted",
+        )
+    if last.startswith(("link ", "notfile ")):
+        raise UsageError(
+            f"{last.split(maxsplit=1)[-1]} on the datasets volume is a symbolic link or not a "
+            "file; nothing was written",
+            hint="remove it from the volume, or put the file --as another path",
+        )
     if snapshot.phase == "failed":
         why = last or "; ".join(snapshot.index_failures.values()) or snapshot.message
         raise KimiDeployError(

@@ -69,8 +69,12 @@ def run_replay(
     started = batch_runs.start_run(session, loaded, request, reporter)
     # The capture on the serving engine, then the judgement on one GPU: two Jobs in turn.
     job = started.job
+    engine = started.rendered.plan.engine_start  # the capture's; the judgement starts none
     while True:
-        snapshot = batch_runs.follow_run(session, job, started.run_id, reporter, poll_s=poll_s)
+        snapshot = batch_runs.follow_run(
+            session, job, started.run_id, reporter, poll_s=poll_s, engine=engine
+        )
+        engine = None
         following = batch_runs.next_job(session, started, job, reporter)
         if following is None:
             break
@@ -165,11 +169,34 @@ def _held_out(drafter: Any, replay: dict[str, Any]) -> tuple[dict[int, float] | 
     if drafter.held_out is not None:
         lengths = {int(k): float(v) for k, v in drafter.held_out.mean_acceptance_length.items()}
         return lengths, list(drafter.held_out.acceptance_per_position)
-    judged = replay.get("held_out") or {}
-    lengths = judged.get("mean_acceptance_length") or {}
+    judged = replay.get("held_out")
+    judged = judged if isinstance(judged, dict) else {}
+    lengths = _by_depth(judged.get("mean_acceptance_length"))
     if not lengths:
         return None, []
-    by_k = judged.get("by_k") or {}
-    deepest = by_k.get(str(max(int(k) for k in by_k))) if by_k else {}
-    rates = [float(r) for r in (deepest or {}).get("acceptance_per_position") or []]
-    return {int(k): float(v) for k, v in lengths.items()}, rates
+    by_k = judged.get("by_k")
+    depths = (
+        {int(k): v for k, v in by_k.items() if _depth(k) and isinstance(v, dict)}
+        if (isinstance(by_k, dict))
+        else {}
+    )
+    deepest = depths[max(depths)] if depths else {}
+    found = deepest.get("acceptance_per_position")
+    rates = [float(r) for r in found if _number(r)] if isinstance(found, list) else []
+    return lengths, rates
+
+
+def _depth(key: Any) -> bool:
+    return isinstance(key, str | int) and str(key).isdigit()
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _by_depth(found: Any) -> dict[int, float]:
+    """A lineage's figures by draft depth, leaving out what is not a depth and a number: the
+    lineage is a file in the drafter's folder, not something kimideploy vouches for."""
+    if not isinstance(found, dict):
+        return {}
+    return {int(k): float(v) for k, v in found.items() if _depth(k) and _number(v)}

@@ -8,6 +8,14 @@ Order of work, chosen to spend as few 25-minute model loads as possible:
 3. deploy the drafter revision (the engine rolls back by itself if it never becomes ready);
 4. bench it, judge, record the verdict on its release record, and roll back to non-speculative
    serving when it does not pay, or when the gate could not measure (unless fail-open).
+
+Where no fresh stored baseline compares and the drafter's pods can switch speculation off (vLLM
+0.32 with kimideploy's patch 0002; gate.baseline: auto or same-server), step 2 is skipped: the
+drafter is deployed first and the baseline is measured on its own pods with speculation switched
+off, in rounds interleaved with the drafter's (services/gate/interleave.py), each switch a
+recorded revision that takes seconds. No second model load; the baseline then runs with the
+drafter's weights and KV cache still allocated (the plan's "speculation off" line says how much),
+which the verdict names.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from kimideploy.plan.asks import BenchAsk, ServeAsk
 from kimideploy.plan.inputs import DATASETS_MOUNT, gate_levels
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
+from kimideploy.services.gate import interleave
 from kimideploy.services.gate.verdict import (
     KEEP,
     ROLLBACK,
@@ -42,7 +51,7 @@ from kimideploy.services.gate.verdict import (
     pick_baseline,
     serve_fingerprint,
 )
-from kimideploy.services.release import deploy, lifecycle
+from kimideploy.services.release import deploy, lifecycle, swap
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import batch_runs, progress
@@ -59,6 +68,8 @@ class GateOptions:
     min_speedup: float | None = None
     concurrency: tuple[int, ...] | None = None
     fail_open: bool | None = None
+    baseline: str | None = None
+    """auto, same-server or separate (gate.baseline)."""
     bench_poll_s: float = 5.0
 
 
@@ -91,6 +102,12 @@ class GateRun:
     bench_poll_s: float = 5.0
 
 
+SAME_SERVER_BASELINE_GAP = "0.72-0.78x"
+"""The switched-off baseline's output tokens/s against a separately started non-speculative
+server's, on the pipeline tier (vLLM 0.32 CPU, c=4, two runs; tests/pipeline/test_drafter_swap.py
+prints it each run). Not yet measured on a GPU; the verdict states it so the user can judge."""
+
+
 def _now(session: ClusterSession) -> datetime:
     """The API server's clock: stored results are dated and aged in it, not this machine's."""
     return session.server_time().replace(microsecond=0)
@@ -109,6 +126,7 @@ def gate_terms(
                 "min_speedup": options.min_speedup,
                 "concurrency": list(given) if given else None,
                 "fail_open": options.fail_open,
+                "baseline": options.baseline,
             }.items()
             if v is not None
         }
@@ -160,9 +178,15 @@ def up_gated(
         at = ", ".join(f"c={c} {r:.1%}" for c, r in even["rate"].items())
         reporter.info(f"gate: break-even acceptance rate {at} (step cost: {even['source']})")
     run = GateRun(session, loaded, gate, reporter, apply, options.bench_poll_s)
-    baseline, note = _baseline(run, request)
-    outcome = deploy.apply_up(session, loaded, rendered, apply, reporter=reporter)
-    verdict = _measure_and_judge(run, request, outcome.revision, baseline, note=note)
+    if _on_one_server(run, rendered):
+        outcome = deploy.apply_up(session, loaded, rendered, apply, reporter=reporter)
+        verdict, serving = _measure_on_one_server(run, request, outcome.revision)
+        # The drafter serves again as the last round's revision: the one the verdict is about.
+        outcome = replace(outcome, revision=serving)
+    else:
+        baseline, note = _baseline(run, request)
+        outcome = deploy.apply_up(session, loaded, rendered, apply, reporter=reporter)
+        verdict = _measure_and_judge(run, request, outcome.revision, baseline, note=note)
     _record_verdict(session, gate.release, outcome.revision, verdict)
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
     if verdict.decision == KEEP:
@@ -177,6 +201,116 @@ def up_gated(
         "when the gate itself fails",
         outcome={**judged, "status": "gate-rolled-back", "serving_revision": back.revision},
     )
+
+
+def _on_one_server(run: GateRun, rendered: Rendered) -> bool:
+    """Whether the baseline is measured on the drafter's own pods with speculation switched off:
+    gate.baseline same-server, or auto where the pods can switch and no fresh stored baseline
+    compares (a stored one costs nothing to use)."""
+    choice = run.gate.settings.baseline
+    if choice == "separate":
+        return False
+    switches = swap.loaded_drafter(rendered.objects) is not None
+    if choice == "same-server" and not switches:
+        raise UsageError(
+            "gate.baseline same-server: this drafter's pods cannot switch speculation off (the "
+            f"plan says why: {dict(rendered.plan.facts).get('speculation off', 'no drafter')})",
+            hint="--gate-baseline separate measures on a non-speculative revision of its own",
+        )
+    if choice == "auto":
+        stored, _ = stored_baseline(run.session, run.gate)
+        return switches and stored is None
+    return True
+
+
+def _measure_on_one_server(
+    run: GateRun, request: PlanRequest, revision: int
+) -> tuple[Verdict, int]:
+    """The drafter's revision (serving) and its pods with speculation switched off, benched in
+    interleaved rounds; judged on each one's mean. Leaves the drafter serving; returns the
+    verdict and the revision that then serves."""
+    session, settings, reporter = run.session, run.gate.settings, run.reporter
+    drafter = request.drafter or NO_DRAFTER
+    rounds = settings.same_server_rounds
+    note = (
+        f"baseline measured on the drafter's own pods with speculation switched off, "
+        f"interleaved with the drafter over {rounds} round(s): no second load; the drafter's "
+        "weights and KV cache stay allocated meanwhile. Measured on vLLM's CPU engine, this "
+        f"baseline read {SAME_SERVER_BASELINE_GAP} of a separately started plain server's "
+        "throughput (bench/MEASUREMENTS.md): a low baseline favours the drafter; "
+        "--gate-baseline separate loads a plain server instead"
+    )
+    reporter.info(f"gate: {note}")
+    latest = revision
+    runs: dict[str, list[str]] = {}
+
+    def request_of(name: str) -> PlanRequest:
+        return request if name == drafter else replace(request, drafter=NO_DRAFTER)
+
+    def serve(name: str) -> None:
+        nonlocal latest
+        latest = switch_round(run, request_of(name), f"gate round ({name})").revision
+
+    def bench(name: str) -> BenchResult:
+        record = next(r for r in session.history(run.gate.release) if r.revision == latest)
+        stored = bench_revision(run, request_of(name), latest, record_serve_print(record))
+        runs.setdefault(name, []).append(stored.run_id)
+        return stored.result
+
+    try:
+        first = {drafter: [bench(drafter)]}
+        serve(NO_DRAFTER)
+        first[NO_DRAFTER] = [bench(NO_DRAFTER)]
+        orders = interleave.round_orders([drafter, NO_DRAFTER], rounds)
+        later = interleave.run_rounds(orders, NO_DRAFTER, serve, bench)
+        if not orders or orders[-1][-1] == NO_DRAFTER:
+            serve(drafter)  # the gate judges what serves: the drafter, switched back on
+        merged = {n: interleave.merge_rounds([*first[n], *later.get(n, [])]) for n in first}
+        keep, reason, levels = judge(
+            merged[drafter], merged[NO_DRAFTER], run.gate.needed, settings.min_speedup
+        )
+    except (GateMeasurementError, RolloutError) as exc:
+        failed = Verdict(
+            KEEP if settings.fail_open else ROLLBACK,
+            f"gate failed: {getattr(exc, 'message', exc)}",
+            settings.min_speedup,
+            [],
+            ",".join(runs.get(drafter, [])) or None,
+            ",".join(runs.get(NO_DRAFTER, [])) or None,
+            note,
+            gate_failed=True,
+            fail_open=settings.fail_open,
+        )
+        return failed, latest
+    verdict = Verdict(
+        KEEP if keep else ROLLBACK,
+        reason,
+        settings.min_speedup,
+        levels,
+        ",".join(runs[drafter]),
+        ",".join(runs[NO_DRAFTER]),
+        note,
+    )
+    return verdict, latest
+
+
+def switch_round(run: GateRun, request: PlanRequest, note: str) -> deploy.Outcome:
+    """One round's revision on the same pods: the drafter switched on, or (drafter none) its pods
+    with speculation switched off. A revision that had to replace the pods is a measurement
+    error: the rounds would no longer compare one server with itself."""
+    loaded, session = run.loaded, run.session
+    rendered = render_workload(loaded, request, session.answers)
+    revision = deploy.revision_from_render(loaded, rendered, note=note)
+    form = deploy.switch_off_form(loaded, request, session.answers)
+    revision = replace(revision, switch_off=form)
+    outcome = deploy.deploy(
+        session, revision, run.apply.unattended(auto_rollback=False), run.reporter, action="gate"
+    )
+    if outcome.change not in ("speculation off", "speculation on", "swap"):
+        raise GateMeasurementError(
+            f"revision {outcome.revision} was a {outcome.change}, not a switch of the same pods"
+        )
+    return outcome
 
 
 def _baseline(run: GateRun, request: PlanRequest) -> tuple[StoredBench | None, str]:
@@ -243,8 +377,12 @@ def serves_like(record: ReleaseRecord, serve_print: str) -> bool:
     return record.drafter == NO_DRAFTER and record_serve_print(record) == serve_print
 
 
-def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredBench:
-    """Run the bench workload against the serving revision and keep its result in the cluster."""
+def bench_revision(
+    run: GateRun, request: PlanRequest, revision: int, serve_print: str | None = None
+) -> StoredBench:
+    """Run the bench workload against the serving revision and keep its result in the cluster,
+    labelled with the revision's serve fingerprint (`serve_print`; default the gate's: a
+    switched-off revision's own keeps it from being taken later for a plain baseline)."""
     session, gate, reporter = run.session, run.gate, run.reporter
     bench_request = PlanRequest(
         "bench",
@@ -280,7 +418,7 @@ def bench_revision(run: GateRun, request: PlanRequest, revision: int) -> StoredB
         cluster=gate.cluster,
         image=gate.image,
         revision=revision,
-        serve_fingerprint=gate.serve_print,
+        serve_fingerprint=serve_print or gate.serve_print,
         bench_fingerprint=gate.bench_print,
     )
     return _keep(session, started.run_id, result, measured_on)

@@ -19,7 +19,8 @@ from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.node_probe import RESULT_PREFIX
 from kimideploy.plan.resolve import resolve
 from kimideploy.render.manifests import render_objects
-from kimideploy.services.preflight import require_weights, run_probe_job
+from kimideploy.services.preflight import COMPONENT_LABEL, require_weights, run_probe_job
+from kimideploy.services.storage_probe import measure_storage
 
 ALLREDUCE_LINE = re.compile(r"^gpu-check: (ok  |FAIL) allreduce: (.*)$", re.M)
 
@@ -39,7 +40,11 @@ def weights_check(
 ) -> CheckResult:
     """The serve plan's weights probe, as `up` runs it, as one row."""
     plan = resolve(loaded, serve_request(cluster, overrides), session.answers)
-    probes = tuple(render_objects(plan.preflight, plan.kubernetes_version))
+    # The weights probe only: the node-local copy and the page-cache warmer are `up`'s.
+    weights_probes = tuple(
+        p for p in plan.preflight if p.values["labels"].get(COMPONENT_LABEL) == "weights-probe"
+    )
+    probes = tuple(render_objects(weights_probes, plan.kubernetes_version))
     try:
         require_weights(session, probes, cluster, poll_s)
     except KimiDeployError as exc:
@@ -50,6 +55,39 @@ def weights_check(
         True,
         f"every completion marker present, read by a pod from claim {plan.project}-models",
     )
+
+
+def storage_check(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    cluster: str,
+    *,
+    overrides: tuple[str, ...] = (),
+    poll_s: float,
+) -> CheckResult:
+    """The models claim's cold read bandwidth, read by a pod as the serve pod mounts it, and
+    recorded on the cluster (the serve plan chooses its reader, and a node-local copy, from it)."""
+    plan = resolve(loaded, serve_request(cluster, overrides), session.answers)
+    name = "models read bandwidth"
+    try:
+        entry = measure_storage(session, plan, poll_s)
+    except KimiDeployError as exc:
+        return CheckResult(name, False, exc.message, exc.hint or "")
+    load = loaded.project.clusters[cluster].workloads.serve.load
+    gbps, weights_gb = entry["gbps"], loaded.project.model.weights_gb
+    minutes = weights_gb / max(gbps, 1e-6) / 60
+    detail = (
+        f"{gbps:.2f} GB/s cold over {entry['bytes'] / 1e9:.0f} GB: {weights_gb:.0f} GB read in "
+        f"about {minutes:.0f} min (recorded; the next plan reads it)"
+    )
+    slow = gbps < load.min_read_gbps
+    fix = (
+        f"below min_read_gbps {load.min_read_gbps:g}: set storage.node_local (a node NVMe "
+        "folder) so `up` serves from a copy there"
+        if slow
+        else ""
+    )
+    return CheckResult(name, not slow, detail, fix, blocking=False)
 
 
 def allreduce_check(

@@ -62,7 +62,49 @@ def evaluate(project: Project, cluster: Cluster, image: Image, output: str) -> l
             checks += _infiniband_checks(cluster.network.ib_hcas, found)
     if gpus_found(found):
         checks += peer_to_peer.topology_checks(found)
+    checks += memlock_checks(cluster, found.get("memlock", ""))
     return checks
+
+
+def parse_memlock(text: str) -> dict[str, str]:
+    """{unit: LimitMEMLOCK} of the container runtimes installed on the host."""
+    units = {}
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if fields.get("LoadState") == "loaded" and "unit" in fields:
+            units[fields["unit"]] = fields.get("LimitMEMLOCK", "")
+    return units
+
+
+def memlock_checks(cluster: Cluster, text: str) -> list[CheckResult]:
+    """Locked memory for pods: what the container runtime passes to every container. NCCL over
+    InfiniBand pins its buffers, and IPC_LOCK in a pod does not reach the non-root trainer, so
+    only the runtime's LimitMEMLOCK can give it the room (blocking where the cluster's NCCL
+    crosses nodes over RDMA, a warning elsewhere)."""
+    units = parse_memlock(text)
+    if not units:
+        return []
+    low = {u: v for u, v in units.items() if v != "infinity"}
+    name = "locked memory for pods"
+    if not low:
+        return [CheckResult(name, True, ", ".join(f"{u}: LimitMEMLOCK=infinity" for u in units))]
+    shown = ", ".join(f"{u}: LimitMEMLOCK={v or '?'}" for u, v in low.items())
+    fix = (
+        "a systemd drop-in with [Service] LimitMEMLOCK=infinity for "
+        + " and ".join(f"{u}.service" for u in low)
+        + ", `systemctl daemon-reload` and a restart (running containers keep theirs): "
+        "`kimideploy host provision` does it"
+    )
+    rdma = bool(cluster.network.rdma_resource)
+    return [
+        CheckResult(
+            name,
+            False,
+            f"{shown}: NCCL over InfiniBand cannot pin its buffers in the pods",
+            fix,
+            blocking=rdma,
+        )
+    ]
 
 
 def gpus_found(found: dict[str, str]) -> bool:

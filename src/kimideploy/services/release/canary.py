@@ -35,7 +35,7 @@ from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import UsageError
 from kimideploy.formats.vllm_metrics import Acceptance, acceptance, parse, summed
-from kimideploy.plan.gateway import route_weights, with_canary_share
+from kimideploy.plan.gateway import with_canary_share
 from kimideploy.plan.inputs import CANARY_SUFFIX
 from kimideploy.render.manifests import sort_for_apply
 from kimideploy.services.release import deploy, lifecycle
@@ -287,14 +287,6 @@ def move_weight(
     return deploy.deploy(
         session, revision, options.unattended(swap=False), reporter, action="canary"
     )
-
-
-def canary_share(manifests: list[dict[str, Any]], release: str) -> int | None:
-    """The canary's share of the release's route, None without a canary."""
-    for obj in manifests:
-        if obj["kind"] == "HTTPRoute":
-            return route_weights(obj).get(f"{release}{CANARY_SUFFIX}")
-    return None
 
 
 def run_canary(

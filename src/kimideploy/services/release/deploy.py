@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,14 +21,18 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project_text
 from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
+from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.inputs import CANARY_SUFFIX
 from kimideploy.plan.model import ClusterAnswers, Plan, PlanRequest
 from kimideploy.plan.refusal import drafter_refusal
 from kimideploy.services.preflight import require_prerequisites, require_weights
-from kimideploy.services.release import lifecycle, swap
+from kimideploy.services.release import failures, lifecycle, swap
+from kimideploy.services.release.changes import change_summary
 from kimideploy.services.release.lifecycle import RevisionStatus
 from kimideploy.services.rendering import Rendered, render_workload
 from kimideploy.services.reporting import Reporter
+from kimideploy.services.startup import StartupProgress, deployment_startup
+from kimideploy.services.storage_probe import render_measured
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +74,11 @@ class Outcome:
     message: str
     release: str
     waited: bool
+    change: str = "rollout"
+    """How the revision reached the pods (status.change_summary's words)."""
+    startup: dict[str, Any] | None = None
+    """The new pods' start-up by phase (formats/startup_phases.py); None where no pod started
+    (a swap, a switch, --no-wait)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +100,9 @@ class RevisionFailure:
         text = f"revision {self.revision} failed: {self.reason}"
         if self.log_tail.strip():
             text += "\n  last log lines:\n    " + "\n    ".join(self.log_tail.strip().splitlines())
+        what_to_do = failures.fix(self.failure)
+        if what_to_do:
+            text += f"\n  what to do ({self.failure}): {what_to_do}"
         return text
 
     def record_details(self) -> dict[str, Any]:
@@ -124,6 +137,12 @@ class Revision:
     follow: str | None = None
     """The Deployment whose rollout says the revision is ready; None: the release's own (a
     canary revision follows the canary's)."""
+    switch_off: Callable[[str], Revision] | None = None
+    """For a non-speculative revision: the same revision as a server that keeps drafter D
+    loaded with speculation switched off (swap.py). The transaction uses it where the pods
+    last applied can switch and nothing else differs: seconds instead of a reload."""
+    start_estimate_s: float | None = None
+    """The engine start the plan predicted (plan/estimates.py), kept beside the measured one."""
 
 
 def _now() -> str:
@@ -144,6 +163,7 @@ def revision_from_render(loaded: LoadedProject, rendered: Rendered, note: str = 
         overrides=list(plan.inputs["overrides"]),
         note=note,
         preflight=rendered.preflight,
+        start_estimate_s=plan.engine_start_estimate_s or None,
     )
 
 
@@ -164,7 +184,7 @@ def plan_up(
 ) -> Rendered:
     """The serve plan `up` applies, with what the cluster answered (its namespace, PodMonitors,
     calibrations), resolved once: a gated `up` reads its break-even from it and then applies it."""
-    rendered = render_workload(loaded, request, session.answers)
+    rendered = render_measured(session, loaded, request)
     refuse_failing_drafter(rendered.plan, force)
     return rendered
 
@@ -185,7 +205,36 @@ def apply_up(
         require_prerequisites(session, rendered.objects, rendered.plan.cluster)
         if session.ensure_namespace():
             reporter.info(f"created namespace {session.namespace}")
-    return deploy(session, revision_from_render(loaded, rendered), options, reporter, action="up")
+    revision = revision_from_render(loaded, rendered)
+    request = rendered.request
+    form = switch_off_form(loaded, request, session.answers) if request else None
+    return deploy(session, replace(revision, switch_off=form), options, reporter, action="up")
+
+
+SWITCHED_OFF_NOTE = "speculation switched off in the running pods ({drafter} stays loaded)"
+
+
+def switch_off_form(
+    loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
+) -> Callable[[str], Revision] | None:
+    """How a non-speculative serve revision is rendered as pods that keep drafter D loaded with
+    speculation switched off (None: the request is not a non-speculative serve)."""
+    ask = request.asked(ServeAsk)
+    if (
+        request.workload != "serve"
+        or request.drafter != NO_DRAFTER
+        or ask.canary_percent is not None
+        or ask.synthetic is not None
+    ):
+        return None
+
+    def form(drafter: str) -> Revision:
+        switched = replace(request, drafter=drafter, ask=replace(ask, speculation_off=True))
+        rendered = render_workload(loaded, switched, answers)
+        revision = revision_from_render(loaded, rendered)
+        return replace(revision, drafter=NO_DRAFTER, note=SWITCHED_OFF_NOTE.format(drafter=drafter))
+
+    return form
 
 
 def refuse_failing_drafter(plan: Plan, force: bool) -> None:
@@ -285,10 +334,13 @@ class _Transaction:
         for note in notes:
             reporter.info(f"note: {note}")
         require_prerequisites(session, revision.manifests, revision.cluster)
-        require_weights(session, revision.preflight, revision.cluster)
+        for note in require_weights(session, revision.preflight, revision.cluster):
+            reporter.info(note)
         serving = lifecycle.serving(history)
-        rendered = revision.manifests
         applied = lifecycle.last_applied(history)
+        plain = revision
+        revision = self._switched_off(revision, applied)
+        rendered = revision.manifests
         decision = swap.decide(applied.manifests if applied else None, rendered, change.swap)
         if decision.plan is not None:
             revision = replace(revision, manifests=decision.plan.manifests)
@@ -306,17 +358,35 @@ class _Transaction:
         self._apply_or_restore(revision, record, serving, existing)
         state = self._wait(revision)
         if decision.plan is not None and state is None:  # --no-wait: the keepers swap on their own
-            record.details["swap"] = {"outcome": "not waited for"}
+            speculation = "on" if decision.plan.speculation else "off"
+            record.details[decision.plan.record_key] = {
+                "outcome": "not waited for",
+                "speculation": speculation,
+            }
         elif decision.plan is not None and state is not None and state.phase == "ready":
-            state = self._follow_swap(decision.plan, record, replace(revision, manifests=rendered))
+            fallback = plain if revision is not plain else replace(revision, manifests=rendered)
+            state = self._follow_swap(decision.plan, record, fallback)
         lock.renew()
         if state is None or state.phase == "ready":
+            started = (
+                self._startup(revision, record)
+                if state is not None
+                and "swap" not in record.details
+                and "switch" not in record.details
+                else None
+            )
             _mark_serving(session, history, record, lifecycle.replaced_by(self.action))
             session.trim_history(revision.release, change.keep_history)
             how = "applied (not waited for)" if state is None else "ready"
             message = f"revision {number} of {revision.release} is {how}"
             return Outcome(
-                number, RevisionStatus.DEPLOYED, message, revision.release, state is not None
+                number,
+                RevisionStatus.DEPLOYED,
+                message,
+                revision.release,
+                state is not None,
+                change=change_summary(record),
+                startup=started,
             )
         failure = RevisionFailure(
             release=revision.release,
@@ -329,6 +399,9 @@ class _Transaction:
         lifecycle.change_status(record, RevisionStatus.FAILED, failure.record_details())
         session.record(record, new=False)
         return failure
+
+    def _switched_off(self, revision: Revision, applied: ReleaseRecord | None) -> Revision:
+        return switched_off_form(revision, applied, self.change.swap)
 
     def _failed_log_tail(self, state: RolloutState) -> str:
         """The last lines of the failed pod's log: of the init container that failed, if one did."""
@@ -352,10 +425,14 @@ class _Transaction:
             f"(drafter {revision.drafter}, {revision.image}):"
         ]
         if decision.plan is not None:
+            checks = (
+                "the server checks the files first, and a refusal replaces the pods"
+                if decision.plan.speculation and decision.plan.serving != decision.plan.wanted
+                else "the drafter's weights and KV cache stay allocated"
+            )
             lines.append(
-                f"  swap the drafter in the running pods: {decision.plan.serving} -> "
-                f"{decision.plan.wanted} (Deployment/{decision.plan.deployment} stays as it is: "
-                "no reload; the server checks the files first, and a refusal replaces the pods)"
+                f"  {decision.plan.what} (Deployment/{decision.plan.deployment} stays as it is: "
+                f"no reload; {checks})"
             )
         elif decision.why_not:
             lines.append(f"  replace the pods, not a swap: {decision.why_not}")
@@ -437,31 +514,46 @@ class _Transaction:
         )
 
     def _follow_swap(
-        self, plan: swap.SwapPlan, record: ReleaseRecord, rendered: Revision
+        self, plan: swap.SwapPlan, record: ReleaseRecord, fallback: Revision
     ) -> RolloutState:
-        """Wait until every serve pod's keeper serves the new drafter. A refusal by the server
-        (the files do not fit the running drafter) replaces the pods with the new render: the
-        revision becomes a rollout, and its record says both."""
+        """Wait until every serve pod's keeper serves the new drafter (or has switched). A refusal
+        by the server (the files do not fit the running drafter), or keepers the API server
+        cannot reach, replace the pods with `fallback` (the new render; for a switch, the plain
+        non-speculative one): the revision becomes a rollout, and its record says both."""
         outcome = swap.follow(
             self.session,
             plan,
-            swap.Following(self.wait.timeout_s, self.wait.poll_s, self.reporter.status,
-                           self.lock.renew),
-        )  # fmt: skip
-        record.details["swap"] = outcome.details()
+            swap.Following(
+                self.wait.timeout_s, self.wait.poll_s, self.reporter.status, self.lock.renew
+            ),
+        )
+        if plan.record_key == "swap":
+            record.details["swap"] = outcome.details()
+        else:
+            record.details["switch"] = outcome.switch_details(plan)
         if not outcome.refused:
             self.session.record(record, new=False)
             return outcome.state
-        self.reporter.info(
-            f"the server refused the swap ({outcome.refused}); replacing the pods instead"
+        unreachable = outcome.state.failure == "KeepersUnreachable"
+        change = "swap" if plan.record_key == "swap" else "speculation switch"
+        said = (
+            f"the {change} could not be followed"
+            if unreachable
+            else f"the server refused the {change}"
         )
-        record.manifests = rendered.manifests
-        record.note = "; ".join(filter(None, [record.note, "swap refused: rolled out"]))
+        self.reporter.info(f"{said} ({outcome.refused}); replacing the pods instead")
+        record.manifests = fallback.manifests
+        how = "not followed (keepers unreachable)" if unreachable else "refused"
+        note = f"{plan.record_key} {how}: rolled out"
+        record.note = "; ".join(filter(None, [fallback.note, note]))
         self.session.record(record, new=False)
         self.lock.renew()
-        deployment = next(o for o in rendered.manifests if o["kind"] == "Deployment")
-        self.session.apply([deployment], force=self.change.force)
-        return self._wait(rendered) or outcome.state
+        for obj in fallback.manifests:
+            self.session.apply([obj], force=self.change.force)
+        written = [ref(o) for o in fallback.manifests]
+        for pruned in self.session.prune(fallback.release, keep=written):
+            self.reporter.info(f"pruned {pruned}")
+        return self._wait(fallback) or outcome.state
 
     def _wait(self, revision: Revision) -> RolloutState | None:
         if not self.wait.wait:
@@ -476,7 +568,34 @@ class _Transaction:
             startup_budget_s(deployment),
             self.wait.scheduling_grace_s,
         )
-        return follow_rollout(watcher, self.wait, self.reporter, self.lock.renew)
+        progress = StartupProgress(self.session)
+        return follow_rollout(
+            watcher, self.wait, self.reporter, self.lock.renew, describe=progress.describe
+        )
+
+    def _startup(self, revision: Revision, record: ReleaseRecord) -> dict[str, Any] | None:
+        """The new pods' start-up by phase, printed and kept in the record (None: no pod of the
+        revision is Ready, or its log says nothing of a vLLM start-up)."""
+        followed = revision.follow or revision.release
+        deployments = [o for o in revision.manifests if o["kind"] == "Deployment"]
+        deployment = next(
+            (o for o in deployments if o["metadata"]["name"] == followed),
+            deployments[0] if deployments else None,
+        )
+        table = deployment_startup(self.session, deployment) if deployment else None
+        if table is None:
+            return None
+        self.reporter.info("start-up by phase (vLLM's own log lines):\n" + "\n".join(table.lines()))
+        startup = table.to_dict()
+        if revision.start_estimate_s and table.total_s:
+            off = table.total_s / revision.start_estimate_s - 1
+            startup["predicted_s"] = round(revision.start_estimate_s, 1)
+            self.reporter.info(
+                f"start-up took {table.total_s:.0f} s; predicted {revision.start_estimate_s:.0f} s "
+                f"({off:+.0%})"
+            )
+        record.details["startup"] = startup
+        return startup
 
 
 def _existing(
@@ -513,15 +632,21 @@ def _new_record(session: ClusterSession, revision: Revision, number: int) -> Rel
 
 
 def follow_rollout(
-    watcher: Any, wait: WaitOptions, reporter: Reporter, keep_alive: Any
+    watcher: Any,
+    wait: WaitOptions,
+    reporter: Reporter,
+    keep_alive: Any,
+    describe: Callable[[RolloutState], str] | None = None,
 ) -> RolloutState:
-    """Poll until ready or failed; the lock is renewed as we go (loads take ~25 minutes)."""
+    """Poll until ready or failed; the lock is renewed as we go (loads take ~25 minutes).
+    `describe` words each state (the phase a loading pod's vLLM is in)."""
     start = time.monotonic()
     last_renew = start
     while True:
         state: RolloutState = watcher.poll()
         elapsed = time.monotonic() - start
-        reporter.status(f"[{elapsed:5.0f}s] {state.phase}: {state.message}")
+        line = describe(state) if describe else f"{state.phase}: {state.message}"
+        reporter.status(f"[{elapsed:5.0f}s] {line}")
         if state.done:
             return state
         if elapsed > wait.timeout_s:
@@ -636,6 +761,74 @@ def rollback(
         return _Transaction(session, lock, options, reporter, "rollback").apply(revision)
 
 
+def switched_off_form(
+    revision: Revision, applied: ReleaseRecord | None, swap_allowed: bool
+) -> Revision:
+    """A non-speculative revision in its switched-off form, where the pods last applied can
+    switch and the two differ in nothing but speculation (else the revision as it is)."""
+    loaded = swap.loaded_drafter(applied.manifests if applied else None)
+    if revision.switch_off is None or loaded is None or not swap_allowed:
+        return revision
+    switched = revision.switch_off(loaded)
+    assert applied is not None
+    # No plan and no reason: speculation is off already, and re-applying that is no change.
+    if swap.decide(applied.manifests, switched.manifests).why_not:
+        return revision
+    return switched
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a change would do, decided as the change decides it, with nothing written."""
+
+    revision: int
+    drafter: str
+    how: str
+    diff: str
+
+    def lines(self) -> list[str]:
+        return [f"revision {self.revision} would serve {self.drafter}: {self.how}", self.diff]
+
+
+def rollback_preview(
+    session: ClusterSession, release: str, target: RollbackTo, change: ChangeOptions
+) -> Preview:
+    """`rollback --dry-run`: the revision the rollback would choose now, how it would reach the
+    pods (a switch or a swap in seconds, or a rollout), and the API server's dry-run diff."""
+    history = session.history(release)
+    if not history:
+        raise UsageError(
+            f"{release} has no history in namespace {session.namespace}",
+            hint="`kimideploy up serve` creates the first revision",
+        )
+    if target.no_spec:
+        revision = non_speculative_revision(lifecycle.current(history))
+    else:
+        _refuse_untrusted(session, release, target.to)
+        chosen = lifecycle.rollback_target(history, target.to)
+        revision = revision_from_record(chosen, f"rollback to revision {chosen.revision}")
+    applied = lifecycle.last_applied(history)
+    require_prerequisites(session, revision.manifests, revision.cluster)
+    revision = switched_off_form(revision, applied, change.swap)
+    decision = swap.decide(applied.manifests if applied else None, revision.manifests, change.swap)
+    manifests = decision.plan.manifests if decision.plan is not None else revision.manifests
+    if decision.plan is not None:
+        how = f"{decision.plan.what} (seconds; the pods stay)"
+    else:
+        why = f" ({decision.why_not})" if decision.why_not else ""
+        how = f"a rollout: the pods are replaced and the target loads again{why}"
+    diff = session.dry_run_diff(manifests, force=change.force) or "no changes"
+    return Preview(lifecycle.next_revision(history), revision.drafter, how, diff)
+
+
+def down_preview(session: ClusterSession, release: str) -> list[ObjectRef]:
+    """`down --dry-run`: what `down` would remove now (claims and history stay)."""
+    if not session.namespace_exists():
+        return []
+    live = session.live_release_objects(release)
+    return [ObjectRef(o["kind"], session.namespace, o["metadata"]["name"]) for o in live]
+
+
 def _refuse_untrusted(session: ClusterSession, release: str, to: int | None) -> None:
     """`--to N` of a record that failed the trust checks: say so (it is never applied)."""
     name = secret_name(release, to) if to is not None else None
@@ -663,7 +856,25 @@ def non_speculative_revision(current: ReleaseRecord) -> Revision:
     )
     rendered = render_workload(loaded, request, answered)
     revision = revision_from_render(loaded, rendered, "rollback to non-speculative serving")
-    return replace(revision, config_text=current.config_text, source_revision=current.revision)
+    form = switch_off_form(loaded, request, answered)
+    assert form is not None
+
+    def switched_off(drafter: str) -> Revision:
+        switched = form(drafter)
+        note = f"rollback to non-speculative serving: {switched.note}"
+        return replace(
+            switched,
+            config_text=current.config_text,
+            source_revision=current.revision,
+            note=note,
+        )
+
+    return replace(
+        revision,
+        config_text=current.config_text,
+        source_revision=current.revision,
+        switch_off=switched_off,
+    )
 
 
 def down(

@@ -9,9 +9,11 @@ from kimideploy.cluster.jobs import job_phase
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.project import Project
+from kimideploy.formats.startup_phases import StartupPhases
 from kimideploy.plan.inputs import CANARY_SUFFIX
+from kimideploy.plan.stage_estimate import MeasuredRate, span
 from kimideploy.services.release import lifecycle
-from kimideploy.services.release.canary import canary_share
+from kimideploy.services.release.changes import canary_share, change_summary
 from kimideploy.services.release.swap import keepers_now
 from kimideploy.services.release.watch import live_acceptance
 from kimideploy.services.runs import rental
@@ -33,28 +35,22 @@ def history_rows(session: ClusterSession, release: str) -> list[dict[str, Any]]:
             "change": change_summary(r),
             "user": r.user,
             "gate": gate_summary(r),
+            "start-up": startup_summary(r.details.get("startup")),
             "note": r.note,
         }
         for r in session.history(release)
     ]
 
 
-def change_summary(record: ReleaseRecord) -> str:
-    """How the revision reached the pods: "swap" (the drafter swapped into the running server,
-    no reload), "swap refused" (the server refused the files; the pods were replaced), "swap
-    (not waited for)" (`--no-wait`), "swap failed" or "rollout"; a revision with a canary pool
-    says its share of the route ("canary 10%", "canary 0%" after a refusal)."""
-    share = canary_share(record.manifests, record.release)
-    if share is not None:
-        return f"canary {share}%"
-    swapped = record.details.get("swap")
-    if not swapped:
-        return "rollout"
-    return {
-        "ready": "swap",
-        "refused": "swap refused",
-        "not waited for": "swap (not waited for)",
-    }.get(swapped["outcome"], "swap failed")
+def startup_summary(startup: dict[str, Any] | None) -> str:
+    """A revision's pods' start-up against the plan's prediction ("" where no pod started)."""
+    if not startup or startup.get("total_s") is None:
+        return ""
+    took = float(startup["total_s"])
+    predicted = startup.get("predicted_s")
+    if not isinstance(predicted, int | float) or predicted <= 0:
+        return f"{span(took)}"
+    return f"{span(took)} (predicted {span(predicted)}, {took / predicted - 1:+.0%})"
 
 
 def gate_summary(record: ReleaseRecord) -> str:
@@ -102,27 +98,62 @@ def status_report(
             if in_pods:
                 serving["drafter_in_pods"] = in_pods
     runs = []
+    measured = {r.run_id: r for r in session.answers.rates}
     for job in session.runs(
         f"app.kubernetes.io/name={project_name},app.kubernetes.io/managed-by=kimideploy"
     )[:10]:
         labels = job["metadata"]["labels"]
         state, _ = job_phase(job)
+        run_id = labels.get("kimideploy.io/run-id")
+        kept = measured.get(str(run_id))
         runs.append(
             {
-                "run_id": labels.get("kimideploy.io/run-id"),
+                "run_id": run_id,
                 "workload": labels.get("app.kubernetes.io/component"),
                 "job": job["metadata"]["name"],
                 "status": state,
                 "started": job["metadata"]["creationTimestamp"],
+                "took": _took(kept),
             }
         )
     notice = rental.cluster_notice(session, project, cluster)
+    startup = serving_startup(history, current)
     return {
         "serving": serving,
+        "startup": startup,
+        "startup_lines": [
+            *StartupPhases.from_dict(startup).lines(),
+            *([f"  predicted {startup_summary(startup)}"] if startup.get("predicted_s") else []),
+        ]
+        if startup
+        else [],
         "runs": runs,
         "rental": notice.to_dict() if notice else None,
         "rental_lines": _rental_lines(notice),
     }
+
+
+def _took(kept: MeasuredRate | None) -> str:
+    """A finished run's wall time against what its plan predicted ("" before it finished)."""
+    if kept is None:
+        return ""
+    if not kept.predicted_s:
+        return span(kept.wall_s)
+    off = kept.wall_s / kept.predicted_s - 1
+    return f"{span(kept.wall_s)} (predicted {span(kept.predicted_s)}, {off:+.0%})"
+
+
+def serving_startup(
+    history: list[ReleaseRecord], current: ReleaseRecord | None
+) -> dict[str, Any] | None:
+    """The start-up by phase of the pods that serve: recorded by the newest revision up to the
+    serving one that started pods (a swap or a switch keeps the pods an earlier one started)."""
+    if current is None:
+        return None
+    started = [r for r in history if r.revision <= current.revision and r.details.get("startup")]
+    if not started:
+        return None
+    return {"revision": started[-1].revision, **started[-1].details["startup"]}
 
 
 def _rental_lines(notice: rental.RentalNotice | None) -> list[str]:

@@ -16,6 +16,13 @@ vocabulary, resources and every other field. The drafter's identity is its name 
 the keeper's start drafter. The server then applies the file rule of formats/drafter_swap.py
 (config.json and tensor shapes) before it writes anything; a refusal there turns the revision into
 a rollout (deploy.py).
+
+Switching speculation off and on is the same kind of revision (vLLM 0.32 with kimideploy's patch
+0002, plan/serve.py `switches_speculation`): the spec says `speculation: false`, the Deployment
+stays, and the keeper switches the running engine off within seconds; the drafter it serves stays
+loaded, so switching back on (`up serve --drafter X`) is as quick. A non-speculative revision is
+rendered in that form (`Revision.switch_off`, deploy.py) only where the pods last applied can
+switch (`loaded_drafter`); elsewhere it replaces the pods, as before.
 """
 
 from __future__ import annotations
@@ -34,14 +41,27 @@ from kimideploy.errors import KimiDeployError
 from kimideploy.formats.drafter_swap import (
     DRAFTER_KEEPER,
     KEEPER_PATH,
+    SPEC_SPECULATION_KEY,
+    SPECULATION_SWITCH_ENV,
     STARTED_WITH_ENV,
     drafter_version,
+    folder_id,
 )
+from kimideploy.plan.inputs import MODELS_MOUNT
 from kimideploy.plan.pods import LABEL_PREFIX
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
 
 DRAFTER_LABEL = f"{LABEL_PREFIX}/drafter"
-DRAFTER_IDENTITY_SPEC_KEYS = ("drafter", "drafter_path")
+UNREACHABLE_POLLS = 3
+"""Polls in a row on which no pod's keeper answered through the pod proxy before a swap or a
+switch gives way to replacing the pods (a Ready pod's keeper answers at once)."""
+KEEPER_SILENT_S = 60.0
+"""How long every pod's keeper may answer "starting" (it has never looked: the route is served but
+no keeper loop runs, as in a server started without the keeper's variables) before a swap or a
+switch gives way to replacing the pods. A running keeper writes its state within its first
+period (KEEPER_PERIOD_S, 1 s), so a minute is generous; waiting out --timeout instead held
+`watch`'s rollback for the whole startup budget."""
+DRAFTER_IDENTITY_SPEC_KEYS = ("drafter", "drafter_path", "drafter_sha256", SPEC_SPECULATION_KEY)
 SHOWN_DIFFERENCES = 3
 
 
@@ -55,6 +75,25 @@ class SwapPlan:
     wanted: str
     deployment: str
     port: int
+    speculation: bool = True
+    """False: the keepers switch speculation off (the drafter `wanted` stays loaded)."""
+    was_speculating: bool = True
+
+    @property
+    def record_key(self) -> str:
+        """Where the record keeps how it went: "swap" (a drafter into a speculating server),
+        "switch" (speculation switched, a swap after it or not)."""
+        return "swap" if self.speculation and self.was_speculating else "switch"
+
+    @property
+    def what(self) -> str:
+        """The change in words, for the confirmation and the record."""
+        if not self.speculation:
+            return f"switch speculation off in the running pods ({self.wanted} stays loaded)"
+        if not self.was_speculating and self.serving == self.wanted:
+            return f"switch speculation on in the running pods ({self.wanted})"
+        switch = "switch speculation on and " if not self.was_speculating else ""
+        return f"{switch}swap the drafter in the running pods: {self.serving} -> {self.wanted}"
 
 
 @dataclass(frozen=True)
@@ -78,12 +117,15 @@ def decide(
     if was is None or now is None:
         return SwapDecision(None)
     serving_version, wanted_version = _version(was), _version(now)
-    if serving_version == wanted_version:
+    was_on, now_on = _speculating(was), _speculating(now)
+    if serving_version == wanted_version and was_on == now_on:
         return SwapDecision(None)
     if not allowed:
         return SwapDecision(None, "--no-swap")
     if now.get("drafter") in (None, "none") or _keeper_container(after) is None:
         return SwapDecision(None, "the new revision does not serve a swappable drafter")
+    if not now_on and not can_switch(before):
+        return SwapDecision(None, "the serving pods cannot switch speculation off")
     if before["metadata"]["name"] != after["metadata"]["name"]:
         return SwapDecision(None, "the new revision's Deployment has another name")
     differences = _differences(_without_identity_spec(was), _without_identity_spec(now), "spec")
@@ -103,8 +145,38 @@ def decide(
     kept = [before if o is after else o for o in wanted]
     port = _port(_keeper_container(before) or {})
     return SwapDecision(
-        SwapPlan(kept, serving_version, wanted_version, before["metadata"]["name"], port)
+        SwapPlan(
+            kept,
+            serving_version,
+            wanted_version,
+            before["metadata"]["name"],
+            port,
+            speculation=now_on,
+            was_speculating=was_on,
+        )
     )
+
+
+def _speculating(spec: dict[str, Any]) -> bool:
+    return spec.get(SPEC_SPECULATION_KEY, True) is not False
+
+
+def can_switch(deployment: dict[str, Any]) -> bool:
+    """Whether the Deployment's serve container was started able to switch speculation."""
+    container = _keeper_container(deployment)
+    env = {e.get("name"): e.get("value") for e in (container or {}).get("env") or []}
+    return env.get(SPECULATION_SWITCH_ENV) == "1"
+
+
+def loaded_drafter(applied: list[dict[str, Any]] | None) -> str | None:
+    """The drafter the pods last applied keep loaded, where they can switch speculation off
+    (None: they cannot, or serve none): what a non-speculative revision keeps loaded."""
+    deployment = _deployment(applied or [])
+    spec = _spec(applied or [])
+    if deployment is None or spec is None or not can_switch(deployment):
+        return None
+    drafter = spec.get("drafter")
+    return None if drafter in (None, "none") else str(drafter)
 
 
 def _deployment(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -185,26 +257,68 @@ class PodSwap:
     serving: str | None
     reason: str
     seconds: float | None
+    speculation: str = "on"
+
+    def done(self, wanted: str, speculation: bool = True) -> bool:
+        if not speculation:
+            return self.state == "off"
+        return self.state == "serving" and self.serving == wanted
 
 
-def pod_swap(pod: str, answer: dict[str, Any], wanted: str) -> PodSwap:
-    """One keeper's answer, read for the version a revision wants."""
-    swaps = [s for s in answer.get("swaps") or [] if s.get("to") == wanted]
-    seconds = swaps[-1].get("total_s") if swaps else None
+FOREIGN = "foreign"
+"""A keeper serving the wanted name from another folder than the release's: its spec ConfigMap
+was changed outside kimideploy."""
+
+
+def pod_swap(
+    pod: str,
+    answer: dict[str, Any],
+    wanted: str,
+    speculation: bool = True,
+    folder: str | None = None,
+) -> PodSwap:
+    """One keeper's answer, read for the version (and speculation state) a revision wants, and,
+    where the record names it, the folder the revision's drafter is read from."""
     state = str(answer.get("state"))
+    served_from = answer.get("folder_id")
+    wanted_from = folder_id(folder, MODELS_MOUNT) if folder else None
+    # Only a keeper that has the release's spec (it wants what the release wants) and says it
+    # serves that name from another folder: one whose volume still holds the previous spec is
+    # waiting for the kubelet, not foreign.
+    claims_wanted = answer.get("wanted") == wanted and answer.get("serving") == wanted
+    if wanted_from and served_from and served_from != wanted_from and claims_wanted:
+        reason = (
+            f"serves {answer.get('serving')} from another folder than the release's {folder}: "
+            "the spec ConfigMap was changed outside kimideploy; `kimideploy up serve` or "
+            "`rollback serve` puts the release's back"
+        )
+        return PodSwap(pod, FOREIGN, answer.get("serving"), reason, None,
+                       str(answer.get("speculation") or "on"))  # fmt: skip
+    if speculation:
+        changes = [s for s in answer.get("swaps") or [] if s.get("to") == wanted]
+        seconds = changes[-1].get("total_s") if changes else None
+    else:
+        changes = [s for s in answer.get("switches") or [] if s.get("to") == "off"]
+        seconds = changes[-1].get("seconds") if changes else None
     if answer.get("wanted") not in (None, wanted) and state in ("refused", "failed", "serving"):
         # The pod's volume still holds the previous spec (kubelet syncs it within about a minute).
         state = "waiting"
-    return PodSwap(pod, state, answer.get("serving"), str(answer.get("reason") or ""), seconds)
+    if not speculation and state == "serving":  # the spec that switches off is not synced yet
+        state = "waiting"
+    reason = str(answer.get("reason") or "")
+    speculating = str(answer.get("speculation") or "on")
+    return PodSwap(pod, state, answer.get("serving"), reason, seconds, speculating)
 
 
-def summary(pods: list[PodSwap], wanted: str) -> str:
-    done = sum(1 for p in pods if p.state == "serving" and p.serving == wanted)
-    waiting = [f"{p.pod}: {p.state}{' (' + p.reason + ')' if p.reason else ''}" for p in pods
-               if not (p.state == "serving" and p.serving == wanted)]  # fmt: skip
-    return f"{done}/{len(pods)} pods serve {wanted}" + (
-        f"; {'; '.join(waiting)}" if waiting else ""
-    )
+def summary(pods: list[PodSwap], wanted: str, speculation: bool = True) -> str:
+    done = sum(1 for p in pods if p.done(wanted, speculation))
+    waiting = [
+        f"{p.pod}: {p.state}{' (' + p.reason + ')' if p.reason else ''}"
+        for p in pods
+        if not p.done(wanted, speculation)
+    ]
+    what = f"serve {wanted}" if speculation else f"serve without speculation ({wanted} loaded)"
+    return f"{done}/{len(pods)} pods {what}" + (f"; {'; '.join(waiting)}" if waiting else "")
 
 
 @dataclass(frozen=True)
@@ -226,12 +340,18 @@ class SwapOutcome:
 
     def details(self) -> dict[str, Any]:
         """What the record keeps of the swap (history, status)."""
+        failed = "unreachable" if self.state.failure == "KeepersUnreachable" else "refused"
         return {
-            "outcome": "refused" if self.refused else self.state.phase,
+            "outcome": failed if self.refused else self.state.phase,
             "reason": self.refused or (self.state.message if self.state.phase != "ready" else ""),
             "waited_s": round(self.seconds, 1),
             "pods": {p.pod: p.seconds for p in self.pods},
         }
+
+    def switch_details(self, plan: SwapPlan) -> dict[str, Any]:
+        """The same for a revision that switches speculation (history, status)."""
+        switched = "on" if plan.speculation else "off"
+        return {**self.details(), "speculation": switched, "loaded": plan.wanted}
 
 
 def follow(session: ClusterSession, plan: SwapPlan, following: Following) -> SwapOutcome:
@@ -241,25 +361,42 @@ def follow(session: ClusterSession, plan: SwapPlan, following: Following) -> Swa
     deployment = next(o for o in plan.manifests if o.get("kind") == "Deployment")
     began = time.monotonic()
     renewed = began
+    word = "swap" if plan.speculation else "switch"
+    unreachable = 0
     while True:
-        pods = ask_keepers(session, deployment, plan.port, plan.wanted)
+        pods = ask_keepers(session, deployment, plan.port, plan.wanted,
+                           speculation=plan.speculation,
+                           folder=(_spec(plan.manifests) or {}).get("drafter_path"))  # fmt: skip
         elapsed = time.monotonic() - began
-        line = summary(pods, plan.wanted)
-        following.show(f"[{elapsed:5.0f}s] swap: {line}")
+        line = summary(pods, plan.wanted, plan.speculation)
+        following.show(f"[{elapsed:5.0f}s] {word}: {line}")
         refused = next((p for p in pods if p.state == "refused"), None)
         if refused is not None:
             why = f"{refused.pod}: {refused.reason}"
             state = RolloutState("failed", line, "SwapRefused", refused.pod)
             return SwapOutcome(state, pods, refused=why, seconds=elapsed)
-        if pods and all(p.state == "serving" and p.serving == plan.wanted for p in pods):
-            message = f"every serve pod serves {plan.wanted} ({len(pods)} swapped, no reload)"
+        unreachable = unreachable + 1 if pods and all(p.state == "unreachable" for p in pods) else 0
+        silent = bool(pods) and all(p.state == "starting" for p in pods)
+        if unreachable >= UNREACHABLE_POLLS or (silent and elapsed > KEEPER_SILENT_S):
+            # The API server cannot reach any keeper (a NetworkPolicy, no server behind the
+            # pods), or none has ever looked: what the pods do cannot be known, so the revision
+            # is rolled out instead.
+            why = (
+                f"no keeper answers through the API server's pod proxy ({pods[0].reason})"
+                if not silent
+                else f"no keeper has looked in {elapsed:.0f}s ({pods[0].reason})"
+            )
+            state = RolloutState("failed", line, "KeepersUnreachable", pods[0].pod)
+            return SwapOutcome(state, pods, refused=why, seconds=elapsed)
+        if pods and all(p.done(plan.wanted, plan.speculation) for p in pods):
+            message = f"every serve pod: {plan.what} ({len(pods)} pods, no reload)"
             return SwapOutcome(RolloutState("ready", message), pods, seconds=elapsed)
         if elapsed > following.timeout_s:
             state = RolloutState(
                 "failed",
-                f"the drafter was not swapped within --timeout {following.timeout_s:.0f}s: {line}",
+                f"{plan.what}: not done within --timeout {following.timeout_s:.0f}s: {line}",
                 "SwapTimeout",
-                next((p.pod for p in pods if p.serving != plan.wanted), None),
+                next((p.pod for p in pods if not p.done(plan.wanted, plan.speculation)), None),
             )
             return SwapOutcome(state, pods, seconds=elapsed)
         if time.monotonic() - renewed > 30:
@@ -269,13 +406,20 @@ def follow(session: ClusterSession, plan: SwapPlan, following: Following) -> Swa
 
 
 def ask_keepers(
-    session: ClusterSession, deployment: dict[str, Any], port: int, wanted: str
+    session: ClusterSession,
+    deployment: dict[str, Any],
+    port: int,
+    wanted: str,
+    *,
+    speculation: bool = True,
+    folder: str | None = None,
 ) -> list[PodSwap]:
-    """Each running pod of `deployment`: what its keeper serves, read for `wanted`."""
+    """Each running pod of `deployment`: what its keeper serves, read for `wanted` (and, where
+    given, the release's drafter `folder`)."""
     match = deployment["spec"]["selector"].get("matchLabels") or {}
     selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
     return [
-        _ask(session, pod["metadata"]["name"], port, wanted)
+        _ask(session, pod["metadata"]["name"], port, (wanted, speculation, folder))
         for pod in session.pods(selector)
         if pod.get("status", {}).get("phase") == "Running"
         and not pod["metadata"].get("deletionTimestamp")
@@ -283,19 +427,28 @@ def ask_keepers(
 
 
 def keepers_now(session: ClusterSession, manifests: list[dict[str, Any]], wanted: str) -> str:
-    """For `status`: which drafter the serve pods' keepers serve ("" where none runs one)."""
+    """For `status`: which drafter the serve pods' keepers serve, and whether speculation is on
+    ("" where none runs one)."""
     deployment = _deployment(manifests)
     container = _keeper_container(deployment) if deployment else None
+    spec = _spec(manifests) or {}
     if deployment is None or container is None:
         return ""
-    return summary(ask_keepers(session, deployment, _port(container), wanted), wanted)
+    speculation = _speculating(spec)
+    wanted = _version(spec) if spec.get("drafter") else wanted  # a switched-off record says none
+    pods = ask_keepers(session, deployment, _port(container), wanted, speculation=speculation,
+                       folder=spec.get("drafter_path"))  # fmt: skip
+    return summary(pods, wanted, speculation)
 
 
-def _ask(session: ClusterSession, pod: str, port: int, wanted: str) -> PodSwap:
+def _ask(
+    session: ClusterSession, pod: str, port: int, want: tuple[str, bool, str | None]
+) -> PodSwap:
+    wanted, speculation, folder = want
     try:
         answer = json.loads(session.scrape_pod(pod, port, KEEPER_PATH.lstrip("/")))
     except KimiDeployError as exc:
         return PodSwap(pod, "unreachable", None, exc.message, None)
     except ValueError as exc:
         return PodSwap(pod, "unreachable", None, f"{KEEPER_PATH} answered no JSON ({exc})", None)
-    return pod_swap(pod, answer, wanted)
+    return pod_swap(pod, answer, wanted, speculation, folder)

@@ -13,11 +13,17 @@ from kimideploy.config.loading import LoadedProject
 from kimideploy.config.project import release_name
 from kimideploy.errors import KimiDeployError, RolloutError, UsageError
 from kimideploy.plan.jobs import AFTER_ANNOTATION
-from kimideploy.plan.model import PlanRequest
+from kimideploy.plan.model import EngineStart, PlanRequest
 from kimideploy.services.preflight import require_prerequisites, require_weights
-from kimideploy.services.rendering import PLAN_FACTS_SHOWN, Rendered, render_workload
+from kimideploy.services.rendering import (
+    PLAN_FACTS_SHOWN,
+    Rendered,
+    refuse_past_the_rental,
+    render_workload,
+)
 from kimideploy.services.reporting import Reporter
 from kimideploy.services.runs import progress, rental
+from kimideploy.services.startup import PROGRESS_PERIOD_S, engine_phase, run_startup
 
 RUN_ID_LABEL = "kimideploy.io/run-id"
 
@@ -40,13 +46,21 @@ def new_run_id() -> str:
 
 
 def start_run(
-    session: ClusterSession, loaded: LoadedProject, request: PlanRequest, reporter: Reporter
+    session: ClusterSession,
+    loaded: LoadedProject,
+    request: PlanRequest,
+    reporter: Reporter,
+    *,
+    force: bool = False,
 ) -> RunStarted:
-    """Render with a fresh run id and create the run's objects."""
+    """Render with a fresh run id and create the run's objects. The rental limit is judged
+    again on the cluster's own measured rates (before contact it had only the priors)."""
     if request.workload == "serve":
         raise UsageError("serve is a release, not a run", hint="use `kimideploy up serve`")
     run_id = request.run_id or new_run_id()
     rendered = render_workload(loaded, replace(request, run_id=run_id), session.answers)
+    if not force:
+        refuse_past_the_rental(loaded, rendered.plan)
     for warning in rendered.plan.warnings:
         reporter.info(f"warning: {warning}")
     for key, value in rendered.plan.facts:
@@ -60,7 +74,8 @@ def start_run(
     # validated, so a bad config creates nothing), otherwise the refusal says who can.
     if session.ensure_namespace():
         reporter.info(f"created namespace {session.namespace}")
-    require_weights(session, rendered.preflight, rendered.plan.cluster)
+    for note in require_weights(session, rendered.preflight, rendered.plan.cluster):
+        reporter.info(note)
     objects, notes = session.keep_claim_sizes(rendered.objects)
     for note in notes:
         reporter.info(f"note: {note}")
@@ -119,14 +134,20 @@ def follow_run(
     *,
     poll_s: float = 2,
     resume: str | None = None,
+    engine: EngineStart | None = None,
 ) -> JobSnapshot:
-    """Report progress until the Job ends; a failed run raises RolloutError (exit 4)."""
+    """Report progress until the Job ends; a failed run raises RolloutError (exit 4). A run that
+    starts a vLLM engine (`engine`: where it logs) says which phase it is in until the workload's
+    own progress lines begin, and ends with the engine's start-up by phase."""
     announced: set[int] = set()
     told: dict[int, str] = {}
+    loading = EngineProgress(session, job, engine) if engine is not None else None
     while True:
         snapshot = session.job(job)
         summary = progress.aggregate(snapshot.logs, snapshot.completions)
         line = summary.describe() if summary else f"{snapshot.phase}: waiting for progress lines"
+        if summary is None and loading is not None:
+            line = loading.describe(line)
         if snapshot.phase == "suspended":
             line = f"suspended: {snapshot.message}"
         reporter.status(f"{job}: {snapshot.succeeded}/{snapshot.completions} indexes done; {line}")
@@ -142,8 +163,36 @@ def follow_run(
                     + _tail(snapshot.logs.get(index, ""))
                 )
         if snapshot.done:
+            if engine is not None:
+                snapshot = _with_startup(session, snapshot, engine, reporter)
             return _finish(snapshot, run_id, reporter, resume)
         time.sleep(poll_s)
+
+
+def _with_startup(
+    session: ClusterSession, snapshot: JobSnapshot, engine: EngineStart, reporter: Reporter
+) -> JobSnapshot:
+    table = run_startup(session, snapshot.name, engine)
+    if table is None:
+        return snapshot
+    reporter.info("engine start-up by phase (vLLM's own log lines):\n" + "\n".join(table.lines()))
+    return replace(snapshot, engine_startup=table.to_dict())
+
+
+class EngineProgress:
+    """The phase a run's engine is in, from index 0's log (read at most every
+    PROGRESS_PERIOD_S), while the workload has printed no progress yet."""
+
+    def __init__(self, session: ClusterSession, job: str, engine: EngineStart) -> None:
+        self.session, self.job, self.engine = session, job, engine
+        self.read_at = 0.0
+        self.phase: str | None = None
+
+    def describe(self, line: str) -> str:
+        if time.monotonic() - self.read_at >= PROGRESS_PERIOD_S:
+            self.read_at = time.monotonic()
+            self.phase = engine_phase(self.session, self.job, self.engine) or self.phase
+        return f"{line}; vLLM: {self.phase}" if self.phase else line
 
 
 def publish_result(
@@ -178,6 +227,7 @@ def run_facts(snapshot: JobSnapshot, run_id: str) -> dict[str, Any]:
         "succeeded": snapshot.succeeded,
         "failed_indexes": list(snapshot.failed_indexes),
         "index_failures": {str(i): why for i, why in sorted(snapshot.index_failures.items())},
+        "startup": snapshot.engine_startup,
     }
 
 

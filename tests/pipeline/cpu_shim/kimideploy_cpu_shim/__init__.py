@@ -18,6 +18,11 @@ a draft token is accepted when its uniform draw is below the conditional rate of
 random: the recovered token) and stops, and a fully accepted draft gets the bonus token. Outside
 synthetic mode the stock C++ stand-ins run unchanged.
 
+Draft forwards counted (only when KIMIDEPLOY_TEST_DRAFT_FORWARDS=1): every forward of an EAGLE-3
+draft model adds one to $HOME/.kimideploy-draft-forwards, so a test can show that a server with
+speculation switched off (patch 0002) runs no draft pass at all, which stock vLLM 0.32 still does
+at k = 0.
+
 Loaded through vLLM's `vllm.general_plugins` entry point, found on PYTHONPATH next to this
 package (tests/pipeline/pods.py puts it there); the GPU image never has it.
 """
@@ -123,11 +128,37 @@ def _synthetic_random(stock: Any) -> Any:
     return kernel
 
 
+DRAFT_FORWARDS_ENV = "KIMIDEPLOY_TEST_DRAFT_FORWARDS"
+DRAFT_FORWARDS_FILE = ".kimideploy-draft-forwards"
+
+
+def _count_draft_forwards() -> None:
+    """Wrap the EAGLE-3 draft models' forward to count calls into $HOME (the pod's writable
+    home: the server runs with a read-only root)."""
+    from vllm.model_executor.models import deepseek_eagle3, llama_eagle3
+
+    path = Path(os.environ.get("HOME") or "/tmp") / DRAFT_FORWARDS_FILE
+    calls = [0]
+
+    def counted(original: Any) -> Any:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            path.write_text(str(calls[0]))
+            return original(self, *args, **kwargs)
+
+        return forward
+
+    for model in (llama_eagle3.Eagle3LlamaForCausalLM, deepseek_eagle3.Eagle3DeepseekV2ForCausalLM):
+        model.forward = counted(model.forward)  # type: ignore[method-assign]
+
+
 def register() -> None:
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
+    if os.environ.get(DRAFT_FORWARDS_ENV) == "1":
+        _count_draft_forwards()
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         ExampleHiddenStatesConnector,
     )
