@@ -71,7 +71,7 @@ LABEL org.opencontainers.image.title="kimideploy vllm-0.32-kimi" \
       io.kimideploy.speculators.version="none" \
       io.kimideploy.arctic-inference.version="0.3.0" \
       io.kimideploy.cuda.archs="sm_100,sm_103,sm_120" \
-      io.kimideploy.patchset.sha256="bf984af45fc25d19a5e52e0b5cf4a4dc167e645895372de57742d443785523da"
+      io.kimideploy.patchset.sha256="a4b9c2eed9ae261049d8d4a5dc3938e80286e1d3c013f0e656bb343f4e10b289"
 ENV TORCH_CUDA_ARCH_LIST="10.0;10.3;12.0" HOME=/home/kimideploy
 USER 10001
 WORKDIR /home/kimideploy

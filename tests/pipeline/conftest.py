@@ -233,7 +233,7 @@ def conversations(
     assert code == 0, err[-3000:]
     result = pods.events(out, "result")[-1]
     FIGURES["datagen: samples/s"] = round(result.get("samples", samples) / seconds, 2)
-    return {"spec": spec, "result": result, "stderr": err}
+    return {"spec": spec, "result": result, "stdout": out, "stderr": err, "seconds": seconds}
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -268,19 +268,27 @@ def features(
                                      mounts=mounts)  # fmt: skip
     assert code == 0, err[-3000:]
     return {"vllm": Path(spec["output_dir"]), "reference": Path(reference["output_dir"]),
-            "manifest": manifest, "stdout": out}  # fmt: skip
+            "manifest": manifest, "stdout": out, "seconds": seconds}  # fmt: skip
 
 
 @pytest.fixture(scope="session")
-def vocab(
+def vocab_run(
     cpu_python: Path, project: LoadedProject, features: dict[str, Any], volumes: Volumes
-) -> Path:
+) -> dict[str, Any]:
     rendered = pods.rendered(project, "vocab")
     spec = volumes.spec(rendered)
-    code, _, err = pods.run_workload(cpu_python, "vocab", spec, volumes.root,
-                                     mounts=volumes.mounts(rendered, "vocab"))  # fmt: skip
+    started = time.monotonic()
+    code, out, err = pods.run_workload(cpu_python, "vocab", spec, volumes.root,
+                                       mounts=volumes.mounts(rendered, "vocab"))  # fmt: skip
+    seconds = time.monotonic() - started
     assert code == 0, err[-3000:]
-    return Path(spec["output_dir"])
+    return {"output": Path(spec["output_dir"]), "stdout": out, "seconds": seconds}
+
+
+@pytest.fixture(scope="session")
+def vocab(vocab_run: dict[str, Any]) -> Path:
+    output: Path = vocab_run["output"]
+    return output
 
 
 def share_data(volumes: Volumes, project: LoadedProject, drafter: str, *workloads: str) -> None:

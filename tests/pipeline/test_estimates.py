@@ -2,18 +2,21 @@
 workloads on CPU), the next run's estimate, made by the plan from what the first measured
 (services/runs/run_rates.py, plan/estimates.py), is within a quarter of what the next run took.
 The bench runs twice on the same plan; training is measured on `good` and predicts `untrained`
-(another plan of the stage: one epoch, no held-out share)."""
+(another plan of the stage: one epoch, no held-out share); datagen, extraction and the vocabulary
+are measured on the tier's own data and predict a plan of half the samples (extraction's tokens
+per sample measured, not the config's planning figure)."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from tests.pipeline import pods
-from tests.pipeline.conftest import Volumes, timed_bench
+from tests.pipeline.conftest import Volumes, service_urls, timed_bench
 from tests.pipeline.figures import FIGURES
 
 from kimideploy.cluster.jobs import JobSnapshot
@@ -84,3 +87,55 @@ def test_the_next_runs_estimate_is_within_a_quarter_of_what_it_took(
     )
     assert abs(bench_off) <= QUARTER, (second_s, bench_estimate, bench_rate)
     assert abs(train_off) <= QUARTER, (untrained_drafter["seconds"], train_estimate, train_rate)
+
+
+def rerun(cpu_python: Path, project: LoadedProject, volumes: Volumes, workload: str,
+          overrides: tuple[str, ...], urls: dict[str, str], **paths: str) -> tuple[str, float]:  # fmt: skip
+    """The stage's pod as rendered with `overrides`, its folders moved to `paths`: its stdout and
+    its seconds."""
+    rendered = pods.rendered(project, workload, overrides=overrides)
+    spec = {**volumes.spec(rendered, **urls), **paths}
+    started = time.monotonic()
+    code, out, err = pods.run_workload(cpu_python, workload, spec, volumes.root,
+                                       mounts=volumes.mounts(rendered, f"{workload}-estimates"),
+                                       **rendered.secret_env)  # fmt: skip
+    seconds = time.monotonic() - started
+    assert code == 0, err[-3000:]
+    return out, seconds
+
+
+def test_each_data_stages_next_estimate_is_within_a_quarter_of_what_it_took(
+    cpu_python: Path,
+    project: LoadedProject,
+    volumes: Volumes,
+    target_server: pods.Server,
+    conversations: dict[str, Any],
+    features: dict[str, Any],
+    vocab_run: dict[str, Any],
+) -> None:
+    samples = project.project.clusters["cpu"].workloads.datagen.samples
+    half = (f"datagen.samples={samples // 2}",)
+    first = {
+        "datagen": recorded("datagen", conversations["stdout"], conversations["seconds"], "d-1"),
+        "extract": recorded("extract", features["stdout"], features["seconds"], "x-1"),
+        "vocab": recorded("vocab", vocab_run["stdout"], vocab_run["seconds"], "v-1"),
+    }
+    assert first["extract"].units_per_sample is not None  # measured, not the planning figure
+    folder = volumes.root / "data" / "estimates"
+    made, states = str(folder / "conversations"), str(volumes.root / "hidden-states" / "estimates")
+    took = {
+        "datagen": rerun(cpu_python, project, volumes, "datagen", half,
+                         service_urls(project, target_server), output_dir=made)[1],
+        "extract": rerun(cpu_python, project, volumes, "extract", half, {},
+                         conversations_dir=made, output_dir=states)[1],
+        "vocab": rerun(cpu_python, project, volumes, "vocab", half, {}, conversations_dir=made,
+                       output_dir=str(folder / "vocab"))[1],
+    }  # fmt: skip
+    offs = {}
+    for stage, seconds in took.items():
+        estimate = predicted(project, stage, None, first[stage], *half)
+        offs[stage] = seconds / estimate - 1
+        FIGURES[f"estimates: {stage} at half the samples / estimate (s)"] = (
+            f"{seconds:.1f} / {estimate:.1f} ({offs[stage]:+.0%})"
+        )
+    assert all(abs(off) <= QUARTER for off in offs.values()), (offs, took, first)

@@ -116,6 +116,40 @@ def test_a_finished_run_measures_its_rate_and_its_fixed_part() -> None:
     assert measured_rate(dataclasses.replace(snapshot, finished_at=None), "train", "r", 1) is None
 
 
+def test_extraction_measures_what_a_sample_holds_and_the_next_estimate_counts_with_it(
+    example: LoadedProject,
+) -> None:
+    """The config's expected_tokens_per_sample is a planning figure; a finished extraction
+    measured the real one, and the next estimate multiplies the samples of its own plan by it."""
+
+    def shard(samples: int, tokens: int) -> str:
+        return "\n".join([
+            json.dumps({"event": "progress", "stage": "extract", "done": tokens, "total": tokens,
+                        "unit": "tokens", "rate": tokens / 10}),
+            json.dumps({"event": "result", "samples": samples, "tokens": tokens}),
+        ])  # fmt: skip
+
+    snapshot = JobSnapshot("j", "complete", 2, 2, (), logs={0: shard(100, 30_000),
+                           1: shard(300, 90_000)}, started_at="2026-12-07T10:00:00Z",
+                           finished_at="2026-12-07T10:01:00Z")  # fmt: skip
+    rate = measured_rate(snapshot, "extract", "x1", 16)
+    assert rate is not None and rate.units_per_sample == 300.0
+    assert MeasuredRate.from_dict(rate.to_dict()) == rate
+    prior = stage(example, "extract", "rtx6000")
+    planned = example.project.clusters["rtx6000"].workloads.datagen
+    assert prior.units == planned.samples * planned.expected_tokens_per_sample
+    measured = stage(example, "extract", "rtx6000", "datagen.samples=2000",
+                     answers=ClusterAnswers(rates=(rate,)))  # fmt: skip
+    assert measured.units == 2000 * 300.0 and "300 tokens per sample (measured)" in measured.detail
+    assert measured.seconds == pytest.approx(rate.startup_s + 2000 * 300.0 / rate.rate)
+    # A stage counted in samples keeps no such figure.
+    samples = JobSnapshot("j", "complete", 1, 1, (), logs={0: shard(100, 100).replace(
+        '"tokens"', '"samples"', 1)}, started_at="2026-12-07T10:00:00Z",
+        finished_at="2026-12-07T10:01:00Z")  # fmt: skip
+    counted = measured_rate(samples, "vocab", "v1", 0)
+    assert counted is not None and counted.units_per_sample is None
+
+
 def test_the_run_says_what_it_took_against_the_prediction(example: LoadedProject) -> None:
     predicted = stage(example, "train", "b300")
     actual = MeasuredRate("train", "steps", 1.0, 0.0, predicted.seconds * 1.2, 32, "r", "t")

@@ -1,7 +1,7 @@
 """Speculation switched off and on in a running server (vLLM 0.32 with kimideploy's patch 0002):
 which releases start able to switch, which revisions are a switch instead of a reload, the keeper
 that keeps the engine where the spec says, and its route. The switch on the engine itself is
-tests/pipeline/test_speculation_switch.py."""
+tests/pipeline/test_drafter_swap.py (test_rollback_no_spec_switches_speculation_off_...)."""
 
 from __future__ import annotations
 

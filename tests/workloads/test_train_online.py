@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -170,7 +172,9 @@ def test_ranks_started_before_their_server_wait_for_it_then_train_as_offline_ran
                       **settings)  # fmt: skip
     ranks = two_ranks(speculators_python, spec)
     time.sleep(5)
-    assert ranks.poll() is None  # still waiting: nothing answers yet
+    if ranks.poll() is not None:  # it should still be waiting: nothing answers yet
+        _, early = ranks.communicate()
+        pytest.fail(f"the ranks ended ({ranks.returncode}) before their server: {early[-3000:]}")
     server = start_server(torch_python, tiny_model, where, port=port)
     try:
         out, err = ranks.communicate(timeout=600)
@@ -212,6 +216,27 @@ def test_a_server_that_is_not_the_target_is_refused(
                       online=gone.online(features / "conv", server_wait_s=3), epochs=1)  # fmt: skip
     code, _, err = train(speculators_python, spec)
     assert code == 1 and "did not answer within 3 s" in err
+    # A port that answers before it speaks HTTP (a sidecar still starting) is waited for too.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        answering = threading.Thread(target=answer_garbage, args=(listener,), daemon=True)
+        answering.start()
+        port = listener.getsockname()[1]
+        garbled = Server(other.process, f"http://127.0.0.1:{port}", tmp_path / "g", tmp_path / "r")
+        spec = train_spec(tmp_path / "garbled", features, tiny_model, mode="online",
+                          online=garbled.online(features / "conv", server_wait_s=3), epochs=1)  # fmt: skip
+        code, _, err = train(speculators_python, spec)
+    assert code == 1 and "did not answer within 3 s" in err, err[-3000:]
+
+
+def answer_garbage(listener: socket.socket) -> None:
+    """Every connection gets a line that is not an HTTP status line, then is closed."""
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        with connection:
+            connection.sendall(b"not http\r\n\r\n")
 
 
 def test_the_gpu_check_script_agrees_with_the_reference_through_the_stand_in(

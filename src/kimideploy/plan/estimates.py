@@ -133,7 +133,7 @@ def _extract(ctx: PlanInputs) -> StageEstimate | None:
         "prior: the PCIe host's 3,165 tokens/s per 8-GPU engine, scaled by the GPU's compute "
         "prior (docs/reference/estimates.md)", False,
         f"{tokens:,.0f} tokens over {settings.shards} engine(s) at {per_engine:,.0f} tokens/s "
-        f"each; {start_text}",
+        f"each; {start_text}", datagen.samples,
     )  # fmt: skip
 
 
@@ -249,11 +249,18 @@ def estimate(ctx: PlanInputs, rates: tuple[MeasuredRate, ...] = ()) -> StageEsti
     if measured is None:
         return prior
     startup = measured.startup_s if measured.startup_s is not None else prior.startup_s
+    units, detail = prior.units, prior.detail.split(" at ")[0]
+    if prior.samples is not None and measured.units_per_sample is not None:
+        # The run measured what a sample holds; the config's figure was a planning guess.
+        units = prior.samples * measured.units_per_sample
+        detail = (
+            f"{prior.samples:,} samples x {measured.units_per_sample:,.0f} {prior.unit} per "
+            f"sample (measured)"
+        )
     return StageEstimate(
-        prior.workload, prior.units, prior.unit, measured.rate, startup, prior.gpus,
+        prior.workload, units, prior.unit, measured.rate, startup, prior.gpus,
         f"measured by run {measured.run_id} on this cluster ({measured.measured_at}): "
-        f"{measured.rate:,.3g} {prior.unit}/s", True,
-        prior.detail.split(" at ")[0] if " at " in prior.detail else prior.detail,
+        f"{measured.rate:,.3g} {prior.unit}/s", True, detail, prior.samples,
     )  # fmt: skip
 
 

@@ -27,10 +27,14 @@ class MeasuredRate:
     measured_at: str
     predicted_s: float | None = None
     """What the run's plan predicted, for `status`'s predicted against actual."""
+    units_per_sample: float | None = None
+    """For a stage counted in something other than samples (extraction's tokens): how many it
+    found per sample, which replaces the config's planning figure (expected_tokens_per_sample)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
             "predicted_s": self.predicted_s,
+            "units_per_sample": self.units_per_sample,
             "workload": self.workload,
             "unit": self.unit,
             "rate": self.rate,
@@ -48,6 +52,7 @@ class MeasuredRate:
             rate = float(data["rate"])  # type: ignore[arg-type]
             startup = data.get("startup_s")
             predicted = data.get("predicted_s")
+            per_sample = data.get("units_per_sample")
             found = cls(
                 workload=str(data["workload"]),
                 unit=str(data["unit"]),
@@ -58,6 +63,11 @@ class MeasuredRate:
                 run_id=str(data.get("run_id") or ""),
                 measured_at=str(data.get("measured_at") or ""),
                 predicted_s=float(predicted) if isinstance(predicted, int | float) else None,
+                units_per_sample=(
+                    float(per_sample)
+                    if isinstance(per_sample, int | float) and per_sample > 0
+                    else None
+                ),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -77,6 +87,9 @@ class StageEstimate:
     source: str
     measured: bool
     detail: str
+    samples: int | None = None
+    """The samples `units` were counted from (samples x a planning figure per sample), where
+    the unit is not samples itself."""
 
     @property
     def seconds(self) -> float:

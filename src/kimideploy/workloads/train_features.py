@@ -14,6 +14,7 @@ Requests for the next batch are sent while the current one trains (`concurrency`
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -193,8 +194,9 @@ class OnlineFeatures:
                 with urllib.request.urlopen(f"{self.online.endpoint}/models", timeout=30) as reply:
                     data: list[dict[str, Any]] = json.loads(reply.read())["data"]
                     return data
-            except (OSError, ValueError, KeyError) as exc:
-                last = str(exc)
+            except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
+                # A sidecar still loading may hold its port before it speaks HTTP.
+                last = str(exc) or type(exc).__name__
             if time.monotonic() >= deadline:
                 raise ServerUnavailableError(
                     f"the target server at {self.online.endpoint} did not answer within "

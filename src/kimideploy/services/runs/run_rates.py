@@ -31,6 +31,23 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
     return seconds if seconds >= 0 else None
 
 
+def units_per_sample(logs: dict[int, str], unit: str) -> float | None:
+    """What a sample held, from the indexes' results (extraction's {"samples", "tokens"}); None
+    for a stage counted in samples or a result without both."""
+    if unit == "samples":
+        return None
+    samples = units = 0.0
+    for text in logs.values():
+        results = [e for e in progress.parse_events(text) if e["event"] == "result"]
+        found = results[-1] if results else {}
+        if isinstance(found.get("samples"), int | float) and isinstance(
+            found.get(unit), int | float
+        ):
+            samples += found["samples"]
+            units += found[unit]
+    return round(units / samples, 3) if samples > 0 and units > 0 else None
+
+
 def measured_rate(
     snapshot: JobSnapshot, workload: str, run_id: str, gpus: int
 ) -> MeasuredRate | None:
@@ -49,6 +66,7 @@ def measured_rate(
         gpus=gpus,
         run_id=run_id,
         measured_at=snapshot.finished_at or "",
+        units_per_sample=units_per_sample(snapshot.logs, found.unit),
     )
 
 
