@@ -6,6 +6,7 @@ the refusal where that kernel cannot run."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -13,8 +14,10 @@ import pytest
 
 from kimideploy.config.loading import LoadedProject
 from kimideploy.errors import UsageError
+from kimideploy.formats.bench_result import BenchLevel, BenchResult, BenchResultError
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
+from kimideploy.services.gate.verdict import KEEP, Verdict
 from kimideploy.services.rendering import render_workload
 
 
@@ -74,3 +77,34 @@ def test_flashinfer_int4_experts_on_the_pcie_host_are_refused_before_the_load(
     assert "sm_100 family only, and rtx6000 is sm_120" in info.value.message
     marlin = serve_container(with_moe_backend(example, "rtx6000", "marlin"), "rtx6000")
     assert marlin["args"][marlin["args"].index("--moe-backend") + 1] == "marlin"
+
+
+def bench_kernels(loaded: LoadedProject, cluster: str, drafter: str) -> tuple[str, str]:
+    """(the plan's kernels fact, what the bench pod is told to keep with its figures)."""
+    plan = resolve(loaded, PlanRequest("bench", cluster, drafter))
+    rendered = render_workload(loaded, PlanRequest("bench", cluster, drafter))
+    config_map = next(o for o in rendered.objects if o["kind"] == "ConfigMap")
+    spec = json.loads(next(iter(config_map["data"].values())))
+    return dict(plan.facts)["kernels"], spec["kernels"]
+
+
+def test_a_bench_says_which_kernels_its_figures_were_measured_on(example: LoadedProject) -> None:
+    fact, kept = bench_kernels(example, "b300", "v3")
+    assert fact == kept and "int4 experts MARLIN" in kept and "; drafter " in kept
+    # The non-speculative baseline's engine has no drafter, so its record names none.
+    fact, kept = bench_kernels(example, "b300", "none")
+    assert fact == kept and "int4 experts MARLIN" in kept and "drafter" not in kept
+    # A chosen MoE backend is what the figures were measured on.
+    _, kept = bench_kernels(with_moe_backend(example, "b300", "flashinfer_trtllm"), "b300", "v3")
+    assert "int4 experts FLASHINFER_TRTLLM (serve.moe_backend)" in kept
+
+
+def test_the_result_and_the_gates_record_keep_the_kernels() -> None:
+    level = BenchLevel(prompt_set="chat", concurrency=1, output_tokens_per_s=10.0)
+    result = BenchResult(levels=(level,), kernels="vLLM 0.32.0 on sm_103: int4 experts MARLIN")
+    assert BenchResult.from_dict(result.as_dict()) == result
+    assert "kernels" not in BenchResult(levels=(level,)).as_dict()
+    with pytest.raises(BenchResultError, match="kernels"):
+        BenchResult.from_dict({**result.as_dict(), "kernels": 3})
+    verdict = Verdict(KEEP, "fast", 1.1, kernels=result.kernels)
+    assert verdict.details()["kernels"] == result.kernels

@@ -23,6 +23,9 @@ def bench_spec(tmp_path: Path, server: str, model: Path, name: str, **changes: A
     return path
 
 
+KERNELS = "vLLM 0.32.0 on sm_120: target TRITON_MLA, CUDA graphs uniform_batch, int4 experts MARLIN"
+
+
 def test_bench_measures_each_level_and_compares_with_a_baseline(
     tmp_path: Path, openai_server: str, tiny_model: Path
 ) -> None:
@@ -53,12 +56,16 @@ def test_bench_measures_each_level_and_compares_with_a_baseline(
         tiny_model,
         "spec",
         baseline_path=str(tmp_path / "base/result.json"),
+        kernels=KERNELS,
     )
     process = run_workload("bench", spec)
     _, err = process.communicate(timeout=600)
     assert process.returncode == 0, err
-    compared = json.loads((tmp_path / "spec/result.json").read_text())["levels"]
+    written = json.loads((tmp_path / "spec/result.json").read_text())
+    compared = written["levels"]
     assert all(level["speedup"] > 0 and level["baseline_tokens_per_s"] > 0 for level in compared)
+    # What the figures were measured on travels with them; a run told nothing writes nothing.
+    assert written["kernels"] == KERNELS and "kernels" not in base
     assert "speedup" in err
 
 

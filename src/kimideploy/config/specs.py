@@ -269,6 +269,12 @@ class BenchSpec(WorkloadSpec):
     results_dir: str
     baseline_path: str | None = None
     synthetic: SyntheticSweep | None = None
+    kernels: str | None = Field(
+        default=None,
+        description="The kernels that serve what is measured (the serve image's kernel plan on "
+        "the cluster's GPU: attention, the experts' kernel, the drafter's), kept with every "
+        "figure so that two results on different kernels are not read as one stack.",
+    )
 
 
 class PullSpec(WorkloadSpec):

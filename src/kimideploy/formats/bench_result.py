@@ -20,6 +20,7 @@ SOMETIMES = (
     "synthetic_acceptance_length",
     "synthetic_rates",
     "rounds",
+    "kernels",
 )
 """Fields written only when a run has them."""
 
@@ -134,6 +135,8 @@ class BenchResult:
     num_speculative_tokens: int | None = None
     rounds: int | None = None
     """How many interleaved rounds were averaged into it (a bake-off's A/B rounds)."""
+    kernels: str | None = None
+    """The kernels the figures were measured on, as the plan named them (BenchSpec.kernels)."""
 
     def by_key(self) -> dict[LevelKey, BenchLevel]:
         return {level.key: level for level in self.levels}
@@ -177,6 +180,7 @@ class BenchResult:
             baseline=_text(data, "baseline", "result"),
             num_speculative_tokens=_optional_integer(data, "num_speculative_tokens", "result"),
             rounds=_optional_integer(data, "rounds", "result"),
+            kernels=_text(data, "kernels", "result"),
         )
 
 

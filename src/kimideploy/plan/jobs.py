@@ -25,7 +25,7 @@ from kimideploy.config.specs import (
 )
 from kimideploy.config.workloads import DatagenSettings, WorkloadSettings
 from kimideploy.errors import ConfigError, UsageError
-from kimideploy.plan import online, pods, publish, replay
+from kimideploy.plan import online, pods, publish, replay, stack
 from kimideploy.plan.asks import BenchAsk
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
 from kimideploy.plan.data_layout import data_dirs, dataset_fingerprints, published_conversations
@@ -33,6 +33,7 @@ from kimideploy.plan.inputs import (
     DATASETS_MOUNT,
     PlanInputs,
     drafter_path,
+    is_speculative,
     target_model_path,
     trained_path,
 )
@@ -278,6 +279,7 @@ def bench_spec(ctx: PlanInputs, run_id: str) -> BenchSpec:
             else None
         ),
         synthetic=synthetic_sweep(ctx, endpoint),
+        kernels=stack.kernels_fact(ctx, speculative=is_speculative(ctx)),
     )
 
 

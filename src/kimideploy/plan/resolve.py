@@ -44,7 +44,13 @@ from kimideploy.plan.drafter_judgement import (
     registry_findings,
     serving_warnings,
 )
-from kimideploy.plan.inputs import PlanInputs, deterministic_run_id, gate_threshold, gated_levels
+from kimideploy.plan.inputs import (
+    PlanInputs,
+    deterministic_run_id,
+    gate_threshold,
+    gated_levels,
+    is_speculative,
+)
 from kimideploy.plan.kinds import KINDS, WorkloadKind
 from kimideploy.plan.model import OFFLINE, ClusterAnswers, EngineStart, Plan, PlanRequest
 from kimideploy.plan.overrides import apply_overrides
@@ -473,6 +479,8 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
     serves = ctx.kind.release and ctx.image.vllm is not None
     if serves or (ctx.kind.trains_for_serving and ctx.drafter is not None):
         facts.append(("kernels", stack.kernels_fact(ctx)))
+    elif ctx.workload == "bench":  # what its figures will be measured on, kept with them
+        facts.append(("kernels", stack.kernels_fact(ctx, speculative=is_speculative(ctx))))
     if online.is_online(ctx):
         scratch = ctx.cluster.workloads.train.online.scratch_size
         facts += [

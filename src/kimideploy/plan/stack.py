@@ -25,7 +25,9 @@ def plan_on(project: Project, cluster_name: str, image_name: str) -> KernelPlan 
     )
 
 
-def kernels_fact(ctx: PlanInputs) -> str:
+def kernels_fact(ctx: PlanInputs, speculative: bool | None = None) -> str:
+    """The serve engine's kernels on this cluster; `speculative` None: a release says whether it
+    has a drafter, any other plan names the drafter's kernel too."""
     name = serve_image_name(ctx)
     found = kernel_plan(ctx)
     if found is None:
@@ -38,7 +40,9 @@ def kernels_fact(ctx: PlanInputs) -> str:
     return found.describe(
         ctx.model.quantization,
         ctx.cluster.workloads.serve.moe_backend,
-        speculative=not ctx.kind.release or is_speculative(ctx),
+        speculative=(not ctx.kind.release or is_speculative(ctx))
+        if speculative is None
+        else speculative,
     )
 
 

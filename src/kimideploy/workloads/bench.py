@@ -286,6 +286,7 @@ def run(spec: BenchSpec) -> int:
         max_tokens=spec.max_tokens,
         baseline=spec.baseline_path,
         num_speculative_tokens=spec.synthetic.num_speculative_tokens if spec.synthetic else None,
+        kernels=spec.kernels,
     ).as_dict()
     out = Path(spec.results_dir)
     out.mkdir(parents=True, exist_ok=True)

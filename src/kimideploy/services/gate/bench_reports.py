@@ -143,7 +143,8 @@ def report(
     """Write the chart; returns one summary line per prompt set."""
     run, series = speedup_series(session.bench_results(release), run_id)
     write_chart(run, series, output, min_speedup)
-    return [
+    measured_on = [f"measured on {run.result.kernels}"] if run.result.kernels else []
+    return measured_on + [
         f"{line.prompt_set}: "
         + ", ".join(f"c={c} {s:.2f}x" for c, s in zip(line.concurrency, line.speedup, strict=True))
         for line in series

@@ -587,7 +587,14 @@ def _measure_and_judge(
         )
         decision = KEEP if keep else ROLLBACK
         return Verdict(
-            decision, reason, settings.min_speedup, levels, measured.run_id, base_run, note
+            decision,
+            reason,
+            settings.min_speedup,
+            levels,
+            measured.run_id,
+            base_run,
+            note,
+            kernels=measured.result.kernels,
         )
     except GateMeasurementError as exc:
         run_id = measured.run_id if measured else None
@@ -601,6 +608,7 @@ def _measure_and_judge(
             note,
             gate_failed=True,
             fail_open=settings.fail_open,
+            kernels=measured.result.kernels if measured else None,
         )
 
 

@@ -123,6 +123,8 @@ class Verdict:
     baseline_note: str = ""
     gate_failed: bool = False
     fail_open: bool = False
+    kernels: str | None = None
+    """What the measured run's figures were measured on (BenchResult.kernels)."""
     kind = "gate"
     """What gave the verdict (a canary's says "canary"), for the line `up` prints."""
 
@@ -152,6 +154,7 @@ class Verdict:
             "baseline_note": self.baseline_note,
             "gate_failed": self.gate_failed,
             "fail_open": self.fail_open,
+            "kernels": self.kernels,
         }
 
 
