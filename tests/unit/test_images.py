@@ -465,8 +465,8 @@ def test_the_serve_pods_gpu_check_probes_the_device_with_the_clusters_nccl_setti
     from kimideploy.plan.model import PlanRequest
     from kimideploy.plan.resolve import resolve
 
-    for cluster, probes in (("b300", "torch-arch,triton,moe,allreduce"),
-                            ("rtx6000", "torch-arch,triton,moe,allreduce")):  # fmt: skip
+    for cluster, probes in (("b300", "torch-arch,triton,marlin-moe,allreduce"),
+                            ("rtx6000", "torch-arch,triton,marlin-moe,allreduce")):  # fmt: skip
         plan = resolve(example, PlanRequest("serve", cluster, "v3"))
         deployment = next(o.values for o in plan.objects if o.template == "deployment-serve")
         check = next(c for c in deployment["init_containers"] if c["name"] == "gpu-check")

@@ -108,3 +108,21 @@ def test_the_result_and_the_gates_record_keep_the_kernels() -> None:
         BenchResult.from_dict({**result.as_dict(), "kernels": 3})
     verdict = Verdict(KEEP, "fast", 1.1, kernels=result.kernels)
     assert verdict.details()["kernels"] == result.kernels
+
+
+def init_probes(loaded: LoadedProject, cluster: str) -> list[str]:
+    rendered = render_workload(loaded, PlanRequest("serve", cluster, "v3"))
+    deployment = next(o for o in rendered.objects if o["kind"] == "Deployment")
+    check = next(c for c in deployment["spec"]["template"]["spec"]["initContainers"]
+                 if "kimideploy.workloads.gpucheck" in c.get("command", []))  # fmt: skip
+    probes: list[str] = check["command"][check["command"].index("--probes") + 1].split(",")
+    return probes
+
+
+def test_the_gpu_check_probes_the_kernel_that_serves_the_experts(example: LoadedProject) -> None:
+    for cluster in ("rtx6000", "b300"):  # INT4 experts: Marlin, as the kernel plan says
+        assert "marlin-moe" in init_probes(example, cluster) and "moe" not in init_probes(
+            example, cluster
+        )
+    chosen = with_moe_backend(example, "b300", "flashinfer_trtllm")
+    assert "moe" in init_probes(chosen, "b300") and "marlin-moe" not in init_probes(chosen, "b300")

@@ -126,3 +126,31 @@ def test_the_flex_attention_probe_compiles_the_training_kernel_and_checks_it(
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("FlexAttention forward at 2 heads x 256 tokens x head dim 64")
     assert lines[-1].startswith("refused: FlexAttention differs from SDPA: outputs by 1")
+
+
+def test_the_marlin_probe_packs_kimis_int4_experts_as_the_pinned_kernel_takes_them(
+    torch_python: Path,
+) -> None:
+    """The serve pod's `marlin-moe` probe on this CPU, up to the kernel call only a GPU makes:
+    vLLM's own helper quantizes and packs the experts at Kimi-K2.5's shapes (group 32), the
+    arguments bind to the pinned fused_marlin_moe's signature, and the reference is the size of
+    a layer's output. (The kernel itself runs in scripts/gpu-smoke.)"""
+    script = (
+        "import inspect, json\n"
+        "from kimideploy.workloads import gpucheck as g\n"
+        "from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe\n"
+        "args, kw, ref = g.marlin_inputs('cpu', experts=8, tokens=4)\n"
+        "inspect.signature(fused_marlin_moe).bind(*args, **kw)\n"
+        "print(json.dumps({'shapes': [list(a.shape) if a is not None else None for a in args],\n"
+        "                  'reference': list(ref.shape), 'finite': bool(ref.isfinite().all())}))\n"
+    )
+    done = run(torch_python, "-c", script, env={"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    x, w1, w2, _, _, s1, s2, weights, ids = found["shapes"]
+    assert x == [4, 7168] and found["reference"] == [4, 7168] and found["finite"]
+    # Marlin's INT4 packing: 16 rows of k per tile row, 8 nibbles per int32 across n.
+    assert w1 == [8, 7168 // 16, 2 * 256 * 2] and w2 == [8, 256 // 16, 7168 * 2]
+    # Group-32 scales: one row per 32 inputs of each expert.
+    assert s1 == [8, 7168 // 32, 2 * 256] and s2 == [8, 256 // 32, 7168]
+    assert weights == ids == [4, 8]  # top-8 of the experts, as Kimi routes

@@ -15,7 +15,7 @@ from kimideploy.config.drafters import (
     NgramMethod,
     SuffixMethod,
 )
-from kimideploy.config.images import SUFFIX_SELFCHECK, Image
+from kimideploy.config.images import SUFFIX_SELFCHECK
 from kimideploy.config.specs import (
     SPEC_PATH,
     SYNTHETIC_CONTROL_EXTENSION,
@@ -33,7 +33,7 @@ from kimideploy.formats.drafter_swap import (
     drafter_version,
 )
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import page_cache, pods, publish
+from kimideploy.plan import page_cache, pods, publish, stack
 from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.claims import workload_claims
 from kimideploy.plan.dashboard import dashboard_object
@@ -402,15 +402,31 @@ GPU_CHECK_ALLREDUCE_TIMEOUT_S = 60
 its connections (seconds); a blocked peer-to-peer path hangs for ever."""
 
 
-def gpu_probes(image: Image, gpus: int) -> list[str]:
-    """The GPU check's device probes for this image: fused MoE where vLLM is, the all-reduce
-    where there is more than one GPU to reduce across."""
+def gpu_probes(ctx: PlanInputs, gpus: int) -> list[str]:
+    """The GPU check's device probes for this image: the kernel that serves the routed experts
+    where vLLM is (Marlin at Kimi-K2.5's INT4 expert shapes where the kernel plan says Marlin;
+    else vLLM's fused-MoE Triton kernel, a check that vLLM's kernels launch at all), the
+    all-reduce where there is more than one GPU to reduce across."""
     probes = ["torch-arch", "triton"]
-    if image.vllm:
-        probes.append("moe")
+    if ctx.image.vllm:
+        probes.append("marlin-moe" if experts_on_marlin(ctx) else "moe")
     if gpus > 1:
         probes.append("allreduce")
     return probes
+
+
+def experts_on_marlin(ctx: PlanInputs) -> bool:
+    """Whether INT4 routed experts run on Marlin here: chosen (serve.moe_backend) or as the
+    image's vLLM picks it (its kernel plan). The probe packs INT4 only: NVFP4 experts on
+    Marlin are another kernel path."""
+    if ctx.model.quantization != "int4":
+        return False
+    chosen = ctx.cluster.workloads.serve.moe_backend
+    if chosen != "auto":
+        return chosen == "marlin"
+    found = stack.kernel_plan(ctx)
+    experts = found.experts.get("int4") if found is not None else None
+    return experts is not None and experts.backend == "MARLIN"
 
 
 def served_target_path(ctx: PlanInputs) -> str:
@@ -432,9 +448,7 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
         f'{MODEL_MARKER}; run: kimideploy host sync-model --cluster {ctx.cluster_name}" >&2; '
         "exit 1; }"
     )
-    gpu_check = pods.gpu_check_command(
-        ctx, gpu_probes(ctx.image, gpus), GPU_CHECK_ALLREDUCE_TIMEOUT_S
-    )
+    gpu_check = pods.gpu_check_command(ctx, gpu_probes(ctx, gpus), GPU_CHECK_ALLREDUCE_TIMEOUT_S)
     small = pods.resources("100m", "256Mi", 0)
     _, shm_mount = pods.shm_volume(ctx.cluster.workloads.serve.shm_size)
     _, spec_mount = pods.spec_volume(ctx.object_name)

@@ -7,8 +7,12 @@ kernel:
 - `torch-arch`: torch's compiled machine code runs on each visible device's architecture;
 - `triton`: one Triton kernel compiles (launcher against Python.h with the image's C compiler,
   PTX with ptxas for this device) and adds two vectors correctly;
-- `moe`: one call of vLLM's fused-MoE Triton kernel (what every decode step of Kimi's 384 experts
-  runs) agrees with the same experts computed in plain torch;
+- `marlin-moe`: one call of vLLM's Marlin MoE kernel, the kernel that serves Kimi-K2.5's INT4
+  (W4A16, group 32) routed experts on every cluster in vLLM 0.32, at the expert shapes one of 8
+  tensor-parallel ranks holds (hidden 7168, intermediate 2048 / 8), top-8, against the same
+  experts dequantized and computed in plain torch;
+- `moe`: one call of vLLM's fused-MoE Triton kernel (bf16) against plain torch, where the experts
+  run on another kernel (a check that vLLM's own kernels launch at all);
 - `allreduce`: an NCCL all-reduce across the pod's GPUs completes within the timeout (a blocked
   peer-to-peer path hangs here, not in the first forward pass) and reports its bus bandwidth;
 - `flex-attention` (the train image): one compiled FlexAttention forward and backward at the
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kimideploy.config.images import MIN_DRIVER_FOR_CUDA
 from kimideploy.formats.gpuinfo import (
@@ -37,7 +42,13 @@ from kimideploy.formats.gpuinfo import (
 )
 from kimideploy.workloads import allreduce_probe
 
-PROBES = ("torch-arch", "triton", "moe", "allreduce", "flex-attention")
+PROBES = ("torch-arch", "triton", "marlin-moe", "moe", "allreduce", "flex-attention")
+KIMI_EXPERTS = {"hidden": 7168, "inner": 2048 // 8, "top": 8, "group": 32}
+"""Kimi-K2.5's routed experts as one of 8 tensor-parallel ranks holds them (the intermediate size
+is split, every expert stays): the shapes Marlin's tiles and its group-32 scales must take."""
+PROBE_EXPERTS = 16
+"""Experts in the probe: Kimi has 384, but the kernel's tiles are per expert; 16 keep the
+quantization under a second."""
 FLEX_SHAPE = (1, 32, 2048, 128)
 """(batch, heads, tokens, head dim) of the probe: an EAGLE-3 layer for a 7168-wide target attends
 with head dim 128; 2,048 tokens make the blocks the training kernel runs."""
@@ -130,6 +141,63 @@ def moe() -> str:
     return f"vLLM's fused-MoE kernel agrees with torch (max error {error:.2g} of {scale:.2g})"
 
 
+def marlin_inputs(
+    device: str, experts: int = PROBE_EXPERTS, tokens: int = 16
+) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    """(positional and keyword arguments of vLLM's fused_marlin_moe, the torch reference): random
+    experts at KIMI_EXPERTS quantized to symmetric INT4 with group-32 scales (uint4b8, what
+    compressed-tensors' W4A16 checkpoints hold) and packed as Marlin reads them, by vLLM's own
+    helper; the reference computes the dequantized experts in float32."""
+    import torch
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_test import marlin_quantize
+    from vllm.scalar_type import scalar_types
+
+    torch.manual_seed(0)
+    hidden, inner, top, group = (KIMI_EXPERTS[k] for k in ("hidden", "inner", "top", "group"))
+    quant = scalar_types.uint4b8
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=device) / 4
+    packed: list[tuple[Any, Any, Any]] = []
+    for rows, cols in ((2 * inner, hidden), (hidden, inner)):  # w1: gate and up; w2: down
+        weights = torch.randn(experts, rows, cols, dtype=torch.bfloat16, device=device) / 16
+        # Marlin takes each expert as (k, n): the GEMM's input width first.
+        parts = [marlin_quantize(w.transpose(0, 1).contiguous(), quant, group) for w in weights]
+        packed.append(tuple(torch.stack([p[i] for p in parts]) for i in range(3)))
+    (ref1, q1, s1), (ref2, q2, s2) = packed
+    scores = torch.randn(tokens, experts, device=device).softmax(-1)
+    topk_weights, topk_ids = scores.topk(top, dim=-1)
+    reference = torch.zeros(tokens, hidden, dtype=torch.float32, device=device)
+    for slot in range(top):
+        chosen = topk_ids[:, slot]
+        gate, up = torch.bmm(x.float().unsqueeze(1), ref1[chosen].float()).squeeze(1).chunk(2, -1)
+        down = torch.bmm((torch.nn.functional.silu(gate) * up).unsqueeze(1), ref2[chosen].float())
+        reference += topk_weights[:, slot : slot + 1] * down.squeeze(1)
+    args = (x, q1, q2, None, None, s1, s2, topk_weights.float(), topk_ids.to(torch.int32))
+    return args, {"quant_type_id": quant.id, "global_num_experts": experts}, reference
+
+
+def marlin_moe() -> str:
+    """One Marlin MoE call at Kimi-K2.5's INT4 expert shapes against the torch reference."""
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
+
+    started = time.monotonic()
+    args, keywords, reference = marlin_inputs("cuda")
+    fused = fused_marlin_moe(*args, **keywords)
+    error = (fused.float() - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    if error > 0.05 * max(scale, 1e-3):
+        raise RuntimeError(
+            f"Marlin MoE differs from torch by {error:.3g} (outputs up to {scale:.3g}) at "
+            f"hidden {KIMI_EXPERTS['hidden']}, intermediate {KIMI_EXPERTS['inner']}, group "
+            f"{KIMI_EXPERTS['group']}"
+        )
+    return (
+        f"vLLM's Marlin MoE kernel (INT4, group {KIMI_EXPERTS['group']}, hidden "
+        f"{KIMI_EXPERTS['hidden']}, intermediate {KIMI_EXPERTS['inner']}, top-"
+        f"{KIMI_EXPERTS['top']}) agrees with torch (max error {error:.2g} of {scale:.2g}) in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+
+
 def flex_attention(device: str = "cuda", shape: tuple[int, int, int, int] = FLEX_SHAPE) -> str:
     """FlexAttention compiled, forward and backward, causal, against scaled-dot-product attention
     (the same maths, another kernel): outputs and the query's gradient agree."""
@@ -208,6 +276,7 @@ def run_probes(
     probes: dict[str, Callable[[], str]] = {
         "torch-arch": torch_arch,
         "triton": triton,
+        "marlin-moe": marlin_moe,
         "moe": moe,
         "allreduce": lambda: allreduce(gpus, timeout_s, min_bus_gbps),
         "flex-attention": flex_attention,
