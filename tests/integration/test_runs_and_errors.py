@@ -197,6 +197,28 @@ def test_unreachable_cluster_exits_3(
     assert "hint:" in err
 
 
+def test_kubeconfig_names_the_file_as_kubectls_does(
+    testcluster: harness.TestCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """--kubeconfig FILE wins over a KUBECONFIG that points elsewhere (a cluster nothing answers
+    on); a file that is not there is a usage error (exit 2) before any connection."""
+    elsewhere = tmp_path / "elsewhere"
+    harness.write_kubeconfig(elsewhere, testcluster.root / "pki" / "ca.crt", harness.free_port(),
+                             testcluster.token)  # fmt: skip
+    monkeypatch.setenv("KUBECONFIG", str(elsewhere))
+    code = main(["status", "--context", "kimideploy-test", "--namespace", "default",
+                 "--kubeconfig", str(testcluster.kubeconfig), "-o", "json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["serving"]["namespace"] == "default"
+    code = main(["status", "--context", "kimideploy-test", "--kubeconfig", str(tmp_path / "no")])
+    err = capsys.readouterr().err
+    assert code == 2 and "'--kubeconfig'" in err and "does not exist" in err
+
+
 def test_missing_context_exits_3(
     testcluster: harness.TestCluster,
     capsys: pytest.CaptureFixture[str],

@@ -2,9 +2,10 @@
 workloads on CPU), the next run's estimate, made by the plan from what the first measured
 (services/runs/run_rates.py, plan/estimates.py), is within a quarter of what the next run took.
 The bench runs twice on the same plan; training is measured on `good` and predicts `untrained`
-(another plan of the stage: one epoch, no held-out share); datagen, extraction and the vocabulary
-are measured on the tier's own data and predict a plan of half the samples (extraction's tokens
-per sample measured, not the config's planning figure)."""
+(another plan of the stage: one epoch, no held-out share); extraction and the vocabulary are
+measured on the tier's own data and predict a plan of half the samples (extraction's tokens per
+sample measured, not the config's planning figure); datagen is measured at a quarter of the
+samples and predicts the run at half."""
 
 from __future__ import annotations
 
@@ -115,17 +116,23 @@ def test_each_data_stages_next_estimate_is_within_a_quarter_of_what_it_took(
 ) -> None:
     samples = project.project.clusters["cpu"].workloads.datagen.samples
     half = (f"datagen.samples={samples // 2}",)
+    folder = volumes.root / "data" / "estimates"
+    made, states = str(folder / "conversations"), str(volumes.root / "hidden-states" / "estimates")
+    # Datagen is measured on a server that has answered before, as a serving release has: the
+    # tier's first datagen (the fixture's) is the just-started server's first client, and ran
+    # about a quarter slower per sample (7.5 against 9.9 samples/s).
+    urls = service_urls(project, target_server)
+    quarter = (f"datagen.samples={samples // 4}",)
+    warm_out, warm_s = rerun(cpu_python, project, volumes, "datagen", quarter, urls,
+                             output_dir=str(folder / "first-conversations"))  # fmt: skip
     first = {
-        "datagen": recorded("datagen", conversations["stdout"], conversations["seconds"], "d-1"),
+        "datagen": recorded("datagen", warm_out, warm_s, "d-1"),
         "extract": recorded("extract", features["stdout"], features["seconds"], "x-1"),
         "vocab": recorded("vocab", vocab_run["stdout"], vocab_run["seconds"], "v-1"),
     }
     assert first["extract"].units_per_sample is not None  # measured, not the planning figure
-    folder = volumes.root / "data" / "estimates"
-    made, states = str(folder / "conversations"), str(volumes.root / "hidden-states" / "estimates")
     took = {
-        "datagen": rerun(cpu_python, project, volumes, "datagen", half,
-                         service_urls(project, target_server), output_dir=made)[1],
+        "datagen": rerun(cpu_python, project, volumes, "datagen", half, urls, output_dir=made)[1],
         "extract": rerun(cpu_python, project, volumes, "extract", half, {},
                          conversations_dir=made, output_dir=states)[1],
         "vocab": rerun(cpu_python, project, volumes, "vocab", half, {}, conversations_dir=made,

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from kimideploy.cli.main import main
+from tests.conftest import EXAMPLE
 
 KIMIDEPLOY = Path(sys.executable).parent / "kimideploy"
 
@@ -36,9 +37,9 @@ def test_yaml_and_json_print_the_same_document(
     assert not as_yaml.lstrip().startswith(("{", "["))  # block YAML, not JSON
 
 
-def complete(*words: str) -> list[str]:
+def complete(*words: str, config: str = str(EXAMPLE)) -> list[str]:
     env = {**os.environ, "COMP_WORDS": " ".join(words), "COMP_CWORD": str(len(words) - 1),
-           "_KIMIDEPLOY_COMPLETE": "bash_complete"}  # fmt: skip
+           "_KIMIDEPLOY_COMPLETE": "bash_complete", "KIMIDEPLOY_CONFIG": config}  # fmt: skip
     done = subprocess.run([str(KIMIDEPLOY)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return [line.split(",", 1)[1] for line in done.stdout.splitlines() if "," in line]
@@ -54,6 +55,20 @@ def test_shell_completion_offers_commands_workloads_and_choices() -> None:
     ]  # fmt: skip
     assert complete("kimideploy", "calibrate", "show", "-o", "") == ["table", "json", "yaml", "png"]
     assert complete("kimideploy", "up", "serve", "-o", "") == ["prose", "json", "yaml"]
+
+
+def test_the_completion_command_prints_the_script_and_names_complete_from_the_project() -> None:
+    printed = subprocess.run([str(KIMIDEPLOY), "completion", "bash"], capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    protocol = subprocess.run([str(KIMIDEPLOY)], env={**os.environ, "_KIMIDEPLOY_COMPLETE":
+                              "bash_source"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert printed.returncode == 0 and printed.stdout == protocol.stdout
+    assert complete("kimideploy", "up", "serve", "--cluster", "b") == ["b200", "b300"]
+    assert {"v3", "ngram", "none"} <= set(complete("kimideploy", "up", "serve", "--drafter", ""))
+    assert "none" not in complete("kimideploy", "drafter", "check", "")
+    assert "v3" in complete("kimideploy", "drafter", "doctor", "")
+    # A project file that cannot be read offers no names and never breaks the shell.
+    assert complete("kimideploy", "up", "serve", "--cluster", "b", config="/nonexistent") == []
 
 
 def test_an_outcome_has_every_key_of_its_command_and_refuses_others() -> None:

@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kimideploy.cli.options import cluster_options, output_option, poll_option, publish_options
+from kimideploy.cli.options import (
+    cluster_options,
+    complete_clusters,
+    complete_drafters,
+    output_option,
+    poll_option,
+    publish_options,
+)
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
@@ -36,7 +43,7 @@ def list_drafters(state: CliState, output: str) -> None:
 
 
 @drafter.command("check")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_drafters)
 @click.option(
     "--dir",
     "folder",
@@ -47,6 +54,7 @@ def list_drafters(state: CliState, output: str) -> None:
     "--cluster",
     default=None,
     help="Judge for serving there: its serve image's vLLM and its step cost (default cluster).",
+    shell_complete=complete_clusters,
 )
 @click.option(
     "--replay",
@@ -239,8 +247,13 @@ def _prediction_lines(prediction: dict[str, Any], k: int) -> str:
 
 
 @drafter.command("doctor")
-@click.argument("names", nargs=-1, required=True)
-@click.option("--cluster", default=None, help="Where the drafter serves (default cluster).")
+@click.argument("names", nargs=-1, required=True, shell_complete=complete_drafters)
+@click.option(
+    "--cluster",
+    default=None,
+    help="Where the drafter serves (default cluster).",
+    shell_complete=complete_clusters,
+)
 @click.option(
     "--prompts",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
@@ -313,7 +326,7 @@ def _report(diagnosis: Diagnosis) -> str:
 
 
 @drafter.command("publish")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_drafters)
 @publish_options(
     "The cluster whose models volume holds the drafter (where it was trained).",
     "registry.repository/drafters/NAME",
@@ -360,8 +373,13 @@ def publish(
 
 
 @drafter.command("pull")
-@click.argument("names", nargs=-1, required=True)
-@click.option("--cluster", default=None, help="Where it will serve (default cluster).")
+@click.argument("names", nargs=-1, required=True, shell_complete=complete_drafters)
+@click.option(
+    "--cluster",
+    default=None,
+    help="Where it will serve (default cluster).",
+    shell_complete=complete_clusters,
+)
 @output_option()
 @cluster_options
 @poll_option

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench_cmds", "Stored bench runs and their reports."),
     "calibrate": ("calibrate_cmds", "Measured step cost per cluster."),
     "gate": ("gate_cmd", "Judge a release applied elsewhere (GitOps), changing nothing."),
+    "completion": ("completion_cmd", "Print the shell completion script (bash, zsh, fish)."),
 }
 """Each top-level command: its module under kimideploy.cli (the function has the command's name)
 and the one-line summary `kimideploy --help` lists (the command's own docstring is its full help).

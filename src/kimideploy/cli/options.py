@@ -12,13 +12,70 @@ from click.decorators import FC
 from kimideploy.cli.table import MACHINE_FORMATS
 
 CLUSTER_HELP = "Cluster profile (default: default_cluster)."
-cluster_option = click.option("--cluster", help=CLUSTER_HELP)
+
+
+def _project_names(ctx: click.Context, which: str, incomplete: str) -> list[str]:
+    """The project's cluster or drafter names for shell completion, read from the file the
+    command line (or KIMIDEPLOY_CONFIG, or ./kimideploy.yaml, or the example) names; nothing
+    where it cannot be read: completion never fails the shell."""
+    import os
+    from pathlib import Path
+
+    from kimideploy.config.loading import default_config_path, load_project
+    from kimideploy.errors import KimiDeployError
+
+    given = ctx.find_root().params.get("config_path") or os.environ.get("KIMIDEPLOY_CONFIG")
+    try:
+        project = load_project(Path(given) if given else default_config_path()).project
+    except (KimiDeployError, OSError):
+        return []
+    names = {
+        "clusters": list(project.clusters),
+        "drafters": list(project.drafters),
+        "speculation": [*project.drafters, "none"],
+    }[which]
+    return sorted(n for n in names if n.startswith(incomplete))
+
+
+def complete_clusters(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    return _project_names(ctx, "clusters", incomplete)
+
+
+def complete_drafters(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """The registry's drafters and methods."""
+    return _project_names(ctx, "drafters", incomplete)
+
+
+def complete_speculation(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """What --drafter takes: the registry's names and `none`."""
+    return _project_names(ctx, "speculation", incomplete)
+
+
+cluster_option = click.option("--cluster", help=CLUSTER_HELP, shell_complete=complete_clusters)
 poll_option = click.option("--poll", default=2.0, hidden=True)
 """Seconds between polls of a Job or a rollout (the tests shorten it)."""
 
 
+def _use_kubeconfig(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """kubectl's --kubeconfig: the connection reads KUBECONFIG when it opens (cluster/api.py),
+    so the file given here is what every connection of this command uses, and what the tools it
+    starts (kubectl, Ansible) see."""
+    if value:
+        import os
+
+        os.environ["KUBECONFIG"] = value
+
+
 def cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--context and --namespace, accepted by every command that talks to a cluster."""
+    """--context, --namespace and --kubeconfig, accepted by every command that talks to a
+    cluster."""
+    func = click.option(
+        "--kubeconfig",
+        type=click.Path(exists=True, dir_okay=False),
+        expose_value=False,
+        callback=_use_kubeconfig,
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).",
+    )(func)
     func = click.option("--namespace", "-n", help="Namespace (default: the cluster profile's).")(
         func
     )
@@ -37,7 +94,9 @@ def plan_options(func: FC) -> FC:
         help="Override a workload setting of the cluster, e.g. train.epochs=3 (repeatable).",
     )(func)
     func = click.option(
-        "--drafter", help="Drafter name from the registry, or 'none' for no speculation."
+        "--drafter",
+        help="Drafter name from the registry, or 'none' for no speculation.",
+        shell_complete=complete_speculation,
     )(func)
     return cluster_option(func)
 
@@ -59,7 +118,9 @@ def publish_options(source: str, default_to: str) -> Callable[..., Any]:
         func = click.option(
             "--to", "to", default=None, help=f"Repository (default: {default_to})."
         )(func)
-        return click.option("--cluster", "cluster", required=True, help=source)(func)
+        return click.option(
+            "--cluster", "cluster", required=True, help=source, shell_complete=complete_clusters
+        )(func)
 
     return add
 
