@@ -360,6 +360,13 @@ def test_watch_reports_unreachable_metrics_and_refuses_a_release_without_a_draft
     assert "acceptance: no window yet (0 pods scraped; unavailable: kimi-k25-serve-" in err
     assert ":8000/metrics failed (" in err
     assert "watched 2 windows" in out
+    # -o json: one object per window on stdout (JSON Lines), then the end.
+    code, out, err = kd("watch", "serve", "--windows", "2", "--interval", "0.1", "-o", "json")
+    assert code == 0, err
+    *windows, end = [json.loads(line) for line in out.splitlines()]
+    assert [w["window"] for w in windows] == [1, 2] and end == {"end": "watched 2 windows"}
+    assert all(w["verdict"] == "no-window" and w["pods_scraped"] == 0 and w["drafter"] == "v3"
+               and w["errors"] and w["action"] is None for w in windows)  # fmt: skip
     assert kd("up", "serve", "--drafter", "none", *FAST)[0] == 0
     code, _, err = kd("watch", "serve", "--windows", "1")
     assert code == 2 and "serves without a drafter; there is nothing to watch" in err

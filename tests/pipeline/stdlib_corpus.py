@@ -171,12 +171,13 @@ def corpus_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def prompt_rows(split: Split, domain: Domain, count: int) -> list[dict[str, str]]:
+def prompt_rows(split: Split, domain: Domain, count: int, offset: int = 0) -> list[dict[str, str]]:
     """`count` prompts of a split and domain, as datagen and the bench read them (JSON Lines rows
-    with an id), in a stable order spread over the whole split."""
+    with an id), in a stable order spread over the whole split; another `offset` (below the
+    step) picks prompts the first did not."""
     chosen = select(split, domain)
     step = max(len(chosen) // count, 1)
-    picked = chosen[::step][:count]
+    picked = chosen[offset::step][:count]
     if len(picked) < count:
         raise ValueError(f"only {len(chosen)} {domain} items in split {split}, {count} wanted")
     return [{"id": hashlib.sha256(i.key.encode()).hexdigest()[:16], "prompt": i.prompt}

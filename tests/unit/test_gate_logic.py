@@ -195,15 +195,21 @@ def test_the_watch_acts_after_consecutive_windows_below_break_even() -> None:
     settings = WatchSettings(min_draft_tokens=300, windows_below=2, action="rollback")
     watch = AcceptanceWatch(break_even=0.1433, settings=settings)
     line, act = watch.observe({"pod-a": exposition(100, 300, 150)}, [])
-    assert not act and "no window yet" in line
+    assert not act and "no window yet" in line and watch.reading["verdict"] == "no-window"
     line, act = watch.observe({"pod-a": exposition(200, 600, 180)}, [])  # 30/300 = 10%
     assert not act and "acceptance 10.0% over 300 draft tokens" in line and "(1/2 windows)" in line
+    assert watch.reading == {"pods_scraped": 1, "errors": [], "break_even_rate": 0.1433,
+                             "acceptance_rate": 0.1, "draft_tokens": 300,
+                             "verdict": "below-break-even", "windows_below": 1,
+                             "windows_to_act": 2}  # fmt: skip
     line, act = watch.observe(
         {"pod-a": exposition(210, 630, 183)}, []
     )  # too few tokens: no judgement
     assert not act and "too few to judge" in line
+    assert watch.reading["verdict"] == "too-few-to-judge"
     line, act = watch.observe({"pod-a": exposition(310, 930, 200)}, ["pod-b: proxy error"])
     assert act and "(2/2 windows)" in line and "unavailable: pod-b: proxy error" in line
+    assert watch.reading["errors"] == ["pod-b: proxy error"] and watch.reading["windows_below"] == 2
 
 
 def test_a_paying_window_resets_the_count_and_a_restarted_pod_starts_again() -> None:

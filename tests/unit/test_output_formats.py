@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kimideploy.cli.main import main
-from tests.conftest import EXAMPLE
+from tests.conftest import EXAMPLE, REPO
 
 KIMIDEPLOY = Path(sys.executable).parent / "kimideploy"
 
@@ -25,8 +25,9 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize(
     "command",
-    [("drafter", "list"), ("image", "list"), ("drafter", "check", "v3")],
-)
+    [("drafter", "list"), ("image", "list"), ("drafter", "check", "v3"), ("config", "validate"),
+     ("host", "inventory"), ("image", "render", "vllm-0.32-kimi")],
+)  # fmt: skip
 def test_yaml_and_json_print_the_same_document(
     capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
 ) -> None:
@@ -35,6 +36,19 @@ def test_yaml_and_json_print_the_same_document(
     assert code_json == code_yaml
     assert yaml.safe_load(as_yaml) == json.loads(as_json)
     assert not as_yaml.lstrip().startswith(("{", "["))  # block YAML, not JSON
+
+
+def test_the_read_commands_documents_carry_what_their_text_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = run(capsys, "config", "validate", "-o", "json")
+    assert code == 0 and json.loads(out)["valid"] is True and "b300" in json.loads(out)["clusters"]
+    code, out = run(capsys, "image", "render", "vllm-0.32-kimi", "-o", "json")
+    assert json.loads(out)["dockerfile"] == (REPO / "Dockerfile").read_text()
+    code, as_text = run(capsys, "image", "render", "vllm-0.32-kimi")
+    assert as_text == (REPO / "Dockerfile").read_text()  # the default is the Dockerfile itself
+    code, out = run(capsys, "host", "inventory", "--cluster", "rtx6000")
+    assert code == 0 and "hostvars" in json.loads(out)["_meta"]  # ansible-inventory's shape
 
 
 def complete(*words: str, config: str = str(EXAMPLE)) -> list[str]:

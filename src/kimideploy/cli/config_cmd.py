@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from kimideploy.cli.options import output_option
 from kimideploy.cli.state import CliState
+from kimideploy.cli.table import machine
 
 
 @click.group()
@@ -21,12 +23,21 @@ def schema() -> None:
 
 
 @config.command()
+@output_option("text")
 @click.pass_obj
-def validate(state: CliState) -> None:
+def validate(state: CliState, output: str) -> None:
     """Validate the project file and every cross-reference in it."""
     loaded = state.project()
     project = loaded.project
+    document = {
+        "file": str(loaded.path),
+        "valid": True,
+        "clusters": sorted(project.clusters),
+        "images": sorted(project.images),
+        "drafters": sorted(project.drafters),
+    }
     click.echo(
-        f"{loaded.path}: valid ({len(project.clusters)} clusters, {len(project.images)} images, "
-        f"{len(project.drafters)} drafters)"
+        machine(document, output)
+        or f"{loaded.path}: valid ({len(project.clusters)} clusters, {len(project.images)} "
+        f"images, {len(project.drafters)} drafters)"
     )

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from kimideploy.cli.options import cluster_option, cluster_options, output_option, poll_option
 from kimideploy.cli.state import CliState
-from kimideploy.cli.table import format_table, machine
+from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
 
 
@@ -117,13 +115,21 @@ def check(
 
 @host.command("inventory")
 @cluster_option
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(MACHINE_FORMATS),
+    default="json",
+    show_default=True,
+    help="json is what `ansible-inventory --list` prints; yaml the same document.",
+)
 @click.pass_obj
-def inventory(state: CliState, cluster: str | None) -> None:
+def inventory(state: CliState, cluster: str | None, output: str) -> None:
     """The Ansible inventory `host provision` generates, as `ansible-inventory --list` sees it."""
     from kimideploy.services.hosts.provision import ansible_inventory
 
     project = state.project().project
-    click.echo(json.dumps(ansible_inventory(project, project.cluster_name(cluster)), indent=2))
+    click.echo(machine(ansible_inventory(project, project.cluster_name(cluster)), output))
 
 
 @host.command()

@@ -30,12 +30,15 @@ def list_images(state: CliState, output: str) -> None:
 
 @image.command()
 @click.argument("name")
+@output_option("dockerfile")
 @click.pass_obj
-def render(state: CliState, name: str) -> None:
-    """The image's Dockerfile on stdout."""
+def render(state: CliState, name: str, output: str) -> None:
+    """The image's Dockerfile on stdout (json and yaml: the image's name and its Dockerfile)."""
     from kimideploy.services.images.operations import dockerfile
 
-    click.echo(dockerfile(state.project().project, name), nl=False)
+    text = dockerfile(state.project().project, name)
+    document = machine({"image": name, "dockerfile": text}, output)
+    click.echo(document if document is not None else text, nl=document is not None)
 
 
 @image.command()

@@ -244,6 +244,15 @@ def down(
     "(default: gate.watch.action).",
 )
 @click.option("--windows", type=int, default=None, help="Stop after N scrapes (default: never).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per window on stdout as it is scraped (JSON Lines, a stream a "
+    "script can follow), then one for the end; the progress lines stay on stderr.",
+)
 @click.pass_obj
 def watch(
     state: CliState,
@@ -255,17 +264,26 @@ def watch(
     interval: float | None,
     act: bool | None,
     windows: int | None,
+    output: str,
 ) -> None:
     """Watch the serving drafter's live acceptance against the cluster's break-even rate."""
+    import json
+
     from kimideploy.services.release.watch import watch_release
 
     acting = "watch --act may roll a cluster back" if act else None
     session = _session(state, cluster, context, namespace, changes=acting)
-    click.echo(
-        watch_release(
-            session, state.project(), TerminalReporter(), windows, interval_s=interval, act=act
-        )
+    streamed = output == "json"
+    ended = watch_release(
+        session,
+        state.project(),
+        TerminalReporter(),
+        windows,
+        interval_s=interval,
+        act=act,
+        on_window=(lambda reading: click.echo(json.dumps(reading))) if streamed else None,
     )
+    click.echo(json.dumps({"end": ended}) if streamed else ended)
 
 
 def _warn_ignored(problems: list[str]) -> None:

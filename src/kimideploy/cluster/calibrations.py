@@ -13,6 +13,7 @@ from datetime import datetime
 
 from kimideploy.cluster.api import KubeApi, NotFoundError
 from kimideploy.cluster.bench_results import FUTURE_SKEW
+from kimideploy.cluster.kept_config_maps import put_config_map
 from kimideploy.cluster.resources import path
 from kimideploy.plan.calibration import Calibration
 
@@ -27,26 +28,13 @@ def config_map_name(cluster: str, calibration_id: str) -> str:
 
 def store(api: KubeApi, namespace: str, calibration_id: str, calibration: Calibration) -> None:
     """Create or replace the calibration's ConfigMap (it is rewritten after every k)."""
-    name = config_map_name(calibration.cluster, calibration_id)
-    body = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {
-                CALIBRATION_LABEL: calibration.cluster,
-                "kimideploy.io/calibration-id": calibration_id,
-                "kimideploy.io/complete": str(calibration.complete).lower(),
-                "app.kubernetes.io/managed-by": "kimideploy",
-            },
-        },
-        "data": {DATA_KEY: json.dumps(calibration.to_dict(), sort_keys=True)},
+    labels = {
+        CALIBRATION_LABEL: calibration.cluster,
+        "kimideploy.io/calibration-id": calibration_id,
+        "kimideploy.io/complete": str(calibration.complete).lower(),
     }
-    try:
-        api.request("PUT", path("ConfigMap", namespace, name), body=body)
-    except NotFoundError:
-        api.request("POST", path("ConfigMap", namespace), body=body)
+    put_config_map(api, namespace, config_map_name(calibration.cluster, calibration_id), labels,
+                   {DATA_KEY: json.dumps(calibration.to_dict(), sort_keys=True)})  # fmt: skip
     for old_id, _ in list_calibrations(api, namespace, calibration.cluster)[:-DEFAULT_KEEP]:
         with contextlib.suppress(NotFoundError):
             api.request(

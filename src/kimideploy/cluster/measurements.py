@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from kimideploy.cluster.api import KubeApi, NotFoundError
+from kimideploy.cluster.kept_config_maps import put_config_map
 from kimideploy.cluster.resources import path
 
 MEASUREMENT_LABEL = "kimideploy.io/measurement"
@@ -40,23 +41,7 @@ def record(
 ) -> list[dict[str, Any]]:
     """Append `entry` (the newest KEEP stay); returns what is kept."""
     kept = [*read(api, namespace, cluster, kind), entry][-KEEP:]
-    name = config_map_name(cluster, kind)
-    body = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {
-                MEASUREMENT_LABEL: kind,
-                "kimideploy.io/cluster": cluster,
-                "app.kubernetes.io/managed-by": "kimideploy",
-            },
-        },
-        "data": {DATA_KEY: json.dumps(kept, sort_keys=True)},
-    }
-    try:
-        api.request("PUT", path("ConfigMap", namespace, name), body=body)
-    except NotFoundError:
-        api.request("POST", path("ConfigMap", namespace), body=body)
+    labels = {MEASUREMENT_LABEL: kind, "kimideploy.io/cluster": cluster}
+    put_config_map(api, namespace, config_map_name(cluster, kind), labels,
+                   {DATA_KEY: json.dumps(kept, sort_keys=True)})  # fmt: skip
     return kept

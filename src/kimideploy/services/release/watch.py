@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,12 @@ class AcceptanceWatch:
     settings: WatchSettings
     previous: dict[str, str] = field(default_factory=dict)
     below: int = 0
+    reading: dict[str, Any] = field(default_factory=dict)
+    """The last window as figures (`watch -o json` prints one per window): pods scraped, the
+    errors, acceptance and draft tokens where there was a window, and the verdict."""
 
     def observe(self, texts: dict[str, str], errors: list[str]) -> tuple[str, bool]:
-        """(a line for the person watching, whether to act now)."""
+        """(a line for the person watching, whether to act now); `reading` holds its figures."""
         parts = []
         for pod, text in texts.items():
             before = self.previous.get(pod, "")
@@ -130,17 +134,26 @@ class AcceptanceWatch:
         self.previous = dict(texts)
         total = summed(parts)
         trouble = f"; unavailable: {'; '.join(errors)}" if errors else ""
+        self.reading = {"pods_scraped": len(texts), "errors": list(errors),
+                        "break_even_rate": round(self.break_even, 4)}  # fmt: skip
         if total is None or total.rate is None:
+            self.reading["verdict"] = "no-window"
             return f"acceptance: no window yet ({len(texts)} pods scraped{trouble})", False
+        self.reading.update(acceptance_rate=round(total.rate, 4),
+                            draft_tokens=round(total.draft_tokens))  # fmt: skip
         rate = f"acceptance {total.rate:.1%} over {total.draft_tokens:.0f} draft tokens"
         even = f"break-even {self.break_even:.1%}"
         if total.draft_tokens < self.settings.min_draft_tokens:
             needed = self.settings.min_draft_tokens
+            self.reading["verdict"] = "too-few-to-judge"
             return f"{rate} (too few to judge, < {needed}); {even}{trouble}", False
         if total.rate >= self.break_even:
             self.below = 0
+            self.reading["verdict"] = "paying"
             return f"{rate}; {even}: paying{trouble}", False
         self.below += 1
+        self.reading.update(verdict="below-break-even", windows_below=self.below,
+                            windows_to_act=self.settings.windows_below)  # fmt: skip
         line = (
             f"{rate}; {even}: BELOW break-even "
             f"({self.below}/{self.settings.windows_below} windows){trouble}"
@@ -156,8 +169,11 @@ def watch_release(
     *,
     interval_s: float | None = None,
     act: bool | None = None,
+    on_window: Callable[[dict[str, Any]], None] | None = None,
 ) -> str:
-    """Scrape every interval until stopped; flag, or roll back, a drafter below break-even."""
+    """Scrape every interval until stopped; flag, or roll back, a drafter below break-even.
+    `on_window` gets each window's figures (AcceptanceWatch.reading) with its number, time and
+    what was done about it."""
     release = loaded.project.release_name("serve")
     serving = lifecycle.serving(session.history(release))
     if serving is None:
@@ -185,6 +201,11 @@ def watch_release(
         line, act_now = watch.observe(texts, errors)
         reporter.info(f"[{time.strftime('%H:%M:%S')}] {line}")
         windows += 1
+        if on_window is not None:
+            action = settings.action if act_now else None
+            on_window({"window": windows, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "revision": serving.revision, "drafter": serving.drafter,
+                       **watch.reading, "action": action})  # fmt: skip
         if act_now:
             reason = (
                 f"acceptance below the break-even rate {facts.break_even:.1%} for "
