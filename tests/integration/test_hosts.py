@@ -108,7 +108,7 @@ def test_commands_are_quoted_and_exit_codes_returned(sshd: Any) -> None:
 
 
 def test_a_build_streams_over_ssh_as_it_prints(sshd: Any) -> None:
-    """`image build --on CLUSTER` runs for hours: its lines (stderr folded in, as the build
+    """`image build --cluster CLUSTER` runs for hours: its lines (stderr folded in, as the build
     script does) reach the caller as they are printed, not when the command ends."""
     import time
 

@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -171,3 +173,24 @@ def test_baseline_is_for_a_followed_bench_run_only(
 ) -> None:
     code, _, err = run(capsys, *args)
     assert code == 2 and "--baseline compares a bench run that this command follows" in err
+
+
+def every_command(command: click.Command, ctx: click.Context, path: str = "kimideploy") -> Any:
+    """(path, command) of every command under `command`, groups walked."""
+    yield path, command
+    if isinstance(command, click.Group):
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
+            yield from every_command(sub, ctx, f"{path} {name}")
+
+
+def test_a_cluster_is_always_named_with_cluster() -> None:
+    """One vocabulary: every option that names a cluster is spelled --cluster (image build's
+    --on is kept as its old spelling beside it)."""
+    ctx = click.Context(cli)
+    odd = [f"{path}: {'/'.join(param.opts)}"
+           for path, command in every_command(cli, ctx) for param in command.params
+           if isinstance(param, click.Option) and "cluster" in (param.name or "")
+           and "--cluster" not in param.opts]  # fmt: skip
+    assert odd == []

@@ -78,3 +78,15 @@ def test_nothing_cites_a_document_outside_the_repository() -> None:
             if cited.search(line) and path != Path(__file__):
                 offenders.append(f"{path.relative_to(REPO)}:{number}")
     assert not offenders, offenders
+
+
+def test_every_variable_the_code_reads_is_in_the_cli_reference() -> None:
+    read = {
+        name
+        for source in (REPO / "src" / "kimideploy").rglob("*.py")
+        for name in re.findall(r"\"(KIMIDEPLOY_[A-Z_]+)\"", source.read_text(encoding="utf-8"))
+    }
+    reference = (REPO / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    section = reference.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(KIMIDEPLOY_[A-Z_]+)`", section, re.MULTILINE))
+    assert read == listed, (sorted(read - listed), sorted(listed - read))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kimideploy.cli.options import output_option
+from kimideploy.cli.options import complete_clusters, output_option
 from kimideploy.cli.state import CliState
 from kimideploy.cli.table import format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
@@ -96,7 +96,13 @@ def kernels(state: CliState, name: str, write: bool, output: str) -> None:
 @image.command()
 @click.argument("name")
 @click.option("--push", is_flag=True, help="Push and record the digest for `image lock`.")
-@click.option("--on", "on_cluster", help="Build on this cluster's first host over SSH.")
+@click.option(
+    "--cluster",
+    "--on",
+    "on_cluster",
+    help="Build on this cluster's first host over SSH (--on: the old spelling).",
+    shell_complete=complete_clusters,
+)
 @click.option(
     "--context-only",
     type=click.Path(path_type=Path, file_okay=False),
