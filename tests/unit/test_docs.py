@@ -54,6 +54,9 @@ def test_the_readme_is_a_door_not_a_manual() -> None:
     # Nothing that rots: no commit hashes, no dated measurements (they live in bench/).
     assert not re.search(r"\b(?:commit )?[0-9a-f]{7,40}\b", text.replace("40-hex", ""))
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
+    # The quick start is the user's: the test suite's timings are the contributors' (CONTRIBUTING).
+    quick_start = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert not re.search(r"\d+(?:\.\d+)? (?:to [\d.]+ )?minutes", quick_start), quick_start
 
 
 def test_every_relative_link_in_the_docs_leads_to_a_file() -> None:

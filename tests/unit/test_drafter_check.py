@@ -15,6 +15,7 @@ from kimideploy.config.loading import LoadedProject, load_project
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.resolve import resolve
 from kimideploy.services.drafters.drafter_check import check
+from tests.conftest import REPO
 
 SIZES = {"I64": 8, "BOOL": 1, "BF16": 2}
 
@@ -451,3 +452,35 @@ def test_an_interval_that_does_not_hold_its_figure_is_a_config_error(
 
     with pytest.raises(ConfigError, match=r"ci95\[3\] = \[1.9, 2.0\] does not hold its figure 1.8"):
         load_project(interval_config(edited_config, 1.8, 1.9, 2.0))
+
+
+def test_the_readmes_promises_hold(
+    example: LoadedProject,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    edited_config: Callable[..., Path],
+) -> None:
+    """README's first paragraphs say which of the team's mistakes are refused and which warn."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (
+        "a drafter trained for another model and layer ids in the wrong convention are refused; "
+        "too many speculative tokens are refused where the step-cost model predicts them slower "
+        "than no speculation, and a warning otherwise" in readme
+    )
+    other = write_lineage(drafter_dir(tmp_path / "other"), example, trained_for_revision="f" * 40)
+    assert main(["drafter", "check", "v3", "--dir", str(other)]) == 2
+    wrong = drafter_dir(tmp_path / "wrong", eagle_aux_hidden_state_layer_ids=None)
+    assert main(["drafter", "check", "v2", "--dir", str(wrong)]) == 2
+    capsys.readouterr()
+    # Trained for 5 tokens, served at 3: a warning, exit 0.
+    more = drafter_dir(tmp_path / "more", architectures=["Eagle3DraftModel"], hidden_size=None,
+                       speculators_model_type="eagle3",
+                       transformer_layer_config={"hidden_size": 7168},
+                       speculators_config={"proposal_methods": [{"speculative_tokens": 5}]})  # fmt: skip
+    assert main(["drafter", "check", "v3", "--dir", str(write_lineage(more, example))]) == 0
+    assert "trained for 5 speculative tokens, registry serves 3" in capsys.readouterr().out
+    # Predicted slower than none at its k: refused.
+    old = "    num_speculative_tokens: 5      # what was served"
+    slower = edited_config((old, "    acceptance: [0.2, 0.1, 0.05, 0.03, 0.02]\n" + old))
+    assert main(["--config", str(slower), "up", "serve", "--drafter", "v2", "--dry-run"]) == 2
+    assert "predicted speedup" in capsys.readouterr().err
