@@ -24,26 +24,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(extra: list[str]) -> int:
+def run_tier(tests: str, extra: list[str]) -> tuple[dict[str, object], float, int]:
+    """Run pipeline tests under pytest: (the figures they recorded, wall seconds, exit code)."""
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp) / "figures.json"
         env = {**os.environ, "KIMIDEPLOY_PIPELINE_FIGURES": str(figures)}
         start = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "tests/pipeline/test_lifecycle.py", *extra],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, *extra],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )  # fmt: skip
         wall = time.perf_counter() - start
         measured = json.loads(figures.read_text()) if figures.is_file() else {}
+    return measured, wall, done.returncode
+
+
+def main(extra: list[str]) -> int:
+    measured, wall, returncode = run_tier("tests/pipeline/test_lifecycle.py", extra)
     for key, value in measured.items():
         print(f"{key:52} {value}")
     print(f"{'tier wall time (s)':52} {wall:.0f}")
-    if done.returncode != 0:
-        print(
-            f"(the tier failed with exit {done.returncode}; figures are partial)", file=sys.stderr
-        )
-    return done.returncode
+    if returncode != 0:
+        print(f"(the tier failed with exit {returncode}; figures are partial)", file=sys.stderr)
+    return returncode
 
 
 if __name__ == "__main__":
