@@ -16,52 +16,17 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from tests.pipeline import pods, stdlib_corpus
 from tests.pipeline.conftest import Volumes, service_urls, timed_bench, write_rows
+from tests.pipeline.estimating import estimate, recorded
 from tests.pipeline.figures import FIGURES
 
-from kimideploy.cluster.jobs import JobSnapshot
 from kimideploy.config.loading import LoadedProject
-from kimideploy.plan.model import ClusterAnswers, PlanRequest
-from kimideploy.plan.resolve import resolve
-from kimideploy.plan.stage_estimate import MeasuredRate
-from kimideploy.services.runs.run_rates import measured_rate
 
 QUARTER = 0.25
-
-
-def recorded(workload: str, stdout: str, seconds: float, run_id: str) -> MeasuredRate:
-    """What `run` keeps of a finished Job, from this run's own stdout and wall time."""
-    ended = datetime.now(UTC)
-    began = ended - timedelta(seconds=seconds)
-    snapshot = JobSnapshot(run_id, "complete", 1, 1, (), logs={0: stdout},
-                           started_at=began.isoformat(), finished_at=ended.isoformat())  # fmt: skip
-    rate = measured_rate(snapshot, workload, run_id, 0)
-    assert rate is not None, stdout[-2000:]
-    return rate
-
-
-def one_rank(project: LoadedProject) -> LoadedProject:
-    """The pipeline project with one GPU per node: the tier runs a workload's pod as one process
-    (pods.run_workload), where the rendered Job's launcher would start a rank per GPU; a plan of
-    two ranks counts half the steps the process takes."""
-    clusters = dict(project.project.clusters)
-    cpu = clusters["cpu"]
-    clusters["cpu"] = cpu.model_copy(update={"gpu": cpu.gpu.model_copy(update={"per_node": 1})})
-    return replace(project, project=project.project.model_copy(update={"clusters": clusters}))
-
-
-def predicted(project: LoadedProject, workload: str, drafter: str | None, rate: MeasuredRate,
-              *overrides: str) -> float:  # fmt: skip
-    plan = resolve(one_rank(project), PlanRequest(workload, "cpu", drafter, overrides),
-                   ClusterAnswers(rates=(rate,)))  # fmt: skip
-    assert plan.stage_estimate is not None and plan.stage_estimate.measured
-    return plan.stage_estimate.seconds
 
 
 def test_the_next_runs_estimate_is_within_a_quarter_of_what_it_took(
@@ -74,7 +39,7 @@ def test_the_next_runs_estimate_is_within_a_quarter_of_what_it_took(
 ) -> None:
     _, first_out, first_s = timed_bench(cpu_python, project, volumes, "none", target_server)
     bench_rate = recorded("bench", first_out, first_s, "bench-1")
-    bench_estimate = predicted(project, "bench", "none", bench_rate)
+    bench_estimate = estimate(project, "bench", "none", bench_rate).seconds
     _, _, second_s = timed_bench(cpu_python, project, volumes, "none", target_server)
     bench_off = second_s / bench_estimate - 1
 
@@ -82,7 +47,7 @@ def test_the_next_runs_estimate_is_within_a_quarter_of_what_it_took(
     train_rate = recorded("train", good_out, good_drafter["seconds"], "train-good")
     untrained = ("train.drafter=untrained", "train.lr=1e-9", "train.epochs=1",
                  "train.held_out_fraction=0")  # fmt: skip
-    train_estimate = predicted(project, "train", None, train_rate, *untrained)
+    train_estimate = estimate(project, "train", None, train_rate, *untrained).seconds
     train_off = untrained_drafter["seconds"] / train_estimate - 1
 
     FIGURES["estimates: bench next run / estimate (s)"] = (
@@ -153,9 +118,9 @@ def test_each_data_stages_next_estimate_is_within_a_quarter_of_what_it_took(
     }  # fmt: skip
     offs = {}
     for stage, seconds in took.items():
-        estimate = predicted(project, stage, None, first[stage], *half)
-        offs[stage] = seconds / estimate - 1
+        expected = estimate(project, stage, None, first[stage], *half).seconds
+        offs[stage] = seconds / expected - 1
         FIGURES[f"estimates: {stage} at half the samples / estimate (s)"] = (
-            f"{seconds:.1f} / {estimate:.1f} ({offs[stage]:+.0%})"
+            f"{seconds:.1f} / {expected:.1f} ({offs[stage]:+.0%})"
         )
     assert all(abs(off) <= QUARTER for off in offs.values()), (offs, took, first)

@@ -13,19 +13,9 @@ from typing import Any
 import pytest
 from tests.pipeline import pods
 from tests.pipeline.conftest import Volumes, timed_bench
-from tests.pipeline.estimate_accuracy import one_rank, recorded
+from tests.pipeline.estimating import estimate, recorded
 
 from kimideploy.config.loading import LoadedProject
-from kimideploy.plan.model import ClusterAnswers, PlanRequest
-from kimideploy.plan.resolve import resolve
-from kimideploy.plan.stage_estimate import MeasuredRate
-
-
-def estimate(project: LoadedProject, workload: str, rate: MeasuredRate, *overrides: str) -> Any:
-    plan = resolve(one_rank(project), PlanRequest(workload, "cpu", None, overrides),
-                   ClusterAnswers(rates=(rate,)))  # fmt: skip
-    assert plan.stage_estimate is not None
-    return plan.stage_estimate
 
 
 def test_each_stages_run_makes_the_next_estimate_on_the_cluster(
@@ -52,7 +42,7 @@ def test_each_stages_run_makes_the_next_estimate_on_the_cluster(
         rate = recorded(stage, stdout, seconds, f"{stage}-1")
         # The run's own progress: its rate while working, the rest of its wall time fixed.
         assert rate.startup_s is not None and 0 < rate.startup_s < seconds, (stage, rate)
-        found = estimate(project, stage, rate)
+        found = estimate(project, stage, None, rate)
         assert found.measured and f"measured by run {stage}-1" in found.source
         assert found.seconds == pytest.approx(rate.startup_s + found.units / rate.rate)
         assert found.spread == (0.8, 1.25)
@@ -61,6 +51,6 @@ def test_each_stages_run_makes_the_next_estimate_on_the_cluster(
     result = pods.events(features["stdout"], "result")[-1]
     assert extract.units_per_sample == pytest.approx(result["tokens"] / result["samples"], rel=1e-3)
     assert extract.units_per_sample != 110
-    half = estimate(project, "extract", extract, f"datagen.samples={samples // 2}")
+    half = estimate(project, "extract", None, extract, f"datagen.samples={samples // 2}")
     assert half.units == pytest.approx(samples // 2 * extract.units_per_sample)
     assert "tokens per sample (measured)" in half.detail

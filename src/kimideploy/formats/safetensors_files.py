@@ -10,13 +10,12 @@ overlapping each other, each the size its dtype and shape say.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import struct
 from pathlib import Path
 from typing import Any
 
-from kimideploy.formats.bounded_io import UnreadableFileError, open_regular
+from kimideploy.formats.bounded_io import UnreadableFileError, open_regular, parse_json_object
 
 DTYPE_SIZES = {
     "BF16": 2,
@@ -39,7 +38,7 @@ def _header(path: Path) -> tuple[dict[str, Any], int, int]:
     with os.fdopen(fd, "rb") as handle:
         raw = handle.read(8)
         length = _header_length(raw, size, str(path))
-        header = _parse_header(handle.read(length), str(path))
+        header = parse_json_object(handle.read(length), f"{path}: header")
     return header, 8 + length, size
 
 
@@ -56,22 +55,12 @@ def _header_length(raw: bytes, size: int, what: str) -> int:
     return int(length)
 
 
-def _parse_header(raw: bytes, what: str) -> dict[str, Any]:
-    try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise UnreadableFileError(f"{what}: header is not JSON") from exc
-    if not isinstance(header, dict):
-        raise UnreadableFileError(f"{what}: header is not a JSON object")
-    return header
-
-
 def checked_header(data: bytes, what: str) -> tuple[dict[str, Any], int]:
     """The header of a safetensors file held in memory and where its data begins, if the file is
     whole (every tensor inside it, of its size, none overlapping); UnreadableFileError naming
     `what` and the problem otherwise."""
     length = _header_length(data, len(data), what)
-    header = _parse_header(data[8 : 8 + length], what)
+    header = parse_json_object(data[8 : 8 + length], f"{what}: header")
     problem = _layout_problem(header, 8 + length, len(data))
     if problem is not None:
         raise UnreadableFileError(f"{what}: {problem}")
