@@ -40,7 +40,10 @@ def calibration_run(
 ) -> dict[str, Any]:
     synthetic = SyntheticAcceptance(K, LENGTHS)
     rendered = pods.rendered(project, "serve", "untrained", ask=ServeAsk(synthetic=synthetic))
-    assert rendered.vllm_model is not None and rendered.vllm_env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert rendered.vllm_model is not None and rendered.vllm_env == {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
+    }
     server, _ = volumes.start_serving(cpu_python, rendered, "serve-calibration")
     try:
         pods.wait_ready([server], timeout=600)

@@ -484,3 +484,50 @@ def test_the_readmes_promises_hold(
     slower = edited_config((old, "    acceptance: [0.2, 0.1, 0.05, 0.03, 0.02]\n" + old))
     assert main(["--config", str(slower), "up", "serve", "--drafter", "v2", "--dry-run"]) == 2
     assert "predicted speedup" in capsys.readouterr().err
+
+
+def test_eagle31_norms_are_refused_where_the_engine_would_drop_them(
+    example: LoadedProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kimi-k2.6-eagle3.1-mla's flags: vLLM 0.32 reads fc_norm, norm_before_fc and norm_output;
+    0.16 reads none. A flag without its weights (or weights without their flag) loads without an
+    error in 0.32 and serves a drafter missing a norm it was trained with."""
+    from kimideploy.config.specs import ServeSpec
+    from kimideploy.services.rendering import render_workload
+    from kimideploy.workloads import drafter_check
+
+    rendered = render_workload(example, PlanRequest("serve", "b300", "v3"))
+    config_map = next(o for o in rendered.objects if o["kind"] == "ConfigMap")
+    spec = ServeSpec.model_validate_json(config_map["data"]["spec.json"])
+    folder = drafter_dir(tmp_path / "v31", fc_norm=True, norm_output=True)
+    tensors = {"layers.0.self_attn.q_proj.weight": ("BF16", [8, 8]), "d2t": ("I64", [32000]),
+               "t2d": ("BOOL", [163840]), **{f"fc_norm.{i}.weight": ("BF16", [7168]) for i in range(3)}}  # fmt: skip
+    write_safetensors(folder / "model.safetensors", tensors)
+    write_lineage(folder, example)
+
+    def norms(version: str) -> tuple[int, str]:
+        served = spec.model_copy(update={"drafter_path": str(folder), "vllm_version": version})
+        code = drafter_check.run(served)
+        line = next(
+            line for line in capsys.readouterr().err.splitlines() if "EAGLE-3.1 norms" in line
+        )
+        return code, line
+
+    code, line = norms("0.32.0")
+    assert code == 0 and line.endswith("pass EAGLE-3.1 norms: fc_norm, norm_output (vLLM 0.32.0)")
+    code, line = norms("0.16.0")
+    assert code == 2 and "vLLM 0.16.0 reads none of fc_norm, norm_before_fc, norm_output" in line
+    assert "fix: serve it with an image whose vLLM is >= 0.32" in line
+    # Norms dropped from the config but present in the weights; a flag with no weights.
+    (folder / "config.json").write_text(
+        json.dumps({**json.loads((folder / "config.json").read_text()), "fc_norm": False,
+                    "eagle_config": {"norm_before_fc": True}})
+    )  # fmt: skip
+    code, line = norms("0.32.0")
+    assert code == 2
+    assert (
+        "fc_norm off but 3 fc_norm.* tensors; norm_before_fc on but no input_norm.* tensor" in line
+    )
+    # A plain EAGLE-3 drafter has no such finding at all.
+    plain = write_lineage(drafter_dir(tmp_path / "v3"), example)
+    assert "EAGLE-3.1 norms" not in findings(example, "v3", plain)

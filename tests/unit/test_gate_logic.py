@@ -224,6 +224,40 @@ def test_a_paying_window_resets_the_count_and_a_restarted_pod_starts_again() -> 
     assert "acceptance 10.0% over 300 draft tokens" in line and watch.below == 1
 
 
+def test_a_collapse_right_after_a_swap_acts_at_once_whatever_the_break_even() -> None:
+    """Acceptance that falls to ~1.0 token per step after a swap (a drafter loaded wrong, no
+    error) acts on its first judged window, even where break-even is lower still."""
+    import time
+
+    from kimideploy.cluster.records import ReleaseRecord
+    from kimideploy.services.release.watch import swapped_at
+
+    settings = WatchSettings(min_draft_tokens=300, windows_below=3, action="rollback")
+    guarded = AcceptanceWatch(0.001, settings, guard_until=time.time() + 60)
+    guarded.observe({"pod-a": exposition(100, 300, 150)}, [])
+    # 100 steps, 300 draft tokens, 3 accepted: 1.03 tokens per step, 1.0% > break-even 0.1%
+    line, act = guarded.observe({"pod-a": exposition(200, 600, 153)}, [])
+    assert act and "mean acceptance length 1.030 < 1.05 right after a swap: COLLAPSED" in line
+    assert guarded.reading["verdict"] == "collapsed-after-swap"
+    assert guarded.reading["mean_acceptance_length"] == 1.03
+    # The same window once the guard is over: paying by the break-even rule.
+    later = AcceptanceWatch(0.001, settings, guard_until=time.time() - 1)
+    later.observe({"pod-a": exposition(100, 300, 150)}, [])
+    line, act = later.observe({"pod-a": exposition(200, 600, 153)}, [])
+    assert not act and "paying" in line
+    # Which revisions are guarded: a swap or speculation switched on, from the record.
+    record = ReleaseRecord(release="r", revision=2, status="deployed", created_at="2026-12-07T20:00:00Z",
+                           user="u", cluster="b300", namespace="n", drafter="v3", image="i",
+                           config_sha256="0", config_text="", overrides=[], manifests=[])  # fmt: skip
+    assert swapped_at(record) is None
+    record.details["switch"] = {"outcome": "ready", "speculation": "off"}
+    assert swapped_at(record) is None
+    record.details["switch"] = {"outcome": "ready", "speculation": "on"}
+    assert swapped_at(record) is not None
+    record.details = {"swap": {"outcome": "ready"}}
+    assert swapped_at(record) == datetime(2026, 12, 7, 20, 0, tzinfo=UTC)
+
+
 def test_the_speedup_chart_is_drawn_against_the_comparable_baseline(tmp_path: Path) -> None:
     runs = [
         stored("base", levels=[level(1, 50), level(8, 300)]),

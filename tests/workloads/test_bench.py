@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kimideploy.config.specs import BenchSpec, TargetRef
 from kimideploy.workloads.bench import make_prompts, percentile
@@ -120,3 +124,72 @@ def test_a_prompt_file_is_a_named_prompt_set(tmp_path: Path, tiny_model: Path) -
     process = run_workload("bench", gone)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "bench.prompt_files.mine: cannot read" in err
+
+
+class LoopingServer(ThreadingHTTPServer):
+    """Streams a fixed answer per request, as vLLM's chat endpoint streams: `loops` of every
+    four requests repeat one phrase, the others are ordinary sentences. The bench's arithmetic on
+    text is what is under test; a real model's loops are not reproducible on demand."""
+
+    def __init__(self, loops: int) -> None:
+        super().__init__(("127.0.0.1", 0), _Streaming)
+        self.loops, self.served = loops, 0
+
+
+class _Streaming(BaseHTTPRequestHandler):
+    server: LoopingServer
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        looping = self.server.served % 4 < self.server.loops
+        self.server.served += 1
+        words = ("I will check it. " * 12 if looping else ORDINARY).split(" ")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for word in words:
+            chunk = {"choices": [{"delta": {"content": word + " "}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        usage = {"choices": [], "usage": {"completion_tokens": len(words)}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+ORDINARY = (
+    "The cache keeps each page it read, so a second start reads from memory and not the disk; "
+    "a limit below the checkpoint's size evicts pages before they are used again."
+)
+
+
+@pytest.mark.parametrize(("loops", "degenerate"), [(1, False), (2, True)])
+def test_outputs_that_repeat_themselves_are_counted_and_the_gate_refuses_the_level(
+    tmp_path: Path, tiny_model: Path, loops: int, degenerate: bool
+) -> None:
+    """One looping answer in four is measured and tolerated; two in four make the level
+    degenerate, and the gate will not judge a drafter on it."""
+    from kimideploy.formats.bench_result import BenchResult
+    from kimideploy.services.gate.verdict import GateMeasurementError, check_measured
+
+    server = LoopingServer(loops)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        spec = bench_spec(tmp_path, endpoint, tiny_model, "loop", prompt_sets=["chat"],
+                          concurrency=[1], num_prompts=4)  # fmt: skip
+        process = run_workload("bench", spec)
+        _, err = process.communicate(timeout=120)
+    finally:
+        server.shutdown()
+    assert process.returncode == 0, err
+    result = BenchResult.from_dict(json.loads((tmp_path / "loop/result.json").read_text()))
+    [level] = result.levels
+    assert (level.judged_outputs, level.degenerate_outputs) == (4, loops)
+    assert level.distinct_bigrams is not None and level.distinct_bigrams < 1.0
+    assert level.degenerate == degenerate
+    if degenerate:
+        with pytest.raises(GateMeasurementError, match="2 of 4 outputs repeat themselves"):
+            check_measured(result, [("chat", 1)], "drafter")
+    else:
+        check_measured(result, [("chat", 1)], "drafter")

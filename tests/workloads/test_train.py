@@ -6,7 +6,9 @@ reads, and the refusals that stop a wrong dataset before any GPU time is spent."
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -193,6 +195,41 @@ def test_a_stopped_run_resumes_at_its_step_with_the_same_numbers(
     for step, loss in after.items():
         assert loss == pytest.approx(straight[step], rel=1e-4, abs=1e-6), step
         assert rates(out)[step] == straight_lr[step], step
+
+
+POISON = """
+import sys, torch
+from safetensors.torch import load_file, save_file
+sample = load_file(sys.argv[1])
+sample["aux_hidden_states"][..., 0] = float("nan")
+save_file(sample, sys.argv[1])
+"""
+
+
+def test_a_step_whose_loss_is_not_finite_is_skipped_and_counted(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """One sample's hidden states hold NaN (a bad shard, an overflow upstream): the two steps
+    that train on it are skipped, counted with their gradient norm, and the weights stay
+    finite; without the skip every later loss is NaN."""
+    poisoned = tmp_path / "features"
+    shutil.copytree(features, poisoned)
+    first = sorted((poisoned / "hs").rglob("*.safetensors"))[0]
+    subprocess.run([str(speculators_python), "-c", POISON, str(first)], check=True)
+    spec = train_spec(tmp_path / "run", poisoned, tiny_model, epochs=2, batch_size=1,
+                      checkpoint_every_steps=1000)  # fmt: skip
+    code, out, err = train(speculators_python, spec)
+    assert code == 0, err
+    progress = events(out, "progress")
+    skipped = [p["step"] for p in progress if p["loss"] is None]
+    assert len(skipped) == 2 and progress[-1]["skipped_steps"] == 2  # one sample, two epochs
+    assert all(progress[s - 1]["grad_norm"] is None for s in skipped)
+    trained = [p for p in progress if p["loss"] is not None]
+    assert len(trained) == 6 and all(math.isfinite(p["loss"]) for p in trained)
+    assert all(p["grad_norm"] > 0 for p in trained)
+    assert err.count("not finite on a rank: skipped on every rank") == 2
+    [result] = events(out, "result")
+    assert result["skipped_steps"] == 2
 
 
 def two_ranks(python: Path, spec: Path) -> subprocess.Popen[str]:

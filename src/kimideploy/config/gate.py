@@ -24,6 +24,12 @@ class WatchSettings(StrictModel):
         default="flag",
         description="flag: report it; rollback: return to non-speculative serving.",
     )
+    collapse_guard_s: Annotated[int, Field(ge=0, le=7 * 24 * 3600)] = Field(
+        default=3600,
+        description="Seconds after a drafter swap (or speculation switched on) during which one "
+        "judged window whose mean acceptance length is below 1.05 acts at once, whatever the "
+        "break-even: a drafter that accepts nothing after a swap was loaded wrong (0: off).",
+    )
 
 
 class GateSettings(StrictModel):

@@ -56,6 +56,13 @@ class Image(StrictModel):
     patches: list[str] = Field(
         default_factory=list, description="Patch files under docker/patches/vllm-<version>/."
     )
+    model_runner: Literal["v1", "v2"] | None = Field(
+        default=None,
+        description="The vLLM model runner its engine pods run (VLLM_USE_V2_MODEL_RUNNER, set in "
+        "every engine pod). Unset: the engine's own default written down, v2 from vLLM 0.32 (v1 "
+        "for suffix decoding, which V2 does not run), v1 before. A change is an engine change: "
+        "a promoted drafter's acceptance is measured on one runner.",
+    )
     run_as_user: Annotated[int, Field(ge=0)] = Field(
         default=10001,
         description="UID the workload runs as (0 only where it must). Above 10000 so that it is "

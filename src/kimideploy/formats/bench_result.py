@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from kimideploy.formats.output_diversity import is_degenerate
+
 SOMETIMES = (
     "speedup",
     "baseline_tokens_per_s",
@@ -21,6 +23,9 @@ SOMETIMES = (
     "synthetic_rates",
     "rounds",
     "kernels",
+    "distinct_bigrams",
+    "judged_outputs",
+    "degenerate_outputs",
 )
 """Fields written only when a run has them."""
 
@@ -61,10 +66,21 @@ class BenchLevel:
     baseline_tokens_per_s: float | None = None
     synthetic_acceptance_length: float | None = None
     synthetic_rates: tuple[float, ...] | None = None
+    distinct_bigrams: float | None = None
+    """The mean share of distinct word bigrams of the outputs long enough to judge
+    (formats/output_diversity.py); None in results written before it was measured."""
+    judged_outputs: int | None = None
+    degenerate_outputs: int | None = None
+    """Outputs that repeat themselves (a distinct-bigram share below 0.5)."""
 
     @property
     def key(self) -> LevelKey:
         return (self.prompt_set, self.concurrency)
+
+    @property
+    def degenerate(self) -> bool:
+        """Most of what the level measured is a loop: its acceptance is the loop's."""
+        return is_degenerate(self.judged_outputs or 0, self.degenerate_outputs or 0)
 
     @property
     def counted_by(self) -> str | None:
@@ -117,6 +133,9 @@ class BenchLevel:
             baseline_tokens_per_s=_number(data, "baseline_tokens_per_s", where),
             synthetic_acceptance_length=_number(data, "synthetic_acceptance_length", where),
             synthetic_rates=_numbers(data, "synthetic_rates", where),
+            distinct_bigrams=_number(data, "distinct_bigrams", where),
+            judged_outputs=_optional_integer(data, "judged_outputs", where),
+            degenerate_outputs=_optional_integer(data, "degenerate_outputs", where),
         )
 
 

@@ -31,6 +31,17 @@ MLA_DRAFTER_MODEL_TYPES = ("axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32",
 """The model types vLLM 0.32 detects as MLA inside an EAGLE config (the list
 vllm-project/vllm#45764 extends with kimi_k2; kimideploy's vLLM 0.32 patch 0001 does the same)."""
 KIMI_MLA_PATCH = "0001-mla-eagle3-drafter-kimi-k2.patch"
+EAGLE31_NORMS = {
+    "fc_norm": "fc_norm.",
+    "norm_before_fc": "input_norm.",
+    "norm_output": None,
+}
+"""EAGLE-3.1's config flags (kimi-k2.6-eagle3.1-mla carries fc_norm and norm_output) and the tensor
+names each one's weights load under (norm_output reuses the final norm: no tensor of its own). Read
+in the pinned sources: vLLM 0.32's llama_eagle3.py and deepseek_eagle3.py build an RMSNorm per aux
+layer for fc_norm, one over the concatenated input for norm_before_fc, and hand the post-norm
+hidden state back for norm_output; vLLM 0.16's llama_eagle3.py reads none of the three."""
+EAGLE31_FIRST_VLLM = (0, 32)
 LINEAGE_FILE = "kimideploy-lineage.json"
 """Written by the train workload next to config.json."""
 
@@ -94,6 +105,7 @@ def folder_findings(expected: Expected, folder: Path) -> list[CheckResult]:
             "re-download or re-sync the drafter",
         ),
         *_vocab_findings(expected, config, tensors),
+        *_norm_findings(expected, config, tensors),
         *_speculators_findings(expected, config),
         *_lineage_findings(expected, folder / LINEAGE_FILE),
     ]
@@ -238,6 +250,55 @@ def _vocab_findings(
             "rebuild the maps for this target with `kimideploy run vocab`",
         ),
     ]
+
+
+def _norm_findings(
+    expected: Expected, config: dict[str, Any], tensors: dict[str, Any]
+) -> list[CheckResult]:
+    """EAGLE-3.1's norms: a flag the engine does not read, or a flag and the weights that disagree,
+    serves a drafter without a norm it was trained with. Nothing fails at load: vLLM 0.32's loader
+    drops input_norm weights when norm_before_fc is off and leaves fc_norm at its initial ones when
+    the weights lack it, and no vLLM reports norm_output at all; acceptance falls towards 1.0."""
+    eagle = _eagle_config(config)
+    flags = {flag: bool(eagle.get(flag, config.get(flag, False))) for flag in EAGLE31_NORMS}
+    held = {
+        flag: sorted(name for name in tensors if prefix and prefix in name)
+        for flag, prefix in EAGLE31_NORMS.items()
+    }
+    if not any(flags.values()) and not any(held.values()):
+        return []
+    set_flags = [flag for flag, on in flags.items() if on]
+    described = ", ".join(set_flags) or "no EAGLE-3.1 flag"
+    if version_tuple(expected.vllm_version) < EAGLE31_FIRST_VLLM and set_flags:
+        return [
+            CheckResult(
+                "EAGLE-3.1 norms",
+                False,
+                f"config.json sets {described}; vLLM {expected.vllm_version} reads none of "
+                f"{', '.join(EAGLE31_NORMS)} and would serve the drafter without those norms",
+                "serve it with an image whose vLLM is >= 0.32 (its llama_eagle3 and "
+                "deepseek_eagle3 read all three)",
+            )
+        ]
+    mismatched = [
+        _flag_against_weights(flag, flags[flag], prefix, len(held[flag]))
+        for flag, prefix in EAGLE31_NORMS.items()
+        if prefix is not None and flags[flag] != bool(held[flag])
+    ]
+    return [
+        CheckResult(
+            "EAGLE-3.1 norms",
+            not mismatched,
+            "; ".join(mismatched) if mismatched else f"{described} (vLLM {expected.vllm_version})",
+            "config.json's flags must match the weights the drafter was trained with: set the "
+            "flag where its tensors are present, or take a checkpoint that has them",
+        )
+    ]
+
+
+def _flag_against_weights(flag: str, on: bool, prefix: str, tensors: int) -> str:
+    weights = f"{tensors} {prefix}* tensors" if tensors else f"no {prefix}* tensor"
+    return f"{flag} {'on' if on else 'off'} but {weights}"
 
 
 def _speculators_findings(expected: Expected, config: dict[str, Any]) -> list[CheckResult]:

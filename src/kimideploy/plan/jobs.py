@@ -25,7 +25,7 @@ from kimideploy.config.specs import (
 )
 from kimideploy.config.workloads import DatagenSettings, WorkloadSettings
 from kimideploy.errors import ConfigError, UsageError
-from kimideploy.plan import online, pods, publish, replay, stack
+from kimideploy.plan import model_runner, online, pods, publish, replay, stack
 from kimideploy.plan.asks import BenchAsk
 from kimideploy.plan.claims import HiddenStateEstimate, workload_claims
 from kimideploy.plan.data_layout import data_dirs, dataset_fingerprints, published_conversations
@@ -310,6 +310,8 @@ class JobShape:
     shm: str = "1Gi"
     subdomain: str = ""
     port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    """What its main container's engine is told besides the common env (the model runner)."""
 
 
 DISRUPTED = [{"type": "DisruptionTarget", "status": "True"}]
@@ -375,7 +377,7 @@ def job_objects(ctx: PlanInputs, spec: WorkloadSpec, spec_json: str) -> list[Obj
     security_context = pods.container_hardening()
     pod_annotations = dict(_settings(ctx).pod_annotations)
     resources = pods.resources(shape.cpu, shape.memory, shape.gpus)
-    env = _job_env(ctx, shape.gpus)
+    env = [*_job_env(ctx, shape.gpus), *({"name": k, "value": v} for k, v in shape.env.items())]
     host_network = False
     if shape.subdomain:  # ranks on several nodes: NCCL crosses the fabric
         crossing = pods.multi_node_pod(ctx)
@@ -505,8 +507,11 @@ def _replay_jobs(ctx: PlanInputs, judge: dict[str, Any]) -> list[ObjectPlan]:
     judgement too: an init container's request counts for the whole pod."""
     name, image = f"{ctx.object_name}-capture", replay.capture_image(ctx)[1]
     gpus = ctx.cluster.workloads.extract.gpus_per_shard
+    runner = model_runner.pinned(image, replay.capture_image(ctx)[0])
     capture_env = pods.env(
-        ctx, gpus, {"KIMIDEPLOY_SPEC": SPEC_PATH, **pods.compile_cache_env(image)}
+        ctx,
+        gpus,
+        {"KIMIDEPLOY_SPEC": SPEC_PATH, **pods.compile_cache_env(image), **runner.env()},
     )
     container = replay.capture_container(ctx, judge["volume_mounts"], capture_env)
     shm, _ = pods.shm_volume(ENGINE_SHM)
@@ -604,6 +609,7 @@ def _extract_shape(ctx: PlanInputs, spec: WorkloadSpec) -> JobShape:
         ctx.kind.retries,
         gpus=gpus,
         shm=ENGINE_SHM,
+        env=model_runner.pinned(ctx.image, ctx.image_name).env() if ctx.image.vllm else {},
     )
 
 

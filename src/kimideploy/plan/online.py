@@ -23,7 +23,7 @@ from kimideploy.config.images import Image
 from kimideploy.config.specs import OnlineTrainSpec
 from kimideploy.errors import ConfigError
 from kimideploy.formats import extraction_engine
-from kimideploy.plan import pods
+from kimideploy.plan import model_runner, pods
 from kimideploy.plan.inputs import PlanInputs, target_model_path
 from kimideploy.plan.vllm_server import (
     READY_PATH,
@@ -154,6 +154,7 @@ def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
     train, model = ctx.cluster.workloads.train, ctx.model
     online = train.online
     image = server_image(ctx)
+    runner = model_runner.pinned(image, ctx.cluster.images.extract)
     server = ServerBase(
         served_name=model.served_name,
         port=online.port,
@@ -181,7 +182,9 @@ def server_container(ctx: PlanInputs, split: OnlineLayout) -> dict[str, Any]:
         "command": ["vllm", "serve", target_model_path(ctx.model)],
         "args": args,
         "env": pods.env(
-            ctx, split.server_gpus, {"HF_HUB_OFFLINE": "1", **pods.compile_cache_env(image)}
+            ctx,
+            split.server_gpus,
+            {"HF_HUB_OFFLINE": "1", **pods.compile_cache_env(image), **runner.env()},
         ),
         "ports": [{"name": "http", "containerPort": online.port, "protocol": "TCP"}],
         "resources": pods.resources(

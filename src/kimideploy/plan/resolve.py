@@ -26,6 +26,7 @@ from kimideploy.plan import (
     gateway,
     jobs,
     memory,
+    model_runner,
     node_probe,
     online,
     page_cache,
@@ -476,6 +477,9 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
     if ctx.kind.release:
         facts += _serve_facts(ctx)
     facts += [("memory", found.describe()) for found in memory.memory_plans(ctx)]
+    runners = model_runner.plan_fact(ctx)
+    if runners is not None:
+        facts.append(("model runner", runners))
     serves = ctx.kind.release and ctx.image.vllm is not None
     if serves or (ctx.kind.trains_for_serving and ctx.drafter is not None):
         facts.append(("kernels", stack.kernels_fact(ctx)))

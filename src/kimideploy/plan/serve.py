@@ -33,7 +33,7 @@ from kimideploy.formats.drafter_swap import (
     drafter_version,
 )
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import page_cache, pods, publish, stack
+from kimideploy.plan import model_runner, page_cache, pods, publish, stack
 from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.claims import workload_claims
 from kimideploy.plan.dashboard import dashboard_object
@@ -291,6 +291,11 @@ def keeper_env(ctx: PlanInputs) -> dict[str, str]:
 FLASHINFER_INT4_MOE_ARCHS = frozenset({"sm_100", "sm_103"})
 """FlashInfer's TRT-LLM INT4 experts kernel runs on the sm_100 family only (vLLM 0.32,
 fused_moe/experts/trtllm_mxint4_moe.py)."""
+
+
+def runner_env(ctx: PlanInputs) -> dict[str, str]:
+    runner = model_runner.served(ctx)
+    return runner.env() if runner is not None else {}
 
 
 def moe_env(ctx: PlanInputs) -> dict[str, str]:
@@ -561,6 +566,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
                     **(DEV_MODE_ENV if ctx.synthetic_k is not None or swaps_drafters(ctx) else {}),
                     **keeper_env(ctx),
                     **moe_env(ctx),
+                    **runner_env(ctx),
                 },
             ),
             *pods.api_key_env(ctx, "VLLM_API_KEY"),

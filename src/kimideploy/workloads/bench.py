@@ -28,6 +28,7 @@ from typing import Any
 
 from kimideploy.config.specs import SYNTHETIC_CONTROL_METHOD, BenchSpec, SyntheticSweep
 from kimideploy.formats.bench_result import BenchLevel, BenchResult
+from kimideploy.formats.output_diversity import Diversity, distinct_bigrams
 from kimideploy.formats.prompts import PromptFileError, load_prompts
 from kimideploy.formats.vllm_metrics import acceptance, from_requests, parse_with_client
 from kimideploy.workloads.runtime import (
@@ -108,6 +109,7 @@ def request(spec: BenchSpec, messages: list[dict[str, Any]]) -> dict[str, Any]:
     start = time.perf_counter()
     first: float | None = None
     chunks, usage, spec_decode = 0, None, None
+    pieces: list[str] = []
     try:
         with urllib.request.urlopen(req, timeout=600) as response:
             for raw in response:
@@ -122,11 +124,13 @@ def request(spec: BenchSpec, messages: list[dict[str, Any]]) -> dict[str, Any]:
                 ) or spec_decode
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    if (
+                    text = (
                         delta.get("content")
                         or delta.get("reasoning_content")
                         or delta.get("reasoning")
-                    ):
+                    )
+                    if text:
+                        pieces.append(str(text))
                         chunks += 1
                         first = first if first is not None else time.perf_counter()
     except (OSError, ValueError) as exc:
@@ -135,7 +139,9 @@ def request(spec: BenchSpec, messages: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = int((usage or {}).get("completion_tokens") or chunks)
     ttft = (first or end) - start
     tpot = (end - (first or end)) / (tokens - 1) if tokens > 1 else None
-    return {"ok": True, "tokens": tokens, "ttft": ttft, "tpot": tpot, "spec_decode": spec_decode}
+    diversity = distinct_bigrams("".join(pieces))
+    figures = {"tokens": tokens, "ttft": ttft, "tpot": tpot, "distinct_bigrams": diversity}
+    return {"ok": True, "spec_decode": spec_decode, **figures}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -173,6 +179,7 @@ def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> BenchLevel:
     # Every request's own figures, or none: a mix would weigh the reporting requests only.
     accepted = from_requests(own) if done and len(own) == len(done) else counted
     source = "requests" if accepted is not None and accepted is not counted else None
+    diversity = Diversity.of(r["distinct_bigrams"] for r in done)
     return BenchLevel(
         prompt_set=prompt_set,
         concurrency=concurrency,
@@ -193,6 +200,9 @@ def measure(spec: BenchSpec, prompt_set: str, concurrency: int) -> BenchLevel:
         per_position_basis=accepted.per_position_basis if accepted else None,
         scraped_acceptance_rate=counted.rate if counted else None,
         errors=tuple(sorted({r["error"] for r in results if not r["ok"]})[:3]),
+        distinct_bigrams=diversity.mean_distinct_bigrams,
+        judged_outputs=diversity.judged,
+        degenerate_outputs=diversity.degenerate,
     )
 
 
@@ -297,6 +307,13 @@ def run(spec: BenchSpec) -> int:
         log(
             f"{level.prompt_set:9} c={level.concurrency:<4} {throughput}  "
             f"TTFT p50 {level.ttft_p50_s}  TPOT p50 {level.tpot_p50_s}  "
-            f"acceptance {level.acceptance_rate}  speedup {level.speedup}"
+            f"acceptance {level.acceptance_rate}  speedup {level.speedup}  "
+            f"distinct bigrams {level.distinct_bigrams}"
+            + (
+                f"  DEGENERATE: {level.degenerate_outputs} of {level.judged_outputs} outputs "
+                "repeat themselves; the gate will not judge on this level"
+                if level.degenerate
+                else ""
+            )
         )
     return EXIT_OK if any(level.output_tokens for level in levels) else EXIT_FAILED

@@ -21,6 +21,7 @@ process (RANK unset) runs on CPU.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -117,13 +118,18 @@ class StepFigures:
 
     step: int
     epoch: int
-    loss: float
+    loss: float | None
+    """None where the step's loss was not finite (the step was skipped)."""
     lr: float
     accuracy_per_position: list[float]
     tokens_per_s: float
     step_s: float
     """The last step alone (forward, backward, optimizer; not the wait for its batch): comparable
     across precisions and data sources where the rate above is not."""
+    grad_norm: float | None = None
+    """The gradient norm before clipping to 1.0; None where it was not finite."""
+    skipped_steps: int = 0
+    """Steps skipped so far because a rank's loss or gradient norm was not finite."""
     held_out_length: float | None = None
     """The latest held-out mean acceptance length at the serving k, once one was judged."""
 
@@ -222,23 +228,39 @@ class TrainingLoop:
                     )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
                 lr = self.scheduler.get_last_lr()[0]
-                self.optimizer.step()
+                # Read before the optimizer moves (a wait for the backward on a GPU): a step whose
+                # loss or gradient norm is not finite would write NaN into every weight, on every
+                # rank at the next all-reduce, and no later step recovers from it.
+                loss_value, grad_norm = float(loss.detach()), float(norm)
+                if self.collectives.all_finite(loss_value, grad_norm):
+                    self.optimizer.step()
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.position.skipped_steps += 1
+                    log(
+                        f"step {self.position.step + 1}: loss {loss_value:g}, gradient norm "
+                        f"{grad_norm:g} on this rank; not finite on a rank: skipped on every rank "
+                        f"({self.position.skipped_steps} skipped so far)"
+                    )
+                # The schedule follows the batches, skipped or not: a resumed run restores it at
+                # the step its position says.
                 self.scheduler.step()
                 tokens = int(batch["input_ids"].shape[1]) * self.ranks.world
                 self.position.step += 1
                 self.position.step_in_epoch += 1
                 self.position.tokens += tokens
                 start_tokens += tokens
-                loss_value = float(loss.detach())  # waits for the step on a GPU
                 step_s = time.perf_counter() - step_started
                 elapsed = max(time.monotonic() - started, 1e-6)
                 last = StepFigures(
                     step=self.position.step,
                     epoch=self.position.epoch + 1,
-                    loss=round(loss_value, 6),
+                    loss=round(loss_value, 6) if math.isfinite(loss_value) else None,
                     lr=float(f"{lr:.6g}"),
+                    grad_norm=round(grad_norm, 6) if math.isfinite(grad_norm) else None,
+                    skipped_steps=self.position.skipped_steps,
                     accuracy_per_position=[
                         round(a, 4) for a in per_position_accuracy(metrics, self.spec.ttt_steps)
                     ],

@@ -104,10 +104,13 @@ class Position:
     epoch: int = 0
     step_in_epoch: int = 0
     tokens: int = 0
+    skipped_steps: int = 0
+    """Steps whose loss or gradient norm was not finite on a rank (no optimizer step)."""
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Position:
-        return cls(state["step"], state["epoch"], state["step_in_epoch"], state["tokens"])
+        skipped = int(state.get("skipped_steps", 0))  # absent from checkpoints before it counted
+        return cls(state["step"], state["epoch"], state["step_in_epoch"], state["tokens"], skipped)
 
 
 @dataclass(frozen=True)

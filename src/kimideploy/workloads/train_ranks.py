@@ -5,6 +5,7 @@ judgement. One process (RANK unset) is a world of one and every collective is a 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -122,6 +123,19 @@ class Collectives:
 
         flag = torch.tensor([1.0 if stopper.stopping else 0.0], device=self.device)
         dist.all_reduce(flag, group=self.group)
+        return bool(flag.item() > 0)
+
+    def all_finite(self, *values: float) -> bool:
+        """Whether every rank's values are finite: a step is taken or skipped by all of them, or
+        the ranks' weights part."""
+        finite = all(math.isfinite(v) for v in values)
+        if self.ranks.world == 1:
+            return finite
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if finite else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item() > 0)
 
     def barrier(self) -> None:

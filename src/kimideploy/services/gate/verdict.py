@@ -110,6 +110,13 @@ def check_measured(result: BenchResult, needed: list[LevelKey], what: str) -> No
             )
         if not level.output_tokens or not level.output_tokens_per_s:
             raise GateMeasurementError(f"{where}: no output tokens were measured")
+        if level.degenerate:
+            raise GateMeasurementError(
+                f"{where}: {level.degenerate_outputs} of {level.judged_outputs} outputs repeat "
+                f"themselves (mean distinct-bigram share {level.distinct_bigrams}); acceptance "
+                "on a loop is the loop's, not the traffic's: bench chat prompts the target "
+                "answers (bench.prompt_files), not raw completions"
+            )
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,7 @@ def judge(
             "counted_by": level.counted_by,
             "ttft_p50_s": level.ttft_p50_s,
             "tpot_p50_s": level.tpot_p50_s,
+            "distinct_bigrams": level.distinct_bigrams,
             "passed": speedup >= min_speedup,
         }
         compared.append(row)

@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,34 @@ def live_acceptance(session: ClusterSession, record: ReleaseRecord) -> dict[str,
     }
 
 
+COLLAPSED_LENGTH = 1.05
+"""Mean acceptance length (tokens per verification step) below which a drafter accepts almost
+nothing. The failure reported after weight syncs and engine changes (sglang#31674, #27718):
+acceptance falls to ~1.0 with no error, which a break-even rule only catches when break-even is
+above it and only after its windows."""
+
+
+def swapped_at(record: ReleaseRecord) -> datetime | None:
+    """When the revision put a drafter into running pods (a swap, or speculation switched on);
+    None for a revision that started its pods (the drafter check ran before its load)."""
+    swap, switch = record.details.get("swap"), record.details.get("switch")
+    switched_on = isinstance(switch, dict) and switch.get("speculation") == "on"
+    if not isinstance(swap, dict) and not switched_on:
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(record.created_at)
+    return None
+
+
 @dataclass
 class AcceptanceWatch:
     """Acceptance per interval, summed over pods; a restarted pod's counters start again."""
 
     break_even: float
     settings: WatchSettings
+    guard_until: float = 0.0
+    """Until this time (epoch seconds) a collapsed window acts at once (`collapse_guard_s` after a
+    swap); 0: no swap to guard."""
     previous: dict[str, str] = field(default_factory=dict)
     below: int = 0
     reading: dict[str, Any] = field(default_factory=dict)
@@ -147,6 +170,14 @@ class AcceptanceWatch:
             needed = self.settings.min_draft_tokens
             self.reading["verdict"] = "too-few-to-judge"
             return f"{rate} (too few to judge, < {needed}); {even}{trouble}", False
+        length = total.mean_acceptance_length
+        if length is not None and length < COLLAPSED_LENGTH and time.time() < self.guard_until:
+            self.reading["verdict"] = "collapsed-after-swap"
+            self.reading["mean_acceptance_length"] = round(length, 4)
+            return (
+                f"{rate}; mean acceptance length {length:.3f} < {COLLAPSED_LENGTH} right after a "
+                f"swap: COLLAPSED (the drafter accepts almost nothing){trouble}"
+            ), True
         if total.rate >= self.break_even:
             self.below = 0
             self.reading["verdict"] = "paying"
@@ -188,12 +219,22 @@ def watch_release(
     if act is not None:
         settings = settings.model_copy(update={"action": "rollback" if act else "flag"})
     interval = settings.interval_s if interval_s is None else interval_s
-    watch = AcceptanceWatch(facts.break_even, settings)
+    swapped = swapped_at(serving)
+    guard_until = 0.0
+    if swapped is not None and settings.collapse_guard_s:
+        guard_until = swapped.timestamp() + settings.collapse_guard_s
+    watch = AcceptanceWatch(facts.break_even, settings, guard_until=guard_until)
     reporter.info(
         f"watching revision {serving.revision} ({serving.drafter}, k="
         f"{facts.num_speculative_tokens}) every {interval:g}s; break-even acceptance "
         f"{facts.break_even:.1%} (step cost: {facts.break_even_source}); on "
         f"{settings.windows_below} windows below it: {settings.action}"
+        + (
+            f"; a swap: one window below {COLLAPSED_LENGTH} tokens per step until "
+            f"{time.strftime('%H:%M:%S', time.localtime(guard_until))} acts at once"
+            if guard_until > time.time()
+            else ""
+        )
     )
     windows = 0
     while max_windows is None or windows < max_windows:
@@ -208,7 +249,9 @@ def watch_release(
                        **watch.reading, "action": action})  # fmt: skip
         if act_now:
             reason = (
-                f"acceptance below the break-even rate {facts.break_even:.1%} for "
+                f"acceptance collapsed right after a swap ({line})"
+                if watch.reading.get("verdict") == "collapsed-after-swap"
+                else f"acceptance below the break-even rate {facts.break_even:.1%} for "
                 f"{settings.windows_below} windows in a row ({line})"
             )
             if settings.action == "flag":
