@@ -32,6 +32,26 @@ class WatchSettings(StrictModel):
     )
 
 
+class GitOpsGate(StrictModel):
+    """The gate's rule for GitOps tools: acceptance over the window against the break-even rate,
+    as the Prometheus query Argo Rollouts or Flagger runs (plan/analysis.py)."""
+
+    templates: list[Literal["argo-rollouts", "flagger"]] = Field(
+        default_factory=list,
+        description="Which to write into `render serve --kustomize` for a speculative release: "
+        "an Argo Rollouts AnalysisTemplate, a Flagger MetricTemplate (their CRDs must be "
+        "installed where the tree is applied; `up` never applies them).",
+    )
+    prometheus_url: Annotated[str, Field(pattern=r"^https?://[^\s]+$")] = Field(
+        default="http://prometheus-operated.monitoring.svc:9090",
+        description="The Prometheus the templates query (kube-prometheus-stack's by default).",
+    )
+    window_s: Annotated[int, Field(ge=30, le=3600)] = Field(
+        default=300,
+        description="The rate window of the Argo query; Flagger's is the Canary's interval.",
+    )
+
+
 class GateSettings(StrictModel):
     """`up serve --gate`: keep a drafter only when the measured speedup pays."""
 
@@ -65,3 +85,4 @@ class GateSettings(StrictModel):
         "in alternating order, whose means are judged.",
     )
     watch: WatchSettings = Field(default_factory=WatchSettings)
+    gitops: GitOpsGate = Field(default_factory=GitOpsGate)

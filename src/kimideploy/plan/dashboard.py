@@ -107,16 +107,22 @@ def release_dashboard(ctx: PlanInputs, break_even_rate: float | None) -> dict[st
     return dashboard
 
 
+def release_break_even(ctx: PlanInputs) -> float | None:
+    """The acceptance rate speculation must reach on this release: break-even for its k at the
+    lowest gated concurrency (the lowest bar, as `watch` judges); None without a drafter or in a
+    calibration (a synthetic k is not a drafter's)."""
+    k = ctx.speculative_tokens
+    if k is None or ctx.synthetic_k is not None:
+        return None
+    return calibration.break_even_rate(ctx.cost_model, k, min(gated_levels(ctx)))
+
+
 def dashboard_object(ctx: PlanInputs, common: dict[str, Any]) -> ObjectPlan | None:
     """The release's dashboard ConfigMap, or None where serve.grafana_dashboard is off."""
     settings = ctx.cluster.workloads.serve.grafana_dashboard
     if not settings.enabled:
         return None
-    rate = None
-    k = ctx.speculative_tokens
-    if k is not None and ctx.synthetic_k is None:
-        rate = calibration.break_even_rate(ctx.cost_model, k, min(gated_levels(ctx)))
-    text = json.dumps(release_dashboard(ctx, rate), indent=1, sort_keys=True)
+    text = json.dumps(release_dashboard(ctx, release_break_even(ctx)), indent=1, sort_keys=True)
     labels = {**common["labels"], settings.label: settings.label_value}
     values = {
         **common,

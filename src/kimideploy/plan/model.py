@@ -102,6 +102,9 @@ class Plan:
     drafter_findings: tuple[CheckResult, ...] = ()
     """Speculative serve plans: the registry judgement of the drafter on this cluster."""
     inputs: dict[str, Any] = field(default_factory=dict)
+    gitops: tuple[ObjectPlan, ...] = ()
+    """Objects only the Kustomize tree carries (the GitOps gate's templates, plan/analysis.py):
+    `up` never applies them."""
     preflight: tuple[ObjectPlan, ...] = ()
     """Objects run to their end before the plan's own are applied (the weights probe): not part
     of the rendered release, so GitOps trees never carry them."""

@@ -20,6 +20,7 @@ from kimideploy.formats.drafter_swap import SPECULATION_SWITCH_PATCH
 from kimideploy.formats.extraction_engine import version_tuple
 from kimideploy.plan import (
     acceptance,
+    analysis,
     calibration,
     data_layout,
     estimates,
@@ -103,6 +104,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
         warnings=tuple(_warnings(ctx, estimate)),
         inputs=_inputs(ctx, request),
         break_even=_break_even(ctx),
+        gitops=tuple(analysis.gitops_objects(ctx)) if ctx.kind.release else (),
         preflight=tuple(
             p
             for p in (
@@ -477,6 +479,9 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
     if ctx.kind.release:
         facts += _serve_facts(ctx)
     facts += [("memory", found.describe()) for found in memory.memory_plans(ctx)]
+    if ctx.kind.release:
+        gitops = analysis.describe(ctx, analysis.gitops_objects(ctx))
+        facts += [("gitops gate", gitops)] if gitops else []
     runners = model_runner.plan_fact(ctx)
     if runners is not None:
         facts.append(("model runner", runners))

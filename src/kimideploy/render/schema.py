@@ -66,6 +66,8 @@ CRD_SCHEMAS = {
     # Derived from the pinned Go modules' CRDs by scripts/update-crd-schemas.
     ("InferencePool", "inference.networking.k8s.io/v1"): "inferencepool-inference-v1.json",
     ("HTTPRoute", "gateway.networking.k8s.io/v1"): "httproute-gateway-v1.json",
+    ("AnalysisTemplate", "argoproj.io/v1alpha1"): "analysistemplate-argoproj-v1alpha1.json",
+    ("MetricTemplate", "flagger.app/v1beta1"): "metrictemplate-flagger-v1beta1.json",
 }
 """Custom resources kimideploy renders; their schemas ship with the package (render/crd_schemas)."""
 

@@ -322,7 +322,10 @@ def kustomize_files(
                 raise refusal
         except KimiDeployError as exc:
             raise exc.restated(f"overlay {cluster}: {exc.message}") from exc
-        renders.append(ClusterRender(cluster, rendered.plan.namespace, rendered.objects))
+        # The GitOps gate's templates: rendered and validated as the release's objects are.
+        gitops = render_objects(rendered.plan.gitops, rendered.plan.kubernetes_version)
+        objects = [*rendered.objects, *gitops]
+        renders.append(ClusterRender(cluster, rendered.plan.namespace, objects))
         warnings += [f"{cluster}: {warning}" for warning in rendered.plan.warnings]
     what = f"{workload}" + (f" --drafter {drafter}" if drafter else "")
     note = (
