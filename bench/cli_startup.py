@@ -22,6 +22,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The console script users type (not `python -m kimideploy`, which adds runpy's import).
 KIMIDEPLOY = [str(Path(sys.executable).with_name("kimideploy"))]
+# pydantic's public switch stays in both: only the private stub and the collector window go.
+_MAIN = (
+    "import os, sys; os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__'); "
+    "sys.argv[0] = 'kimideploy'; from kimideploy.cli.main import main; "
+)
+UNTUNED = [sys.executable, "-c", _MAIN + "sys.exit(main())"]
+UNTUNED_NO_STUB = [
+    sys.executable,
+    "-c",
+    "from kimideploy.cli import start_up; start_up.begin(); " + _MAIN + "sys.exit(main())",
+]
+COMPLETE = [
+    "env",
+    "_KIMIDEPLOY_COMPLETE=bash_complete",
+    "COMP_WORDS=kimideploy up serve --drafter ",
+    "COMP_CWORD=4",
+]
 COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "python -c 'import click'": [sys.executable, "-c", "import click"],
@@ -35,6 +52,13 @@ COMMANDS = {
     "kimideploy --help": [*KIMIDEPLOY, "--help"],
     "kimideploy drafter list": [*KIMIDEPLOY, "drafter", "list"],
     "kimideploy render serve --drafter v3": [*KIMIDEPLOY, "render", "serve", "--drafter", "v3"],
+    # The same command without the start-up tuning (issue 65: keep it only for a measured need):
+    # without pydantic's loader stub; and without the stub and the collector window.
+    "render, no loader stub": [*UNTUNED_NO_STUB, "render", "serve", "--drafter", "v3"],
+    "render, neither": [*UNTUNED, "render", "serve", "--drafter", "v3"],
+    # What a shell waits for on <TAB> after --drafter (the names come from the project file).
+    "completion of --drafter": [*COMPLETE, *KIMIDEPLOY],
+    "completion, neither": [*COMPLETE, *UNTUNED],
 }
 
 

@@ -98,7 +98,52 @@ def main(argv: list[str]) -> int:
     for name, count in by_file.most_common():
         print(f"  {name}: {count}")
     print(f"`Any` under cli/: {any_in_cli}")
+    fifth_pass(python_files(paths), workloads)
     return 0
+
+
+def fifth_pass(files: list[Path], workloads: set[str]) -> None:
+    """The fifth pass's figures (issue 65): the largest modules, the largest fan-out (imports of
+    the package's own modules), tables keyed by workload name, the longest click commands, and
+    the formatter's and the type checker's escapes."""
+    sizes, fan_out, tables, commands = Counter[str](), Counter[str](), [], Counter[str]()
+    skips = ignores = 0
+    for file in files:
+        text = file.read_text()
+        name = file.as_posix().split("kimideploy/", 1)[-1]
+        sizes[name] = sum(1 for line in text.splitlines() if line.strip())
+        skips += text.count("# fmt: skip")
+        ignores += text.count("type: ignore")
+        tree = ast.parse(text, str(file))
+        own = {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kimideploy")
+        }
+        fan_out[name] = len(own)
+        for node in tree.body:
+            value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+            if isinstance(value, ast.Dict) and value.keys:
+                keys = {k.value for k in value.keys if isinstance(k, ast.Constant)}
+                if len(keys) >= 2 and keys <= workloads:
+                    tables.append(f"{name}:{node.lineno}")
+            if (
+                isinstance(node, ast.FunctionDef)
+                and "cli/" in name
+                and any(
+                    isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "command"
+                    for d in node.decorator_list
+                )
+            ):
+                commands[f"{name}:{node.name}"] = (node.end_lineno or node.lineno) - node.lineno
+    print(f"non-blank lines: {sum(sizes.values())}; largest modules: "
+          + ", ".join(f"{n} {c}" for n, c in sizes.most_common(4)))  # fmt: skip
+    print("largest fan-out (own modules imported): "
+          + ", ".join(f"{n} {c}" for n, c in fan_out.most_common(3)))  # fmt: skip
+    print(f"tables keyed by workload name: {len(tables)} ({', '.join(tables)})")
+    print("longest commands (lines): "
+          + ", ".join(f"{n} {c}" for n, c in commands.most_common(4)))  # fmt: skip
+    print(f"`# fmt: skip`: {skips}; `type: ignore`: {ignores}")
 
 
 if __name__ == "__main__":

@@ -322,7 +322,6 @@ class SuffixMethod(StrictModel):
 
 ModelFreeMethod = NgramMethod | SuffixMethod
 """A method that drafts from the tokens alone: nothing to download, check, train or publish."""
-MODEL_FREE_METHODS = ("ngram", "suffix")
 
 
 def _method_of(value: Any) -> str:

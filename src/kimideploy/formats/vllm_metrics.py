@@ -29,8 +29,6 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 DRAFTS_BY_LENGTH = "vllm:spec_decode_num_drafts_by_draft_length_total"
-SPEC_DECODE_METRICS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION)
-"""The counters the pinned vLLM versions export (DRAFTS_BY_LENGTH is read where it exists)."""
 
 BASIS_BY_LENGTH = "exact: drafts counted by length"
 BASIS_FULL_LENGTH = "exact: every draft had the full length"

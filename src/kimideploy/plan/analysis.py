@@ -16,22 +16,20 @@ their CRDs are that tool's.
 
 from __future__ import annotations
 
+from kimideploy.formats.vllm_metrics import ACCEPTED, DRAFT_TOKENS
 from kimideploy.plan import pods
 from kimideploy.plan.dashboard import release_break_even
 from kimideploy.plan.inputs import PlanInputs
 from kimideploy.plan.model import ObjectPlan
 
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
-
 
 def acceptance_query(namespace: str, model: str, window: str, min_draft_tokens: int) -> str:
     """Acceptance over `window`, empty where fewer than `min_draft_tokens` were drafted."""
     selector = f'{{namespace="{namespace}",model_name="{model}"}}'
-    drafted = f"sum(rate({DRAFTED}{selector}[{window}]))"
+    drafted = f"sum(rate({DRAFT_TOKENS}{selector}[{window}]))"
     return (
         f"sum(rate({ACCEPTED}{selector}[{window}])) / {drafted} "
-        f"and on() sum(increase({DRAFTED}{selector}[{window}])) >= {min_draft_tokens}"
+        f"and on() sum(increase({DRAFT_TOKENS}{selector}[{window}])) >= {min_draft_tokens}"
     )
 
 

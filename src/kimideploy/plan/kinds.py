@@ -215,7 +215,3 @@ KINDS: dict[str, WorkloadKind] = {
     )
 }
 assert tuple(KINDS) == WORKLOAD_NAMES, "one kind per workload name, in the names' order"
-
-
-def kind_of(workload: str) -> WorkloadKind:
-    return KINDS[workload]

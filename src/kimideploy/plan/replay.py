@@ -26,7 +26,6 @@ from kimideploy.plan.asks import ReplayAsk
 from kimideploy.plan.inputs import HIDDEN_STATES_MOUNT, PlanInputs, drafter_path
 
 CAPTURE_CONTAINER = "replay-capture"
-JUDGE_CONTAINER = "replay-judge"
 MAX_PROMPTS = 512
 """Prompts travel in the spec ConfigMap (1 MiB); 512 chat prompts fit with room to spare."""
 
