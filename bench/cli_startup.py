@@ -52,7 +52,7 @@ COMMANDS = {
     "kimideploy --help": [*KIMIDEPLOY, "--help"],
     "kimideploy drafter list": [*KIMIDEPLOY, "drafter", "list"],
     "kimideploy render serve --drafter v3": [*KIMIDEPLOY, "render", "serve", "--drafter", "v3"],
-    # The same command without the start-up tuning (issue 65: keep it only for a measured need):
+    # The same command without the start-up tuning (kept only for a measured need):
     # without pydantic's loader stub; and without the stub and the collector window.
     "render, no loader stub": [*UNTUNED_NO_STUB, "render", "serve", "--drafter", "v3"],
     "render, neither": [*UNTUNED, "render", "serve", "--drafter", "v3"],

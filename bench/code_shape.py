@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
 
 
 def fifth_pass(files: list[Path], workloads: set[str]) -> None:
-    """The fifth pass's figures (issue 65): the largest modules, the largest fan-out (imports of
+    """The fifth pass's figures: the largest modules, the largest fan-out (imports of
     the package's own modules), tables keyed by workload name, the longest click commands, and
     the formatter's and the type checker's escapes."""
     sizes, fan_out, tables, commands = Counter[str](), Counter[str](), [], Counter[str]()

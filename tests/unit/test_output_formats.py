@@ -67,7 +67,13 @@ def test_shell_completion_offers_commands_workloads_and_choices() -> None:
     assert complete("kimideploy", "run", "") == [
         "datagen", "extract", "vocab", "train", "bench", "calibrate",
     ]  # fmt: skip
-    assert complete("kimideploy", "calibrate", "show", "-o", "") == ["table", "json", "yaml", "png"]
+    assert complete("kimideploy", "calibrate", "show", "-o", "") == [
+        "table",
+        "wide",
+        "json",
+        "yaml",
+        "png",
+    ]
     assert complete("kimideploy", "up", "serve", "-o", "") == ["prose", "json", "yaml"]
 
 
@@ -170,3 +176,33 @@ def test_a_failures_facts_are_keys_the_outcome_document_has() -> None:
     documented = {key for name in dir(outcome) if name.endswith("_KEYS")
                   for key in getattr(outcome, name)}  # fmt: skip
     assert set(OutcomeFacts.__annotations__) <= documented | {"status"}
+
+
+@pytest.mark.parametrize(
+    "command", [("drafter", "list"), ("image", "list"), ("plan", "requirements")]
+)
+def test_tables_fit_the_terminal_and_wide_shows_every_cell_whole(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:
+    """At 80 columns every line fits (cut cells end in '~', columns past the width are left out,
+    a last line says so); `-o wide`, and a pipe without $COLUMNS, print every cell whole."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, fitted = run(capsys, *command)
+    assert code == 0 and max(len(line) for line in fitted.splitlines()) <= 80, fitted
+    assert fitted.rstrip().endswith("every cell whole)")
+    code, wide = run(capsys, *command, "-o", "wide")
+    assert code == 0 and max(len(line) for line in wide.splitlines()) > 80
+    assert "every cell whole" not in wide and "~" not in wide.splitlines()[1]
+    monkeypatch.delenv("COLUMNS")
+    code, piped = run(capsys, *command)  # capsys is no terminal: a pipe's whole table
+    assert piped == wide
+
+
+def test_the_drafter_table_keeps_its_status_at_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    _, fitted = run(capsys, "drafter", "list")
+    header = fitted.splitlines()[0].split()
+    assert header[0] == "NAME" and "STATUS" in header and "METHOD" in header
+    assert "rejected" in fitted  # v2's status, whole

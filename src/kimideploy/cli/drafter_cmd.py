@@ -39,7 +39,7 @@ def list_drafters(state: CliState, output: str) -> None:
     if output in MACHINE_FORMATS:
         click.echo(machine(rows, output))
         return
-    click.echo(format_table(rows))
+    click.echo(format_table(rows, keep=("method", "tokens", "status")))
 
 
 @drafter.command("check")

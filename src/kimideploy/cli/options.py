@@ -9,7 +9,7 @@ from typing import Any
 import click
 from click.decorators import FC
 
-from kimideploy.cli.table import MACHINE_FORMATS
+from kimideploy.cli.table import MACHINE_FORMATS, WHOLE_CELLS, WIDE
 
 CLUSTER_HELP = "Cluster profile (default: default_cluster)."
 
@@ -127,15 +127,26 @@ def publish_options(source: str, default_to: str) -> Callable[..., Any]:
 
 def output_option(human: str = "table", *more: str) -> Callable[[FC], FC]:
     """`-o/--output` of a read command: the human form first (the default), then json and yaml,
-    then `more`."""
+    then `more`. A table command also takes `wide`: the table with every cell whole (the command
+    sees "table")."""
+    wide = (WIDE,) if human == "table" else ()
     return click.option(
         "-o",
         "--output",
-        type=click.Choice([human, *MACHINE_FORMATS, *more]),
+        type=click.Choice([human, *wide, *MACHINE_FORMATS, *more]),
         default=human,
         show_default=True,
-        help="json and yaml print the same document, for scripts.",
+        callback=_wide_is_a_table,
+        help="json and yaml print the same document, for scripts"
+        + ("; a table fits the terminal, wide shows every cell whole." if wide else "."),
     )
+
+
+def _wide_is_a_table(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value == WIDE:
+        ctx.meta[WHOLE_CELLS] = True
+        return "table"
+    return value
 
 
 def outcome_option(func: Any) -> Any:
