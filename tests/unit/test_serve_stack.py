@@ -97,6 +97,21 @@ def test_the_dry_run_plan_document_carries_the_judgement(
     assert plan["schema"] == "kimideploy.plan.v1" and plan["refusal"] is None
     assert plan["cluster"] == "rtx6000" and plan["release"] == document["release"]
     assert "predicted" in plan["facts"] and plan["objects"]
+    # Beside the prose, the facts a script reads as values under the same labels.
+    values = plan["values"]
+    gpus = {
+        "per_pod": 8,
+        "product": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+        "arch": "sm_120",
+    }
+    assert values["GPUs"] == gpus
+    [serve] = values["memory"]
+    assert serve["engine"] == "serve" and serve["tensor_parallel"] == 8
+    assert isinstance(serve["kv_tokens"], int) and serve["kv_cache_gib"] > 0
+    assert values["model runner"] == {"serve": "v2"}
+    assert values["image"]["patches"] == ["0001-mla-eagle3-drafter-kimi-k2.patch",
+                                          "0002-speculation-switch.patch"]  # fmt: skip
+    assert set(values) <= set(plan["facts"])  # the same labels
     slow = edited_config(("  v3:\n", "  v3:\n    acceptance: [0.1, 0.05, 0.02]\n"))
     assert main(["--config", str(slow), *good]) == 2
     refused = json.loads(capsys.readouterr().out)

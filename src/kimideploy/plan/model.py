@@ -98,6 +98,9 @@ class Plan:
     spec: WorkloadSpec
     """What the pod reads as spec.json (the ConfigMap holds its JSON): services read it here."""
     facts: tuple[tuple[str, str], ...] = ()
+    fact_values: dict[str, Any] = field(default_factory=dict)
+    """Facts as values (numbers, lists, objects) under the labels `facts` uses: what the plan
+    document gives a script beside the prose."""
     warnings: tuple[str, ...] = ()
     drafter_findings: tuple[CheckResult, ...] = ()
     """Speculative serve plans: the registry judgement of the drafter on this cluster."""

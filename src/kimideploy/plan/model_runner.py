@@ -73,6 +73,12 @@ def served(ctx: PlanInputs) -> ModelRunner | None:
 
 def plan_fact(ctx: PlanInputs) -> str | None:
     """What the plan shows: the runner of each engine the workload's pods start."""
+    engines = engine_runners(ctx)
+    return "; ".join(f"{what}: {r.describe()}" for what, r in engines) or None
+
+
+def engine_runners(ctx: PlanInputs) -> list[tuple[str, ModelRunner]]:
+    """Each engine the workload's pods start, as the plan names it, with its runner."""
     engines: list[tuple[str, ModelRunner]] = []
     if ctx.kind.release:
         runner = served(ctx)
@@ -84,7 +90,7 @@ def plan_fact(ctx: PlanInputs) -> str | None:
     if online.is_online(ctx):
         name = ctx.cluster.images.extract
         engines.append(("target server", pinned(ctx.project.images[name], name)))
-    return "; ".join(f"{what}: {r.describe()}" for what, r in engines) or None
+    return engines
 
 
 def engine_image(ctx: PlanInputs) -> tuple[str, Image]:

@@ -84,6 +84,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
     stage = None if ctx.kind.release else estimates.estimate(ctx, ctx.rates)
     price = ctx.cluster.price_per_gpu_hour
     facts = _facts(ctx, estimate)
+    values = _fact_values(ctx, estimate)
     if stage is not None:
         facts.append(("estimate", stage.line(price)))
     return Plan(
@@ -101,6 +102,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
         spec=spec,
         drafter_findings=_drafter_findings(ctx),
         facts=tuple(facts),
+        fact_values=values,
         warnings=tuple(_warnings(ctx, estimate)),
         inputs=_inputs(ctx, request),
         break_even=_break_even(ctx),
@@ -525,6 +527,38 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
     if ctx.run_id:
         facts.append(("run id", ctx.run_id))
     return facts
+
+
+def _fact_values(ctx: PlanInputs, estimate: HiddenStateEstimate) -> dict[str, Any]:
+    """The facts a script reads as values (numbers, lists), keyed by the labels of `_facts`."""
+    image = ctx.image
+    values: dict[str, Any] = {
+        "namespace": ctx.namespace,
+        "image": {
+            "name": ctx.image_name,
+            "reference": image.reference,
+            "vllm": image.vllm,
+            "speculators": image.speculators,
+            "patches": list(image.patches),
+        },
+    }
+    if ctx.kind.gpus:
+        gpu = ctx.cluster.gpu
+        values["GPUs"] = {"per_pod": gpu.per_node, "product": gpu.product, "arch": gpu.arch}
+    plans = memory.memory_plans(ctx)
+    if plans:
+        values["memory"] = [
+            {**dataclasses.asdict(found), "concurrent_max_length": found.concurrent_max_length}
+            for found in plans
+        ]
+    runners = model_runner.engine_runners(ctx)
+    if runners:
+        values["model runner"] = {engine: runner.runner for engine, runner in runners}
+    if ctx.kind.plans_hidden_states and not online.is_online(ctx):
+        values["hidden states"] = dataclasses.asdict(estimate)
+    if ctx.run_id:
+        values["run id"] = ctx.run_id
+    return values
 
 
 def _datasets_fact(ctx: PlanInputs) -> str:

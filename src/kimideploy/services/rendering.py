@@ -281,6 +281,7 @@ def plan_document(rendered: Rendered, refusal: KimiDeployError | None) -> dict[s
         "release": plan.release,
         "image": plan.image,
         "facts": dict(plan.facts),
+        "values": plan.fact_values,
         "estimate": None
         if plan.stage_estimate is None
         else plan.stage_estimate.to_dict(plan.price_per_gpu_hour),
