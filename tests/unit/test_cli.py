@@ -111,6 +111,12 @@ def test_config_schema_is_json_schema_of_the_project(capsys: pytest.CaptureFixtu
 def test_config_validate(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--config", str(EXAMPLE), "config", "validate")
     assert code == 0 and "valid (3 clusters, 4 images, 7 drafters)" in out
+    # Valid, and it says what `up` and the dry runs would refuse: each placeholder pin by line.
+    assert "15 of the example's placeholder pins remain" in out
+    assert f"{EXAMPLE}:15: model.revision" in out
+    code, out, _ = run(capsys, "--config", str(EXAMPLE), "config", "validate", "-o", "json")
+    pins = json.loads(out)["placeholder_pins"]
+    assert len(pins) == 15 and {"path": "model.revision", "line": 15} in pins
 
 
 def test_default_config_is_local_file_then_builtin_example(

@@ -29,7 +29,10 @@ def test_init_writes_the_chosen_clusters_and_names_the_placeholders(
     assert "# Rented B300 NVL8 nodes" in text and "B200 NVL8" not in text
     assert "kimideploy.yaml:13: model.revision" in out and "image lock" in text
     config = ["--config", str(path)]
-    assert main([*config, "render", "serve", "--drafter", "v3"]) == 0
+    # render judges the pins as up does (the same ones, named); --force renders them anyway.
+    assert main([*config, "render", "serve", "--drafter", "v3"]) == 2
+    assert f"{path}:13: model.revision" in capsys.readouterr().err
+    assert main([*config, "render", "serve", "--drafter", "v3", "--force"]) == 0
     capsys.readouterr()
     assert main([*config, "up", "serve", "--drafter", "v3", "--yes"]) == 2
     assert f"{path}:13: model.revision" in capsys.readouterr().err

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from kimideploy.cli.main import main
-from kimideploy.config.placeholders import PINS_FILE, example_pins, placeholders_in
+from kimideploy.config.placeholders import (
+    EXAMPLE_NAME,
+    PINS_FILE,
+    example_pins,
+    placeholders_in,
+)
 from tests.conftest import EXAMPLE, REPO
 
 MODEL_PIN = "3d2f1c0b9a8e7d6c5b4a39281706f5e4d3c2b1a0"
@@ -55,7 +60,7 @@ def without_allowance(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         ["up", "serve", "--drafter", "v3", "--yes"],
         ["run", "train", "--cluster", "b300"],
         ["run", "calibrate", "--cluster", "b300"],
-        ["drafter", "pull", "k25", "--cluster", "b300"],
+        ["run", "datagen", "--cluster", "b300"],
     ],
 )
 def test_a_copy_anywhere_with_placeholder_pins_is_refused_before_any_cluster(
@@ -68,13 +73,68 @@ def test_a_copy_anywhere_with_placeholder_pins_is_refused_before_any_cluster(
     _, err = capsys.readouterr()
     assert code == 2, err
     assert "placeholder pins" in err and f"{copy}:15: model.revision" not in err
-    [line] = [
-        p.line
-        for p in placeholders_in(copy.read_text())
-        if p.path == "images.vllm-0.16-kimi.digest"
-    ]
-    assert f"{copy}:{line}: images.vllm-0.16-kimi.digest" in err
+    lines = {p.path: p.line for p in placeholders_in(copy.read_text())}
+    # Only the pins this command's pods would pull are named: no command here runs vLLM 0.16.
+    assert f"{copy}:{lines['images.vllm-0.16-kimi.digest']}: images.vllm-0.16-kimi" not in err
+    named = [line for line in err.splitlines() if line.startswith(f"  {copy}:")]
+    assert named and len(named) < len(lines)
     assert "KIMIDEPLOY_ALLOW_PLACEHOLDERS=1" in err and "cannot use kube context" not in err
+
+
+def test_the_dry_run_refuses_the_pins_up_would_refuse_and_names_them_in_the_plan(
+    without_allowance: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One judgement: `up --dry-run` (and its plan document) refuses what `up` refuses, naming
+    the same pins; the built-in example picked implicitly (the demo) is still planned."""
+    copy = without_allowance / "kimi.yaml"
+    copy.write_text(EXAMPLE.read_text().replace("name: kimi-k25", "name: mine", 1))
+    up = ["--config", str(copy), "up", "serve", "--drafter", "v3"]
+    assert main([*up, "--yes"]) == 2
+    refused = capsys.readouterr().err
+    assert main([*up, "--dry-run"]) == 2
+    planned = capsys.readouterr().err
+    assert refused.splitlines()[:5] == planned.splitlines()[:5]
+    assert f"{copy}:15: model.revision" in planned and "images.vllm-0.32-kimi.digest" in planned
+    assert "images.train-speculators-0.9.digest" not in planned  # serve pulls no train image
+    assert main([*up, "--dry-run", "-o", "json"]) == 2
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["refusal"]["exit_code"] == 2 and "model.revision" in plan["refusal"]["reason"]
+    run = ["--config", str(copy), "run", "vocab", "--cluster", "b300"]
+    assert main([*run, "--dry-run"]) == 2
+    assert "images.tools.digest" in capsys.readouterr().err
+    # render, and the GitOps tree, refuse the same pins (--force renders them anyway).
+    render = ["--config", str(copy), "render", "serve", "--drafter", "v3"]
+    assert main(render) == 2
+    assert "images.vllm-0.32-kimi.digest" in capsys.readouterr().err
+    tree = without_allowance / "tree"
+    assert main([*render, "--kustomize", str(tree), "--overlay", "b300"]) == 2
+    assert "overlay rtx6000: serve on rtx6000 would pull" in capsys.readouterr().err
+    assert not tree.exists()
+    assert main([*render, "--force"]) == 0
+    assert "kind: Deployment" in capsys.readouterr().out
+    # The demo: the example itself, picked implicitly, plans (its real `up` is refused first).
+    assert main(["up", "serve", "--drafter", "v3", "--dry-run"]) == 0
+    assert main(["render", "serve", "--drafter", "v3"]) == 0
+
+
+def test_the_example_renamed_in_place_is_judged_by_its_pins_not_as_the_example(
+    without_allowance: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = without_allowance / "checkout"
+    home.mkdir()
+    for part in ("templates", "k8s", "docker", "schema", "ansible"):
+        (home / part).symlink_to(REPO / part)
+    text = EXAMPLE.read_text().replace("name: kimi-k25", "name: mine", 1)
+    (home / "kimideploy.yaml").write_text(text)
+    monkeypatch.setenv("KIMIDEPLOY_HOME", str(home))
+    monkeypatch.chdir(home)
+    assert main(["up", "serve", "--drafter", "v3", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert "built-in example" not in err and "placeholder pins" in err and "model.revision" in err
+
+
+def test_the_example_name_is_the_examples() -> None:
+    assert f"\nname: {EXAMPLE_NAME} " in EXAMPLE.read_text()
 
 
 def test_the_example_edited_in_place_is_the_users_file(

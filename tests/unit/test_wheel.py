@@ -82,6 +82,9 @@ def test_a_project_kept_in_another_repository_is_used(installed: Path, tmp_path:
     infra.mkdir()
     text = (REPO / "kimideploy.yaml").read_text().replace("name: kimi-k25 ", "name: teamk ")
     (infra / "kimideploy.yaml").write_text(text)
-    rendered = _kimideploy(installed, infra, "render", "serve", "--drafter", "v3")
+    # Its own file: judged by the pins its pods would pull (still the example's here), named.
+    refused = _kimideploy(installed, infra, "render", "serve", "--drafter", "v3")
+    assert refused.returncode == 2 and "model.revision" in refused.stderr, refused.stderr
+    rendered = _kimideploy(installed, infra, "render", "serve", "--drafter", "v3", "--force")
     assert rendered.returncode == 0, rendered.stderr
     assert "name: teamk-serve" in rendered.stdout and "built-in example" not in rendered.stderr

@@ -55,7 +55,7 @@ def run_calibrate(
     from kimideploy.services.connection import open_session
     from kimideploy.services.rendering import refuse_before_contact
 
-    loaded = state.project("run calibrate deploys serve revisions on a cluster", pulls=True)
+    loaded = state.project("run calibrate deploys serve revisions on a cluster")
     _, requests, base = calibration_requests(loaded, cluster, drafter, overrides, options=options)
     refuse_before_contact(loaded, [*requests.values(), base])
     session = open_session(loaded, cluster, context, namespace)

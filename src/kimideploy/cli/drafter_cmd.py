@@ -403,7 +403,7 @@ def pull(
     from kimideploy.services.drafters.pulling import pull_drafters
     from kimideploy.services.rendering import refuse_before_contact
 
-    loaded = state.project("drafter pull runs a Job on a cluster", pulls=True)
+    loaded = state.project("drafter pull runs a Job on a cluster")
     pull = PlanRequest("pull", cluster, names[0], ask=PullAsk(drafters=names))
     refuse_before_contact(loaded, [pull])
     session = open_session(loaded, cluster, context, namespace)

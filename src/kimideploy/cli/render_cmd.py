@@ -46,7 +46,8 @@ from kimideploy.cli.state import WORKLOAD_CHOICE, CliState
     "--force",
     is_flag=True,
     help="Render a drafter whose check fails (predicted slower, a stack where speculation "
-    "cannot pay), as `up --force` would deploy it.",
+    "cannot pay), as `up --force` would deploy it, or pods that would pull the example's "
+    "placeholder pins.",
 )
 @click.pass_obj
 def render(
@@ -68,11 +69,13 @@ def render(
     drafter `up` would refuse is refused here too (exit 2, the same message), so a GitOps tree
     never carries what the CLI would not deploy; --force renders it anyway.
     """
+    from kimideploy.cli.state import pins_judged
     from kimideploy.errors import UsageError
     from kimideploy.plan.model import PlanRequest
     from kimideploy.plan.refusal import drafter_refusal
     from kimideploy.services.rendering import (
         kustomize_files,
+        placeholder_refusal,
         render_workload,
         write_objects,
         write_tree,
@@ -89,7 +92,13 @@ def render(
         base = loaded.project.cluster_name(cluster)
         others = [c for c in (overlays or sorted(loaded.project.clusters)) if c != base]
         files, warnings = kustomize_files(
-            loaded, workload, drafter, overrides, clusters=[base, *others], force=force
+            loaded,
+            workload,
+            drafter,
+            overrides,
+            clusters=[base, *others],
+            force=force,
+            pins=pins_judged(state),
         )
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
@@ -98,13 +107,16 @@ def render(
         return
     from kimideploy.services.rendering import PLAN_FACTS_SHOWN
 
-    rendered = render_workload(state.project(), PlanRequest(workload, cluster, drafter, overrides))
+    loaded = state.project()
+    rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter, overrides))
     for warning in rendered.plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     for key, value in rendered.plan.facts:
         if key in PLAN_FACTS_SHOWN:
             click.echo(f"{key}: {value}", err=True)
     refusal = drafter_refusal(rendered.plan, force)
+    if refusal is None and not force and pins_judged(state):
+        refusal = placeholder_refusal(loaded, [rendered.plan])  # what `up` would refuse
     if refusal is not None:
         raise refusal
     if output_dir is None and output == "json":

@@ -303,7 +303,7 @@ def _job(
     from kimideploy.services.runs import batch_runs
 
     pending = state.outcome
-    loaded = state.project(f"run {workload} creates a Job on a cluster", pulls=True)
+    loaded = state.project(f"run {workload} creates a Job on a cluster")
     refuse_before_contact(loaded, [PlanRequest(workload, cluster, drafter, overrides)], force=force)
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()
@@ -447,7 +447,7 @@ def run_bakeoff_command(
     from kimideploy.services.rendering import refuse_before_contact
 
     pending = state.outcome
-    loaded = state.project("run bench --drafters deploys serve revisions on a cluster", pulls=True)
+    loaded = state.project("run bench --drafters deploys serve revisions on a cluster")
     refuse_before_contact(loaded, list(bakeoff_requests(cluster, names, overrides, image).values()))
     session = open_session(loaded, cluster, context, namespace)
     reporter = TerminalReporter()

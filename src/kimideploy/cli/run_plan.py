@@ -77,8 +77,10 @@ def _show(
     force: bool,
     where: str,
 ) -> None:
+    from kimideploy.cli.state import pins_judged
     from kimideploy.services.rendering import (
         describe_plan,
+        placeholder_refusal,
         plan_document,
         refuse_past_the_rental,
         render_workload,
@@ -91,6 +93,8 @@ def _show(
             refuse_past_the_rental(loaded, rendered.plan)
         except KimiDeployError as exc:  # what the real run raises, in the -o document too
             refusal = exc
+    if refusal is None and pins_judged(state):
+        refusal = placeholder_refusal(loaded, [rendered.plan])
     done = (
         "Dry run (client): nothing was sent to a cluster."
         if where == "client"

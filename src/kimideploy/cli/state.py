@@ -69,6 +69,17 @@ class CliState:
             refuse_placeholders(self._loaded, changes)
         return self._loaded
 
+    @property
+    def unedited_example(self) -> bool:
+        """The loaded file is the built-in example, picked implicitly and not made anyone's."""
+        return self._unedited_example
+
+
+def pins_judged(state: CliState) -> bool:
+    """Whether a dry run judges placeholder pins as the real command would: not on the built-in
+    example picked implicitly (the demo), whose real command is refused before its pins."""
+    return not state.unedited_example
+
 
 def refuse_placeholders(loaded: LoadedProject, changes: str) -> None:
     """A change made with the example's placeholder pins would pull images and weights that do

@@ -14,7 +14,7 @@ from kimideploy.cli.options import (
     poll_option,
 )
 from kimideploy.cli.outcome import PLAN_KEYS, RELEASE_KEYS, expect, print_release
-from kimideploy.cli.state import CliState
+from kimideploy.cli.state import CliState, pins_judged
 from kimideploy.cli.terminal import TerminalReporter
 
 if TYPE_CHECKING:
@@ -168,9 +168,7 @@ def up(
         gate_fail_open=gate_fail_open,
         gate_baseline=gate_baseline,
     )
-    loaded = state.project(
-        None if dry_run == "client" else "up changes a cluster", pulls=dry_run is None
-    )
+    loaded = state.project(None if dry_run == "client" else "up changes a cluster")
     cluster_name = loaded.project.cluster_name(cluster)  # decided once, passed on as the name
     request = PlanRequest(
         workload,
@@ -183,7 +181,9 @@ def up(
     )
     if dry_run == "client":
         offline = calibrations.offline_answers(loaded, cluster_name, namespace)
-        _dry_run_client(loaded, request, offline, force=force, pending=pending)
+        _dry_run_client(
+            loaded, request, offline, force=force, pending=pending, pins=pins_judged(state)
+        )
         return
     refuse_before_contact(loaded, [request])
     session = open_session(loaded, cluster_name, context, namespace)
@@ -252,16 +252,25 @@ def _dry_run_client(
     *,
     force: bool,
     pending: PendingOutcome | None,
+    pins: bool = True,
 ) -> None:
-    """The plan as `up` would apply it, and `up`'s own refusal of a failing drafter (exit 2,
-    the same message): a dry run that passes is one the real command passes. With -o, the plan
-    document (kimideploy.plan.v1) in the outcome, the refusal in both."""
+    """The plan as `up` would apply it, and `up`'s own refusals (a failing drafter; with `pins`,
+    the example's placeholder pins it would pull), exit 2 with the same message: a dry run that
+    passes is one the real command passes. With -o, the plan document (kimideploy.plan.v1) in
+    the outcome, the refusal in both."""
     from kimideploy.errors import ExitCode
     from kimideploy.plan.refusal import drafter_refusal
-    from kimideploy.services.rendering import describe_plan, plan_document, render_workload
+    from kimideploy.services.rendering import (
+        describe_plan,
+        placeholder_refusal,
+        plan_document,
+        render_workload,
+    )
 
     rendered = render_workload(loaded, request, answers)
     refusal = drafter_refusal(rendered.plan, force)
+    if refusal is None and pins:
+        refusal = placeholder_refusal(loaded, [rendered.plan])
     if pending:
         pending.known.update(release=rendered.plan.release, plan=plan_document(rendered, refusal))
         if refusal is not None:

@@ -30,6 +30,9 @@ PINS_FILE = Path(__file__).with_name("example_pins.json")
 """The example's placeholder values, shipped beside this module: the example file itself may be
 edited in place (it is ./kimideploy.yaml in a checkout), so the values cannot be read back from it.
 tests/unit/test_placeholders.py keeps this file equal to what the example marks."""
+EXAMPLE_NAME = "kimi-k25"
+"""The example's project name: a file that changed it is its owner's, pins replaced or not
+(tests/unit/test_placeholders.py holds it to the example)."""
 ALLOW_ENV = "KIMIDEPLOY_ALLOW_PLACEHOLDERS"
 """Set to 1 for a cluster that pulls nothing the pins name (the test control plane, a kind cluster
 used to rehearse): changing commands then run on a file that still holds the example's pins."""
@@ -102,9 +105,19 @@ def placeholders_allowed() -> bool:
 
 
 def is_unedited_example(parsed: safe_yaml.Parsed) -> bool:
-    """Every placeholder of the example is still there: nobody has made this file theirs."""
+    """Every placeholder of the example is still there and it still bears the example's name:
+    nobody has made this file theirs."""
+    data = parsed.data if isinstance(parsed.data, dict) else {}
+    if data.get("name") != EXAMPLE_NAME:
+        return False
     values = {p.value for p in placeholders_of(parsed)}
     return values >= shipped_pins()
+
+
+def pulled(found: list[Placeholder], rendered: str) -> list[Placeholder]:
+    """The placeholders whose value is in `rendered` (what a command's pods are given: image
+    references, revisions in their specs): the pins that command would pull."""
+    return [p for p in found if p.value in rendered]
 
 
 def describe(placeholders: list[Placeholder], path: Path) -> str:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kimideploy.config import placeholders
 from kimideploy.config.descriptions import describe_from_docstrings
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.loading import LoadedProject, load_project
@@ -65,10 +66,35 @@ def refuse_before_contact(
     cluster's image cannot run, unknown or unpublished drafters), and a run that would outlast
     its cluster's rental (unless `force`), so the refusal comes with exit 2 whatever the state
     of the kube context."""
-    for request in requests:
-        plan = resolve(loaded, request)
+    plans = [resolve(loaded, request) for request in requests]
+    for plan in plans:
         if not force:
             refuse_past_the_rental(loaded, plan)
+    refusal = placeholder_refusal(loaded, plans)
+    if refusal is not None:
+        raise refusal
+
+
+def placeholder_refusal(loaded: LoadedProject, plans: list[Plan]) -> UsageError | None:
+    """The example's placeholder pins these plans would pull (an image digest, a revision their
+    pods are given), named; the pins they do not use are not this command's business. None when
+    there are none, or where KIMIDEPLOY_ALLOW_PLACEHOLDERS=1 (a rehearsal cluster)."""
+    if placeholders.placeholders_allowed():
+        return None
+    given = json.dumps(
+        [[o.values for o in (*plan.objects, *plan.preflight)] for plan in plans], default=str
+    )
+    found = placeholders.pulled(placeholders.placeholders_of(loaded.document), given)
+    if not found:
+        return None
+    what = ", ".join(sorted({f"{plan.workload} on {plan.cluster}" for plan in plans}))
+    return UsageError(
+        f"{what} would pull {len(found)} of the example's placeholder pins (marked EXAMPLE PIN) "
+        f"still in {loaded.path}:\n{placeholders.describe(found, loaded.path)}",
+        hint="replace each with the revision or digest you validated (`kimideploy image lock` "
+        "writes image digests, `kimideploy host sync-model` records the model's revision); on a "
+        "rehearsal cluster that pulls nothing, set KIMIDEPLOY_ALLOW_PLACEHOLDERS=1",
+    )
 
 
 def refuse_past_the_rental(loaded: LoadedProject, plan: Plan) -> None:
@@ -306,6 +332,7 @@ def kustomize_files(
     *,
     clusters: list[str],
     force: bool = False,
+    pins: bool = False,
 ) -> tuple[dict[PurePosixPath, str], list[str]]:
     """The Kustomize tree of `workload` over `clusters` (the first is the base); every cluster's
     render is validated as `render` validates it, and a cluster that cannot render it stops all.
@@ -319,6 +346,8 @@ def kustomize_files(
         try:
             rendered = render_workload(loaded, PlanRequest(workload, cluster, drafter, overrides))
             refusal = drafter_refusal(rendered.plan, force)
+            if refusal is None and pins and not force:
+                refusal = placeholder_refusal(loaded, [rendered.plan])
             if refusal is not None:
                 raise refusal
         except KimiDeployError as exc:
