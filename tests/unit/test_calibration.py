@@ -398,3 +398,34 @@ def test_the_bakeoff_gives_each_drafter_its_k_by_batch_size_from_what_it_measure
         table, {"v4": 3}, cal.DefaultCost(0.14, "b200"), 64, vllm="0.32.0"
     )
     assert "needs a calibration" in uncalibrated.k_schedules["v4"]
+
+
+def test_calibrate_show_offline_prints_the_prior_then_the_local_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a cluster: the prior the plan uses until `run calibrate` (its break-even lengths
+    from the same cost model), then, once a cluster was read, its last calibration's copy."""
+    import json
+
+    from kimideploy.cli.main import main
+    from kimideploy.config.loading import load_project
+    from kimideploy.plan.step_cost import uncalibrated
+    from kimideploy.services.calibration_copies import remember
+    from tests.conftest import EXAMPLE
+
+    monkeypatch.setenv("KIMIDEPLOY_CALIBRATION_CACHE", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # no cluster can be reached
+    assert main(["calibrate", "show", "--cluster", "b200", "--offline", "-o", "json"]) == 0
+    prior = json.loads(capsys.readouterr().out)
+    assert prior["source"].startswith("cluster b200, nothing measured: the prior the plan uses")
+    costs = uncalibrated(load_project(EXAMPLE).project, "b200")
+    first = prior["table"][0]
+    assert first["concurrency"] == 1
+    assert first["break-even k=3"] == round(cal.break_even_length(costs, 3, 1), 2)
+    assert main(["calibrate", "show", "--cluster", "b200", "--offline", "-o", "png"]) == 2
+    assert "no calibration here to plot" in capsys.readouterr().err
+    remember(load_project(EXAMPLE), "b200", (calibration_of(measured(noise=0.0)),))
+    assert main(["calibrate", "show", "--cluster", "b200", "--offline"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("calibration (local copy) of cluster b200, measured 2026-12-01")
+    assert "no k pays" not in out.splitlines()[0]

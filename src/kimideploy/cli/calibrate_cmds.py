@@ -13,6 +13,7 @@ from kimideploy.cli.table import MACHINE_FORMATS, format_table, machine
 from kimideploy.cli.terminal import TerminalReporter
 
 if TYPE_CHECKING:
+    from kimideploy.config.loading import LoadedProject
     from kimideploy.plan.calibration import Calibration
     from kimideploy.services.calibrate.sweep import CalibrateOptions
     from kimideploy.services.release.deploy import ApplyOptions
@@ -94,6 +95,12 @@ def calibrate() -> None:
     callback=numbers(float, "--acceptance-rate"),
     help="Per-token acceptance rates to name the best k for (default 0.6,0.7,0.8).",
 )
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Contact no cluster: the local copy of its last calibration, else the prior the plan "
+    "uses until one is measured.",
+)
 @click.pass_obj
 def show(
     state: CliState,
@@ -104,6 +111,7 @@ def show(
     output: str,
     png_file: Path | None,
     per_token: tuple[float, ...] | None,
+    offline: bool,
 ) -> None:
     """Break-even acceptance length per k and concurrency, the best k, where nothing pays."""
     from kimideploy.errors import UsageError
@@ -112,6 +120,9 @@ def show(
     from kimideploy.services.connection import open_session
 
     loaded = state.project()
+    if offline:
+        _show_offline(loaded, loaded.project.cluster_name(cluster), output, per_token)
+        return
     session = open_session(loaded, cluster, context, namespace)
     name = session.cluster
     stored = session.calibrations(name)
@@ -141,3 +152,37 @@ def show(
         target = png_file or Path(f"calibration-{name}.png")
         report.write_png(calibration, target)
         click.echo(f"wrote {target}")
+
+
+def _show_offline(
+    loaded: LoadedProject, name: str, output: str, per_token: tuple[float, ...] | None
+) -> None:
+    """`calibrate show --offline`: the last calibration read from the cluster (its local copy),
+    or the prior, in the same table; png needs a measured calibration."""
+    from kimideploy.errors import UsageError
+    from kimideploy.plan.calibration import DEFAULT_KS
+    from kimideploy.plan.step_cost import uncalibrated
+    from kimideploy.services import calibration_copies as calibrations
+    from kimideploy.services.calibrate import report
+
+    rates = per_token or report.DEFAULT_PER_TOKEN
+    measured = [c for c in calibrations.cached(loaded, name) if c.points]
+    if measured:
+        calibration = measured[-1]
+        rows = report.rows(calibration, rates)
+        title = report.header("(local copy)", calibration)
+    else:
+        if output == "png":
+            raise UsageError(
+                f"cluster {name} has no calibration here to plot",
+                hint=f"`kimideploy run calibrate --cluster {name}` measures one",
+            )
+        costs = uncalibrated(loaded.project, name)
+        levels = sorted(set(loaded.project.clusters[name].workloads.bench.concurrency))
+        rows = report.prior_rows(costs, DEFAULT_KS, levels, rates)
+        title = f"cluster {name}, nothing measured: the prior the plan uses, {costs.source}"
+    if output in MACHINE_FORMATS:
+        click.echo(machine({"source": title, "table": rows}, output))
+        return
+    click.echo(title)
+    click.echo(format_table(rows))

@@ -9,6 +9,7 @@ from typing import Any
 from kimideploy.errors import UsageError
 from kimideploy.plan.calibration import (
     Calibration,
+    CostModel,
     MeasuredCost,
     best_k,
     break_even_length,
@@ -35,6 +36,24 @@ def rows(calibration: Calibration, per_token: tuple[float, ...]) -> list[dict[st
         )
         for rate in per_token:
             k, value = best_k(costs, rate, c, calibration.ks)
+            row[f"best k @a={rate}"] = f"k={k} {value:.2f}x" if value > 1 else "none pays"
+        out.append(row)
+    return out
+
+
+def prior_rows(
+    costs: CostModel, ks: tuple[int, ...], levels: list[int], per_token: tuple[float, ...]
+) -> list[dict[str, Any]]:
+    """The same table from a cost model nothing measured (the prior the plan uses until `run
+    calibrate`): break-even acceptance length per k and concurrency, and the best k."""
+    out = []
+    for c in levels:
+        row: dict[str, Any] = {"concurrency": c}
+        for k in ks:
+            row[f"break-even k={k}"] = round(break_even_length(costs, k, c), 2)
+        row["cost/draft token"] = round((costs.cost(1, c) - 1), 4)
+        for rate in per_token:
+            k, value = best_k(costs, rate, c, list(ks))
             row[f"best k @a={rate}"] = f"k={k} {value:.2f}x" if value > 1 else "none pays"
         out.append(row)
     return out
