@@ -325,6 +325,36 @@ def _report(diagnosis: Diagnosis) -> str:
     return "\n".join(lines)
 
 
+@drafter.command("new")
+@click.argument("name")
+@click.option(
+    "--cluster",
+    shell_complete=complete_clusters,
+    help="The cluster that will train it: its training drafter gives the shape (default: the "
+    "default cluster).",
+)
+@click.option(
+    "--base",
+    shell_complete=complete_drafters,
+    help="Fine-tune from this drafter (its shape is taken; recorded as lineage.base_drafter).",
+)
+@click.pass_obj
+def new(state: CliState, *, name: str, cluster: str | None, base: str | None) -> None:
+    """Declare drafter NAME in kimideploy.yaml before training it: the entry `run train
+    --drafter NAME` writes into (drafters/NAME on the models volume, status planned)."""
+    from kimideploy.services.drafters.declaring import NewDrafter, declare
+
+    loaded = state.project(f"drafter new {name} edits kimideploy.yaml")
+    cluster_name = loaded.project.cluster_name(cluster)
+    written = declare(loaded, NewDrafter(name, cluster_name, base))
+    click.echo(
+        f"drafters.{name} added to {loaded.path}: {written['source']['path']}, k="
+        f"{written['num_speculative_tokens']}, layers {written['aux_layer_ids']} "
+        f"({written['layer_id_convention']}), status planned"
+    )
+    click.echo(f"next: kimideploy run train --drafter {name} --cluster {cluster_name}", err=True)
+
+
 @drafter.command("publish")
 @click.argument("name", shell_complete=complete_drafters)
 @publish_options(

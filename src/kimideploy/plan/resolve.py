@@ -399,7 +399,8 @@ def _drafter_name(project: Project, cluster: str, request: PlanRequest, kind: Wo
     if name != NO_DRAFTER and name not in project.drafters:
         raise UsageError(
             f"--drafter: unknown drafter '{name}' (valid: {', '.join(valid)})",
-            hint="`kimideploy drafter list` shows the registry",
+            hint="`kimideploy drafter list` shows the registry; a drafter a training run will "
+            f"write is declared first: `kimideploy drafter new {name}`",
         )
     if kind.model_free_refusal is not None and name not in project.eagle_drafters:
         reason, hint = kind.model_free_refusal
