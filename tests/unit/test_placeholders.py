@@ -12,6 +12,7 @@ import pytest
 
 from kimideploy.cli.main import main
 from kimideploy.config.placeholders import (
+    EXAMPLE_IMAGE_REPOSITORIES,
     EXAMPLE_NAME,
     PINS_FILE,
     example_pins,
@@ -170,3 +171,43 @@ def test_commands_that_replace_pins_are_not_refused_for_them(
     assert main(["--config", str(copy), "image", "lock", "tools", "--digest", digest]) == 0
     assert f"digest: {digest}" in copy.read_text()
     capsys.readouterr()
+
+
+def test_a_push_to_the_examples_own_registry_is_refused_before_any_build(
+    without_allowance: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The example's image repositories are kimideploy's registry, marked EXAMPLE in the file:
+    `image build --push` on them would push to someone else's registry."""
+    import yaml
+
+    data = yaml.safe_load(EXAMPLE.read_text())
+    assert {i["repository"] for i in data["images"].values()} == EXAMPLE_IMAGE_REPOSITORIES
+    for line in EXAMPLE.read_text().splitlines():
+        if line.strip().startswith("repository: ghcr.io/kimideploy/") and "artifacts" not in line:
+            assert "# EXAMPLE: your registry" in line, line
+    copy = without_allowance / "kimideploy.yaml"
+    copy.write_text(EXAMPLE.read_text().replace("name: kimi-k25", "name: mine", 1))
+    assert main(["--config", str(copy), "image", "build", "tools", "--push"]) == 2
+    err = capsys.readouterr().err
+    assert "images.tools.repository is still the example's (ghcr.io/kimideploy/tools)" in err
+    assert "set images.tools.repository to a registry path you can push to" in err
+
+
+@pytest.mark.parametrize(
+    ("output", "says"),
+    [
+        ("ERROR: failed to push ghcr.io/me/vllm: unauthorized: authentication required",
+         "docker login HOST"),
+        ("ERROR: failed to solve: nvidia/cuda:12.9.1: failed to resolve source metadata for "
+         "docker.io/nvidia/cuda: dial tcp: lookup registry-1.docker.io: no such host",
+         "a base image could not be pulled"),
+        ("#14 ERROR: process \"/bin/sh -c python -m kimideploy.images.selfcheck native\" did "
+         "not complete successfully: exit code: 1", "the image's self-check failed"),
+        ("#9 ERROR: process \"/bin/sh -c pip install -r constraints.txt\" did not complete "
+         "successfully: exit code: 1", "--context-only DIR"),
+    ],
+)  # fmt: skip
+def test_each_docker_failure_class_gets_its_own_hint(output: str, says: str) -> None:
+    from kimideploy.images.build import failure_hint
+
+    assert says in failure_hint(output)

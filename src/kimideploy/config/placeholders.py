@@ -30,6 +30,11 @@ PINS_FILE = Path(__file__).with_name("example_pins.json")
 """The example's placeholder values, shipped beside this module: the example file itself may be
 edited in place (it is ./kimideploy.yaml in a checkout), so the values cannot be read back from it.
 tests/unit/test_placeholders.py keeps this file equal to what the example marks."""
+EXAMPLE_IMAGE_REPOSITORIES = frozenset(
+    {"ghcr.io/kimideploy/vllm", "ghcr.io/kimideploy/train", "ghcr.io/kimideploy/tools"}
+)
+"""Where the example's images are pushed: the project's own registry, not a user's. `image build
+--push` refuses them (tests/unit/test_placeholders.py holds the set to the example)."""
 EXAMPLE_NAME = "kimi-k25"
 """The example's project name: a file that changed it is its owner's, pins replaced or not
 (tests/unit/test_placeholders.py holds it to the example)."""

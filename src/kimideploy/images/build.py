@@ -186,10 +186,58 @@ def _check(result: CommandResult, what: str, watch: Watch) -> None:
         lines = list(watch.tail) or (result.stdout + result.stderr).strip().splitlines()
         tail = "\n".join(lines[-TAIL_LINES:])
         step = f" at step {watch.steps[-1]}" if watch.steps else ""
+        everything = "\n".join([*lines, result.stdout, result.stderr])
         raise KimiDeployError(
             f"{what} failed{step} (exit {result.exit_code}):\n{tail}",
-            hint="a failing self-check names the patch that did not work",
+            hint=failure_hint(everything),
         )
+
+
+FAILURE_CLASSES = (
+    (
+        (
+            "unauthorized",
+            "authentication required",
+            "denied: requested access",
+            "403 forbidden",
+            "no basic auth credentials",
+            "insufficient_scope",
+        ),
+        "the registry refused the credentials: `docker login HOST` on the builder with an "
+        "account that may push to images.NAME.repository",
+    ),
+    (
+        (
+            "failed to resolve source metadata",
+            "pull access denied",
+            "manifest unknown",
+            "no such host",
+            "tls handshake timeout",
+            "i/o timeout",
+            "failed to do request",
+        ),
+        "a base image could not be pulled: check the builder's network and registry mirror, and "
+        "that images.NAME.base names a digest that exists",
+    ),
+    (
+        ("kimideploy.images.selfcheck", "self-check", "selfcheck"),
+        "the image's self-check failed: its output above names the patch or the check that did "
+        "not hold (docs/usage/images.md)",
+    ),
+)
+"""Docker's failures by class, each with what to do (lower-case fragments of its output)."""
+
+
+def failure_hint(output: str) -> str:
+    """What to do about a failed build or push, by the class of Docker's error in `output`."""
+    lowered = output.lower()
+    for fragments, hint in FAILURE_CLASSES:
+        if any(fragment in lowered for fragment in fragments):
+            return hint
+    return (
+        "a build step failed: its output above says why; `kimideploy image build NAME "
+        "--context-only DIR` writes the context to build by hand"
+    )
 
 
 def record_build(cache: Path, name: str, reference: str) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kimideploy.config.drafters import NO_DRAFTER, to_vllm_layer_ids
 from kimideploy.config.loading import LoadedProject
+from kimideploy.config.placeholders import EXAMPLE_IMAGE_REPOSITORIES, placeholders_allowed
 from kimideploy.config.project import Project
 from kimideploy.errors import KimiDeployError, MethodNotServedError, UsageError
 from kimideploy.formats import extraction_engine
@@ -344,6 +345,13 @@ def build_image(
     reporter: Reporter,
 ) -> str:
     image = get_image(project, name)
+    if push and image.repository in EXAMPLE_IMAGE_REPOSITORIES and not placeholders_allowed():
+        raise UsageError(
+            f"images.{name}.repository is still the example's ({image.repository}): --push "
+            "would push to kimideploy's own registry, not yours",
+            hint=f"set images.{name}.repository to a registry path you can push to "
+            "(e.g. ghcr.io/<your-org>/vllm), then build again",
+        )
     context = build_context(project, name)
     tag = context.tag(image.repository)
     if context_only is not None:
