@@ -254,6 +254,16 @@ def test_a_fast_drafter_is_kept_and_the_stored_baseline_is_reused(
     ]
     assert rows[1]["gate"].startswith("kept (worst 1.20x, needed 1.15x): at least 1.15x everywhere")
     assert record_labels(testcluster, namespace, 3)["kimideploy.io/gate"] == "keep"
+    # Each kept drafter's reference: its acceptance as the gate measured it, on which engine.
+    kept = json.loads(testcluster.kubectl(
+        "-n", namespace, "get", "configmap", "kimideploy.measured.rtx6000.references",
+        "-o", "jsonpath={.data.measurements\\.json}",
+    ))  # fmt: skip
+    assert [(r["drafter"], r["revision"]) for r in kept] == [("v3", 2), ("v2", 3)]
+    assert kept[0]["image"].startswith("ghcr.io/kimideploy/vllm@sha256:")
+    assert kept[0]["model_runner"] == "v2" and kept[0]["num_speculative_tokens"] == 3
+    assert {lv["acceptance_rate"] for lv in kept[0]["levels"]} == {0.62}
+    assert {lv["acceptance_rate"] for lv in kept[1]["levels"]} == {0.55}
     code, out, _ = kd("status", "-o", "json")
     serving = json.loads(out)["serving"]
     assert serving["gate"].startswith("revision 3 (v2) kept")

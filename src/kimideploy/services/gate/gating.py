@@ -39,7 +39,8 @@ from kimideploy.plan.asks import BenchAsk, ServeAsk
 from kimideploy.plan.inputs import DATASETS_MOUNT, gate_levels
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
-from kimideploy.services.gate import interleave
+from kimideploy.render.manifests import Manifest
+from kimideploy.services.gate import interleave, references
 from kimideploy.services.gate.verdict import (
     KEEP,
     ROLLBACK,
@@ -190,6 +191,8 @@ def up_gated(
     _record_verdict(session, gate.release, outcome.revision, verdict)
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
     if verdict.decision == KEEP:
+        if not verdict.gate_failed:  # a fail-open keep measured nothing to refer to
+            _record_reference(session, loaded, rendered.objects, drafter, outcome.revision, verdict)
         return outcome, verdict
     judged = OutcomeFacts(
         release=gate.release, revision=outcome.revision, verdict=verdict.details()
@@ -201,6 +204,23 @@ def up_gated(
         "when the gate itself fails",
         outcome={**judged, "status": "gate-rolled-back", "serving_revision": back.revision},
     )
+
+
+def _record_reference(
+    session: ClusterSession,
+    loaded: LoadedProject,
+    objects: list[Manifest],
+    drafter: str,
+    revision: int,
+    verdict: Verdict,
+) -> None:
+    """The kept drafter's acceptance on this engine, kept for the next engine change."""
+    record = loaded.project.drafters.get(drafter)
+    held_out = getattr(record, "held_out", None)
+    entry = references.reference(
+        objects, drafter=drafter, revision=revision, verdict=verdict, held_out=held_out
+    )
+    references.record(session, entry)
 
 
 def _on_one_server(run: GateRun, rendered: Rendered) -> bool:
