@@ -184,16 +184,21 @@ def test_a_failures_facts_are_keys_the_outcome_document_has() -> None:
 def test_tables_fit_the_terminal_and_wide_shows_every_cell_whole(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
 ) -> None:
-    """At 80 columns every line fits (cut cells end in '~', columns past the width are left out,
-    a last line says so); `-o wide`, and a pipe without $COLUMNS, print every cell whole."""
-    monkeypatch.setenv("COLUMNS", "80")
+    """On an 80-column terminal every line fits (cut cells end in '~', columns past the width are
+    left out, a last line says so); `-o wide`, and a pipe even with $COLUMNS set (a CI runner's),
+    print every cell whole."""
+    from kimideploy.cli import table
+
+    terminal = table._terminal_columns
+    monkeypatch.setattr(table, "_terminal_columns", lambda: 80)
     code, fitted = run(capsys, *command)
     assert code == 0 and max(len(line) for line in fitted.splitlines()) <= 80, fitted
     assert fitted.rstrip().endswith("every cell whole)")
     code, wide = run(capsys, *command, "-o", "wide")
     assert code == 0 and max(len(line) for line in wide.splitlines()) > 80
     assert "every cell whole" not in wide and "~" not in wide.splitlines()[1]
-    monkeypatch.delenv("COLUMNS")
+    monkeypatch.setattr(table, "_terminal_columns", terminal)
+    monkeypatch.setenv("COLUMNS", "80")
     code, piped = run(capsys, *command)  # capsys is no terminal: a pipe's whole table
     assert piped == wide
 
@@ -201,7 +206,9 @@ def test_tables_fit_the_terminal_and_wide_shows_every_cell_whole(
 def test_the_drafter_table_keeps_its_status_at_80_columns(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "80")
+    from kimideploy.cli import table
+
+    monkeypatch.setattr(table, "_terminal_columns", lambda: 80)
     _, fitted = run(capsys, "drafter", "list")
     header = fitted.splitlines()[0].split()
     assert header[0] == "NAME" and "STATUS" in header and "METHOD" in header

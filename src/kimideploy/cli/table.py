@@ -23,7 +23,7 @@ def _whole() -> bool:
 def format_table(rows: Sequence[dict[str, Any]], keep: Sequence[str] = ()) -> str:
     """Left-aligned columns under upper-case headers; '-' for missing values.
 
-    Fitted to the terminal's width where there is one (a terminal, or $COLUMNS): the widest
+    Fitted to the terminal's width when stdout is a terminal ($COLUMNS, else its size): the widest
     columns are cut first (a cut cell ends in '~'); where that is not enough, columns are left
     out from the right, never the first nor those in `keep`; a last line says what was cut.
     `-o wide`, a pipe and a file get every column and every cell whole."""
@@ -57,15 +57,18 @@ def _line_width(widths: list[int]) -> int:
 
 
 def _terminal_columns() -> int | None:
-    """$COLUMNS, else the terminal's width when stdout is one; None for a pipe or a file."""
+    """The width to fit to when stdout is a terminal ($COLUMNS, else the terminal's); None for
+    a pipe or a file, whatever $COLUMNS says (CI runners and test harnesses export it)."""
     import os
     import sys
 
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
     try:
-        return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else None
+        if not sys.stdout.isatty():
+            return None
+        columns = os.environ.get("COLUMNS", "")
+        if columns.isdigit() and int(columns) > 0:
+            return int(columns)
+        return os.get_terminal_size(sys.stdout.fileno()).columns
     except (AttributeError, ValueError, OSError):
         return None
 
