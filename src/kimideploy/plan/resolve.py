@@ -54,7 +54,14 @@ from kimideploy.plan.inputs import (
     is_speculative,
 )
 from kimideploy.plan.kinds import KINDS, WorkloadKind
-from kimideploy.plan.model import OFFLINE, ClusterAnswers, EngineStart, Plan, PlanRequest
+from kimideploy.plan.model import (
+    OFFLINE,
+    ClusterAnswers,
+    EngineStart,
+    ObjectPlan,
+    Plan,
+    PlanRequest,
+)
 from kimideploy.plan.overrides import apply_overrides
 from kimideploy.plan.storage import human_bytes
 
@@ -83,8 +90,11 @@ def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
         objects = jobs.job_objects(ctx, spec, spec_json)
     stage = None if ctx.kind.release else estimates.estimate(ctx, ctx.rates)
     price = ctx.cluster.price_per_gpu_hour
-    facts = _facts(ctx, estimate)
-    values = _fact_values(ctx, estimate)
+    # Computed once: the facts, their values and the plan all show them.
+    engines = memory.memory_plans(ctx)
+    gitops = tuple(analysis.gitops_objects(ctx)) if ctx.kind.release else ()
+    facts = _facts(ctx, estimate, engines, gitops)
+    values = _fact_values(ctx, estimate, engines)
     if stage is not None:
         facts.append(("estimate", stage.line(price)))
     return Plan(
@@ -106,7 +116,7 @@ def resolve(loaded: LoadedProject, request: PlanRequest, answers: ClusterAnswers
         warnings=tuple(_warnings(ctx, estimate)),
         inputs=_inputs(ctx, request),
         break_even=_break_even(ctx),
-        gitops=tuple(analysis.gitops_objects(ctx)) if ctx.kind.release else (),
+        gitops=gitops,
         preflight=tuple(
             p
             for p in (
@@ -465,7 +475,12 @@ def _spec(ctx: PlanInputs, estimate: HiddenStateEstimate) -> WorkloadSpec:
     return spec.model_copy(update={"pulls": publish.pulls(ctx)})
 
 
-def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, str]]:
+def _facts(
+    ctx: PlanInputs,
+    estimate: HiddenStateEstimate,
+    engines: list[memory.MemoryPlan],
+    gitops: tuple[ObjectPlan, ...],
+) -> list[tuple[str, str]]:
     image = ctx.image
     contents = ", ".join(
         f"{k} {v}" for k, v in (("vLLM", image.vllm), ("speculators", image.speculators)) if v
@@ -481,10 +496,10 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
         facts.append(("GPUs", f"{gpu.per_node} x {gpu.product} ({gpu.arch}) per pod"))
     if ctx.kind.release:
         facts += _serve_facts(ctx)
-    facts += [("memory", found.describe()) for found in memory.memory_plans(ctx)]
+    facts += [("memory", found.describe()) for found in engines]
     if ctx.kind.release:
-        gitops = analysis.describe(ctx, analysis.gitops_objects(ctx))
-        facts += [("gitops gate", gitops)] if gitops else []
+        gate = analysis.describe(ctx, list(gitops))
+        facts += [("gitops gate", gate)] if gate else []
     runners = model_runner.plan_fact(ctx)
     if runners is not None:
         facts.append(("model runner", runners))
@@ -530,7 +545,9 @@ def _facts(ctx: PlanInputs, estimate: HiddenStateEstimate) -> list[tuple[str, st
     return facts
 
 
-def _fact_values(ctx: PlanInputs, estimate: HiddenStateEstimate) -> dict[str, Any]:
+def _fact_values(
+    ctx: PlanInputs, estimate: HiddenStateEstimate, engines: list[memory.MemoryPlan]
+) -> dict[str, Any]:
     """The facts a script reads as values (numbers, lists), keyed by the labels of `_facts`."""
     image = ctx.image
     values: dict[str, Any] = {
@@ -546,11 +563,10 @@ def _fact_values(ctx: PlanInputs, estimate: HiddenStateEstimate) -> dict[str, An
     if ctx.kind.gpus:
         gpu = ctx.cluster.gpu
         values["GPUs"] = {"per_pod": gpu.per_node, "product": gpu.product, "arch": gpu.arch}
-    plans = memory.memory_plans(ctx)
-    if plans:
+    if engines:
         values["memory"] = [
             {**dataclasses.asdict(found), "concurrent_max_length": found.concurrent_max_length}
-            for found in plans
+            for found in engines
         ]
     runners = model_runner.engine_runners(ctx)
     if runners:
