@@ -83,19 +83,11 @@ def pins_judged(state: CliState) -> bool:
 
 def refuse_placeholders(loaded: LoadedProject, changes: str) -> None:
     """A change made with the example's placeholder pins would pull images and weights that do
-    not exist (after the pods are scheduled): refused before anything is contacted."""
-    from kimideploy.config.placeholders import describe, placeholders_allowed, placeholders_of
-    from kimideploy.errors import UsageError
+    not exist (after the pods are scheduled): refused before anything is contacted. For the
+    commands that render no pods first; those that do judge only the pins their pods would pull
+    (services/rendering.placeholder_refusal)."""
+    from kimideploy.config.placeholders import placeholders_of, refusal
 
-    if placeholders_allowed():
-        return
-    found = placeholders_of(loaded.document)
-    if found:
-        raise UsageError(
-            f"{changes}, and {loaded.path} still holds {len(found)} of the example's placeholder "
-            f"pins (marked EXAMPLE PIN):\n{describe(found, loaded.path)}",
-            hint="replace each with the revision or digest you validated (`kimideploy image "
-            "lock` writes image digests, `kimideploy host sync-model` records the model's "
-            "revision), or delete the entries you do not use; on a rehearsal cluster that pulls "
-            "nothing, set KIMIDEPLOY_ALLOW_PLACEHOLDERS=1",
-        )
+    refused = refusal(placeholders_of(loaded.document), loaded.path, f"{changes}, with")
+    if refused is not None:
+        raise refused

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from kimideploy.config import safe_yaml
+from kimideploy.errors import UsageError
 
 PIN_MARK = "# EXAMPLE PIN"
 PIN_KEYS = frozenset({"revision", "digest", "base", "builder"})
@@ -130,3 +131,24 @@ def describe(placeholders: list[Placeholder], path: Path) -> str:
         f"  {path}:{p.line}: {p.path}" if p.line else f"  {path}: {p.path}" for p in placeholders
     ]
     return "\n".join(lines)
+
+
+REPLACE_HINT = (
+    "replace each with the revision or digest you validated (`kimideploy image lock` writes image "
+    "digests, `kimideploy host sync-model` records the model's revision), or delete the entries "
+    "you do not use; on a rehearsal cluster that pulls nothing, set "
+    "KIMIDEPLOY_ALLOW_PLACEHOLDERS=1"
+)
+
+
+def refusal(found: list[Placeholder], path: Path, lead: str) -> UsageError | None:
+    """The refusal of `found` in the file at `path` ("LEAD N of the example's placeholder pins
+    ... still in PATH:" and each pin with its line); None when there are none or they are
+    allowed (KIMIDEPLOY_ALLOW_PLACEHOLDERS=1)."""
+    if not found or placeholders_allowed():
+        return None
+    return UsageError(
+        f"{lead} {len(found)} of the example's placeholder pins (marked EXAMPLE PIN) still in "
+        f"{path}:\n{describe(found, path)}",
+        hint=REPLACE_HINT,
+    )

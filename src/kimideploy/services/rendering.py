@@ -79,22 +79,12 @@ def placeholder_refusal(loaded: LoadedProject, plans: list[Plan]) -> UsageError 
     """The example's placeholder pins these plans would pull (an image digest, a revision their
     pods are given), named; the pins they do not use are not this command's business. None when
     there are none, or where KIMIDEPLOY_ALLOW_PLACEHOLDERS=1 (a rehearsal cluster)."""
-    if placeholders.placeholders_allowed():
-        return None
     given = json.dumps(
         [[o.values for o in (*plan.objects, *plan.preflight)] for plan in plans], default=str
     )
     found = placeholders.pulled(placeholders.placeholders_of(loaded.document), given)
-    if not found:
-        return None
     what = ", ".join(sorted({f"{plan.workload} on {plan.cluster}" for plan in plans}))
-    return UsageError(
-        f"{what} would pull {len(found)} of the example's placeholder pins (marked EXAMPLE PIN) "
-        f"still in {loaded.path}:\n{placeholders.describe(found, loaded.path)}",
-        hint="replace each with the revision or digest you validated (`kimideploy image lock` "
-        "writes image digests, `kimideploy host sync-model` records the model's revision); on a "
-        "rehearsal cluster that pulls nothing, set KIMIDEPLOY_ALLOW_PLACEHOLDERS=1",
-    )
+    return placeholders.refusal(found, loaded.path, f"{what} would pull")
 
 
 def refuse_past_the_rental(loaded: LoadedProject, plan: Plan) -> None:

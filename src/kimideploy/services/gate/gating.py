@@ -32,14 +32,13 @@ from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.drafters import NO_DRAFTER
 from kimideploy.config.gate import GateSettings
 from kimideploy.config.loading import LoadedProject
-from kimideploy.config.specs import BenchSpec
+from kimideploy.config.specs import BenchSpec, ServeSpec
 from kimideploy.errors import KimiDeployError, OutcomeFacts, RolloutError, UsageError
 from kimideploy.formats.bench_result import BenchResult, BenchResultError
 from kimideploy.plan.asks import BenchAsk, ServeAsk
 from kimideploy.plan.inputs import DATASETS_MOUNT, gate_levels
 from kimideploy.plan.model import PlanRequest
 from kimideploy.plan.serve import SPEC_SHA256_ANNOTATION
-from kimideploy.render.manifests import Manifest
 from kimideploy.services.gate import interleave, references
 from kimideploy.services.gate.verdict import (
     KEEP,
@@ -192,7 +191,7 @@ def up_gated(
     reporter.info(f"gate: revision {outcome.revision} ({drafter}) {verdict.summary()}")
     if verdict.decision == KEEP:
         if not verdict.gate_failed:  # a fail-open keep measured nothing to refer to
-            _record_reference(session, loaded, rendered.objects, drafter, outcome.revision, verdict)
+            _record_reference(session, loaded, rendered, drafter, outcome.revision, verdict)
         return outcome, verdict
     judged = OutcomeFacts(
         release=gate.release, revision=outcome.revision, verdict=verdict.details()
@@ -209,16 +208,23 @@ def up_gated(
 def _record_reference(
     session: ClusterSession,
     loaded: LoadedProject,
-    objects: list[Manifest],
+    rendered: Rendered,
     drafter: str,
     revision: int,
     verdict: Verdict,
 ) -> None:
     """The kept drafter's acceptance on this engine, kept for the next engine change."""
     record = loaded.project.drafters.get(drafter)
-    held_out = getattr(record, "held_out", None)
+    held_out = getattr(record, "held_out", None)  # a model-free method has no training figures
+    spec = rendered.plan.spec
+    k = spec.num_speculative_tokens if isinstance(spec, ServeSpec) else None
     entry = references.reference(
-        objects, drafter=drafter, revision=revision, verdict=verdict, held_out=held_out
+        rendered.objects,
+        drafter=drafter,
+        revision=revision,
+        k=k,
+        verdict=verdict,
+        held_out=held_out,
     )
     references.record(session, entry)
 

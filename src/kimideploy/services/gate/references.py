@@ -10,8 +10,6 @@ interval at the served k travels with it where the registry has one.
 
 from __future__ import annotations
 
-import contextlib
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,15 +28,16 @@ def reference(
     *,
     drafter: str,
     revision: int,
+    k: int | None,
     verdict: Verdict,
     held_out: HeldOutAcceptance | None,
 ) -> dict[str, Any]:
-    """The reference of `drafter` as revision `revision` serves it (`objects`: its render)."""
+    """The reference of `drafter` as revision `revision` serves it at `k` (`objects`: its
+    render, whose serve container says the image and the runner)."""
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container.get("env") or []}
     runner = {"1": "v2", "0": "v1"}.get(str(env.get(RUNNER_ENV)), "engine default")
-    k = served_k(container)
     levels = [
         {
             "prompt_set": row["prompt_set"],
@@ -69,17 +68,6 @@ def reference(
             "samples": held_out.samples,
         }
     return entry
-
-
-def served_k(container: dict[str, Any]) -> int | None:
-    """The k of the serve container's --speculative-config (None without one)."""
-    args = list(container.get("args") or [])
-    for index, arg in enumerate(args[:-1]):
-        if arg == "--speculative-config":
-            with contextlib.suppress(ValueError, AttributeError):
-                tokens = json.loads(args[index + 1]).get("num_speculative_tokens")
-                return int(tokens) if tokens else None
-    return None
 
 
 def record(session: ClusterSession, entry: dict[str, Any]) -> None:
