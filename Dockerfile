@@ -58,7 +58,9 @@ RUN apt-get update \
  && useradd --uid 10001 --create-home --shell /usr/sbin/nologin kimideploy
 COPY --from=build /opt/venv /opt/venv
 COPY --from=oras /out/oras /usr/local/bin/oras
-ENV FLASHINFER_CUBIN_DIR=/opt/venv/share/flashinfer-cubins
+# vLLM asks NVIDIA's artifact server whether TRT-LLM attention's cubins exist unless this says they
+# are here: a pod without that network would run FlashInfer attention without TRT-LLM kernels.
+ENV FLASHINFER_CUBIN_DIR=/opt/venv/share/flashinfer-cubins VLLM_HAS_FLASHINFER_CUBIN=1
 # What the first kernel needs, proven here rather than after a 25-minute load: Triton compiles its
 # launcher against Python.h with the C compiler, torch's kernels run on every claimed architecture,
 # NCCL loads, and so does the verbs library NCCL's InfiniBand transport opens (without it NCCL

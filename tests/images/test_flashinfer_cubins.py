@@ -14,7 +14,11 @@ from tests.conftest import REPO
 
 def check(env: dict[str, str]) -> str:
     python = vllm_venv("0.16.0") / "bin" / "python"
-    clean = {k: v for k, v in os.environ.items() if k != "FLASHINFER_CUBIN_DIR"}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FLASHINFER_CUBIN_DIR", "VLLM_HAS_FLASHINFER_CUBIN")
+    }
     done = subprocess.run([str(python), "-m", "kimideploy.images.selfcheck", "flashinfer-cubins"],
                           capture_output=True, text=True, timeout=300,
                           env={**clean, "PYTHONPATH": str(REPO / "src"), **env})  # fmt: skip
@@ -25,8 +29,19 @@ def test_flashinfer_reads_the_cubins_baked_into_the_image(tmp_path: Path) -> Non
     cubins = tmp_path / "cubins"
     (cubins / "fmha").mkdir(parents=True)
     (cubins / "fmha" / "kernel.cubin").write_bytes(b"\x7fELF")
-    found = check({"FLASHINFER_CUBIN_DIR": str(cubins)})
+    found = check({"FLASHINFER_CUBIN_DIR": str(cubins), "VLLM_HAS_FLASHINFER_CUBIN": "1"})
     assert found.startswith("ok") and f"reads 1 baked-in cubins from {cubins}" in found
+    assert "vLLM counts them" in found
+
+
+def test_cubins_vllm_does_not_count_fail_the_build(tmp_path: Path) -> None:
+    """Without VLLM_HAS_FLASHINFER_CUBIN vLLM asks NVIDIA's artifact server whether TRT-LLM
+    attention's cubins exist, in every pod: no network there, no TRT-LLM attention."""
+    cubins = tmp_path / "cubins"
+    cubins.mkdir()
+    (cubins / "kernel.cubin").write_bytes(b"\x7fELF")
+    uncounted = check({"FLASHINFER_CUBIN_DIR": str(cubins)})
+    assert uncounted.startswith("FAIL") and "VLLM_HAS_FLASHINFER_CUBIN unset" in uncounted
 
 
 def test_no_cubins_or_no_setting_fails_the_build(tmp_path: Path) -> None:

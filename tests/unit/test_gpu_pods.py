@@ -76,6 +76,7 @@ def test_vllm_images_carry_flashinfers_cubins_and_say_so_when_built(example: Loa
         text = render_dockerfile(example.project, name)
         assert "RUN python -m flashinfer --download-cubin" in text
         assert text.count("ENV FLASHINFER_CUBIN_DIR=/opt/venv/share/flashinfer-cubins") == 2
+        assert text.count("VLLM_HAS_FLASHINFER_CUBIN=1") == 1  # the runtime stage's
         assert "nccl ibverbs flashinfer-cubins" in text
     assert "flashinfer" not in render_dockerfile(example.project, "train-speculators-0.9")
 

@@ -91,6 +91,8 @@ def kernels(state: CliState, name: str, write: bool, output: str) -> None:
         for engine, found in sorted(per_engine.items())
     ]
     click.echo(machine(rows, output) or format_table(rows))
+    if output == "table":
+        click.echo(f"evaluated under {derived['evaluated_with']}")
 
 
 @image.command()

@@ -15,6 +15,15 @@ runs a kernel: the priorities and the validations are Python over class attribut
 whose validation still needs the device (it queries the driver) is reported as undetermined,
 never guessed.
 
+Under the real configs: the spec's `configs` (the target's config.json, each drafter's, the
+tensor-parallel size and k) become the engine's own VllmConfig, built by vLLM from those files with
+the speculative config, so a refusal that reads the model (FlashInfer-MLA's qk_nope_head_dim) is
+evaluated, the selector is handed what vLLM's `get_attn_backend` hands it for that configuration
+(block size, adaptive verification, connector, context parallelism), and a builder's CUDA-graph
+support is asked with the engine's config and KV spec, as the model runner asks it. A vLLM that
+cannot build the config here (0.16 lacks parts the stand-ins need) is evaluated under an empty one,
+and the answer says so (`evaluated_with`).
+
 The verdict that matters for speculation: the chosen MLA backend's builder declares which query
 lengths its decode pipeline takes (vLLM's QueryLenSupport). SINGLE_ONLY sends every (k+1)-token
 verification through MLA's prefill path over the whole context; UNIFORM or VARLEN verify on the
@@ -49,10 +58,17 @@ class _Absent(types.ModuleType):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _Absent(f"{self.__name__}()")
 
+    def __or__(self, other: Any) -> Any:  # `Absent | None` in a module-level annotation
+        return self
+
+    __ror__ = __or__
+
 
 class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name.startswith(STUBBED_PREFIXES):
+        # flashinfer_cubin is a package of its own: whether the image has the cubins is the
+        # spec's `flashinfer_cubins`, never a stand-in's presence.
+        if name.startswith(STUBBED_PREFIXES) and not name.startswith("flashinfer_cubin"):
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 
@@ -70,7 +86,7 @@ def _filtered(function: Any, values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k in names}
 
 
-def _platform(major: int, minor: int) -> Any:
+def _platform(major: int, minor: int, devices: int = 8) -> Any:
     """vLLM's CUDA platform answering for the capability under test."""
     import vllm.platforms as platforms
     import vllm.platforms.cuda as cuda
@@ -95,6 +111,9 @@ def _platform(major: int, minor: int) -> Any:
     platform.is_device_capability_family = classmethod(
         lambda cls, asked, device_id=0: value // 10 == as_int(asked) // 10
     )
+    # The world size the engine is configured for: ParallelConfig refuses a tensor-parallel size
+    # larger than the GPUs it counts.
+    platform.device_count = classmethod(lambda cls: devices)
     platforms._current_platform = platform()
     import torch
 
@@ -120,7 +139,45 @@ def _off_the_gpu(factory: Any) -> Any:
     return allocate
 
 
+class _AskedError(Exception):
+    """Raised where vLLM would pick a backend: what it was asked is all that is wanted here."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__("asked")
+        self.config = config
+
+
 def _selector_config(engine: dict[str, Any]) -> Any:
+    """What vLLM's own get_attn_backend hands the platform for this engine under the current
+    VllmConfig (the block size, adaptive verification, a connector, context parallelism all come
+    from it), caught before the platform chooses; an older vLLM's selector: built here."""
+    import torch
+    from vllm.v1.attention import selector
+
+    cached = getattr(selector, "_cached_get_attn_backend", None)
+    if cached is not None and "attn_selector_config" in inspect.signature(cached).parameters:
+
+        def asked(backend: Any, attn_selector_config: Any, *args: Any, **kwargs: Any) -> Any:
+            raise _AskedError(attn_selector_config)
+
+        selector._cached_get_attn_backend = asked
+        try:
+            selector.get_attn_backend(
+                **_filtered(selector.get_attn_backend, {
+                    "head_size": engine["head_size"], "dtype": torch.bfloat16,
+                    "kv_cache_dtype": engine.get("kv_cache_dtype", "auto"),
+                    "use_mla": engine["use_mla"], "num_heads": engine.get("num_heads"),
+                    "block_size": None,  # 0.16 asks for it; the cache config decides it later
+                })
+            )  # fmt: skip
+        except _AskedError as caught:
+            return caught.config
+        finally:
+            selector._cached_get_attn_backend = cached
+    return _built_selector_config(engine)
+
+
+def _built_selector_config(engine: dict[str, Any]) -> Any:
     import torch
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
@@ -134,6 +191,39 @@ def _selector_config(engine: dict[str, Any]) -> Any:
         attn_type="decoder",
     )
     return AttentionSelectorConfig(**values)
+
+
+def _kv_cache_spec(engine: dict[str, Any], config: Any) -> Any:
+    """The engine's KV cache spec as the model runner builds it per layer: MLA's one latent
+    per token; a llama head's KV heads on this rank."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    block = config.block_size or 16
+    if engine["use_mla"]:
+        return MLAAttentionSpec(
+            block_size=block, num_kv_heads=1, head_size=engine["head_size"], dtype=torch.bfloat16
+        )
+    return FullAttentionSpec(
+        block_size=block, num_kv_heads=engine.get("num_kv_heads", 1),
+        head_size=engine["head_size"], dtype=torch.bfloat16,
+    )  # fmt: skip
+
+
+def _cudagraph_support(builder: Any, engine: dict[str, Any], config: Any) -> str | None:
+    """The builder's answer for this engine's config and KV spec (FlashInfer's reads the heads
+    and the TRT-LLM kernels' availability); its class default where this vLLM has no such
+    question or the answer needs what a stand-in cannot give."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    vllm_config = get_current_vllm_config_or_none()
+    ask = getattr(builder, "get_cudagraph_support", None)
+    if ask is not None and vllm_config is not None and vllm_config.model_config is not None:
+        try:
+            return _name(ask(vllm_config, _kv_cache_spec(engine, config)))
+        except Exception as exc:  # a stand-in was asked: not a verdict
+            return f"undetermined ({type(exc).__name__})"
+    return _name(getattr(builder, "_cudagraph_support", None))
 
 
 def _backend_class(cuda: Any, backend: Any) -> Any:
@@ -173,7 +263,7 @@ def select(cuda: Any, capability: Any, engine: dict[str, Any]) -> dict[str, Any]
         if not reasons:
             builder = backend_class.get_builder_cls()
             entry["query_len_support"] = _name(getattr(builder, "query_len_support", None))
-            entry["cudagraph_support"] = _name(getattr(builder, "_cudagraph_support", None))
+            entry["cudagraph_support"] = _cudagraph_support(builder, engine, config)
             if chosen is None:
                 chosen = entry
         candidates.append(entry)
@@ -263,29 +353,117 @@ def select_moe(moe: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cubins_are(baked: bool) -> None:
+    """Imported after the platform is the one under test (the module binds it at import)."""
+    try:
+        from vllm.utils import flashinfer as flashinfer_utils
+    except ImportError:  # an older vLLM keeps it elsewhere, or asks nothing
+        return
+    flashinfer_utils.has_nvidia_artifactory = lambda: baked
+
+
+def _moe_or_absent(moe: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return select_moe(moe)
+    except (ImportError, AttributeError, TypeError) as exc:
+        # An older vLLM (0.16) has no such oracle: not derived, never guessed.
+        return {
+            "selected": None,
+            "undetermined_ahead": [f"{type(exc).__name__}: {str(exc)[:120]}"],
+        }
+
+
+def _engine_config(configs: dict[str, Any], drafter: str | None, folder: str) -> Any:
+    """The VllmConfig vLLM builds for the target's config.json served at the tensor-parallel
+    size, with the drafter's config.json as its EAGLE-3 speculative config (none: the target
+    alone). Eager, and without the all-reduce fusion pass: both only decide compilation, which
+    needs the compiled ops the stand-ins replace."""
+    from pathlib import Path
+
+    from vllm.config import (
+        CacheConfig,
+        CompilationConfig,
+        ModelConfig,
+        ParallelConfig,
+        PassConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+
+    def written(name: str, config: dict[str, Any]) -> str:
+        path = Path(folder) / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(config))
+        return str(path)
+
+    model = ModelConfig(
+        model=written("target", configs["target"]), skip_tokenizer_init=True, dtype="bfloat16",
+        max_model_len=configs["max_model_len"], enforce_eager=True, trust_remote_code=False,
+    )  # fmt: skip
+    parallel = ParallelConfig(tensor_parallel_size=configs["tensor_parallel"])
+    speculative = None
+    if drafter is not None:
+        speculative = SpeculativeConfig(
+            method="eagle3", model=written(drafter, configs["drafters"][drafter]),
+            num_speculative_tokens=configs["num_speculative_tokens"],
+            target_model_config=model, target_parallel_config=parallel,
+        )  # fmt: skip
+    # 0.16 reserves CPU swap per GPU and refuses more than this machine's memory: none here.
+    cache = CacheConfig(**_filtered(CacheConfig, {"swap_space": 0}))
+    return VllmConfig(
+        model_config=model, parallel_config=parallel, speculative_config=speculative,
+        cache_config=cache,
+        compilation_config=CompilationConfig(pass_config=PassConfig(fuse_allreduce_rms=False)),
+    )  # fmt: skip
+
+
+def _configs_for(spec: dict[str, Any], folder: str) -> tuple[dict[str, Any], str]:
+    """Per engine, the VllmConfig it is evaluated under, and what that config is."""
+    from vllm.config import VllmConfig
+
+    configs = spec.get("configs")
+    engines = [*spec["engines"], *(spec.get("moe") or {})]
+    if not configs:
+        return dict.fromkeys(engines, VllmConfig()), "an empty VllmConfig"
+    try:
+        with_drafter = {name: _engine_config(configs, name, folder) for name in configs["drafters"]}
+        target = _engine_config(configs, next(iter(configs["drafters"]), None), folder)
+    except Exception as exc:  # an older vLLM: evaluated without the model, and said so
+        reason = f"{type(exc).__name__}: {str(exc)[:160]}"
+        return dict.fromkeys(engines, VllmConfig()), f"an empty VllmConfig ({reason})"
+    chosen = {name: with_drafter.get(name, target) for name in engines}
+    return chosen, "the model's and drafters' config.json, with the speculative config"
+
+
 def main() -> int:
+    import tempfile
+
     spec = json.loads(sys.stdin.read())
     sys.meta_path.insert(0, _StandIns())
+    import os
+
+    # Whether TRT-LLM attention's cubins are there is the image's fact (baked in, and
+    # VLLM_HAS_FLASHINFER_CUBIN set), never this machine's network.
+    os.environ["VLLM_HAS_FLASHINFER_CUBIN"] = "1" if spec.get("flashinfer_cubins") else "0"
     import vllm
-    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config import set_current_vllm_config
 
     found: dict[str, Any] = {"vllm": vllm.__version__, "archs": {}}
+    devices = (spec.get("configs") or {}).get("tensor_parallel", 8)
     for arch in spec["archs"]:
         digits = arch.removeprefix("sm_").rstrip("af")
-        cuda, capability = _platform(int(digits[:-1]), int(digits[-1]))
-        with set_current_vllm_config(VllmConfig()):
-            found["archs"][arch] = {
-                name: select(cuda, capability, engine) for name, engine in spec["engines"].items()
-            }
+        cuda, capability = _platform(int(digits[:-1]), int(digits[-1]), devices)
+        _cubins_are(bool(spec.get("flashinfer_cubins")))
+        with tempfile.TemporaryDirectory() as folder:
+            per_engine, evaluated_with = _configs_for(spec, folder)
+            found["evaluated_with"] = evaluated_with
+            found["archs"][arch] = {}
+            for name, engine in spec["engines"].items():
+                with set_current_vllm_config(per_engine[name]):
+                    found["archs"][arch][name] = select(cuda, capability, engine)
             for name, moe in (spec.get("moe") or {}).items():
-                try:
-                    found["archs"][arch][name] = select_moe(moe)
-                except (ImportError, AttributeError, TypeError) as exc:
-                    # An older vLLM (0.16) has no such oracle: not derived, never guessed.
-                    found["archs"][arch][name] = {
-                        "selected": None,
-                        "undetermined_ahead": [f"{type(exc).__name__}: {str(exc)[:120]}"],
-                    }
+                with set_current_vllm_config(per_engine[name]):
+                    found["archs"][arch][name] = _moe_or_absent(moe)
     print(json.dumps(found))  # the last line: vLLM may log to stdout before it
     return 0
 

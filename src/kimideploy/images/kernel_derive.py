@@ -12,10 +12,15 @@ from typing import Any
 from kimideploy.config.images import Image
 from kimideploy.config.project import Project
 from kimideploy.images.dockerfile import patchset_sha256
+from kimideploy.plan.kernel_inputs import (
+    DRAFTER_HEAD_SIZE,
+    DRAFTER_HEADS,
+    DRAFTER_KV_HEADS,
+    TENSOR_PARALLEL,
+    model_configs,
+    model_fingerprint,
+)
 from kimideploy.plan.kernel_plan import forget_stored, plans_file, stored_all
-
-DRAFTER_HEAD_SIZE = 128
-"""An EAGLE-3 llama head's attention head size (the K2.5 drafters' llama layer)."""
 
 
 def engines(project: Project, image: Image) -> dict[str, dict[str, Any]]:
@@ -31,7 +36,12 @@ def engines(project: Project, image: Image) -> dict[str, dict[str, Any]]:
             else attention.head_dim or 0
         )
         found["target"] = {"use_mla": mla, "head_size": head_size, "num_heads": attention.num_heads}
-    found["drafter"] = {"use_mla": False, "head_size": DRAFTER_HEAD_SIZE, "num_heads": 8}
+    found["drafter"] = {
+        "use_mla": False,
+        "head_size": DRAFTER_HEAD_SIZE,
+        "num_heads": DRAFTER_HEADS // TENSOR_PARALLEL,
+        "num_kv_heads": max(1, DRAFTER_KV_HEADS // TENSOR_PARALLEL),
+    }
     return found
 
 
@@ -60,19 +70,26 @@ def moe_engines(project: Project) -> dict[str, dict[str, Any]]:
             "hidden": model.hidden_size,
             "intermediate": intermediate,
             "group_size": moe.weight_group_size,
-            "tensor_parallel": 8,
+            "tensor_parallel": TENSOR_PARALLEL,
         }
     return dict(sorted(found.items()))
 
 
-def derive(project: Project, image_name: str, python: Path, overlay: Path | None) -> dict[str, Any]:
-    """Run kernel_check.py with the image's vLLM: its answer for every architecture it claims."""
+def check_spec(project: Project, image_name: str) -> dict[str, Any]:
+    """What kernel_check.py is asked for an image: its architectures, the engines, the model's
+    configs and whether the image bakes FlashInfer's cubins (TRT-LLM attention needs them)."""
     image = project.images[image_name]
-    spec = {
+    return {
         "archs": list(image.cuda_archs),
         "engines": engines(project, image),
         "moe": moe_engines(project) if image.vllm else {},
+        "configs": model_configs(project),
+        "flashinfer_cubins": image.vllm is not None and image.cuda is not None,
     }
+
+
+def run_check(spec: dict[str, Any], python: Path, overlay: Path | None) -> dict[str, Any]:
+    """kernel_check.py's whole answer to a spec, with the image's vLLM."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "ERROR"}
     if overlay is not None:
         env["PYTHONPATH"] = str(overlay)
@@ -87,8 +104,14 @@ def derive(project: Project, image_name: str, python: Path, overlay: Path | None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"kernel_check.py failed (exit {done.returncode}): {done.stderr[-800:]}")
-    derived: dict[str, Any] = json.loads(lines[-1])
-    return summary(derived)
+    answer: dict[str, Any] = json.loads(lines[-1])
+    return answer
+
+
+def derive(project: Project, image_name: str, python: Path, overlay: Path | None) -> dict[str, Any]:
+    """Run kernel_check.py with the image's vLLM: its answer for every architecture it claims."""
+    derived = run_check(check_spec(project, image_name), python, overlay)
+    return {**summary(derived), "model": model_fingerprint(project)}
 
 
 def summary(derived: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +127,11 @@ def summary(derived: dict[str, Any]) -> dict[str, Any]:
                 "cudagraph_support": chosen.get("cudagraph_support"),
                 "undetermined_ahead": list(found.get("undetermined_ahead") or []),
             }
-    return {"vllm": derived["vllm"], "archs": archs}
+    return {
+        "vllm": derived["vllm"],
+        "evaluated_with": derived.get("evaluated_with", "an empty VllmConfig"),
+        "archs": archs,
+    }
 
 
 def patchset(image: Image) -> str:

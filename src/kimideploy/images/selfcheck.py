@@ -297,7 +297,13 @@ def _flashinfer_cubins() -> str:
     assert used == Path(wanted), f"FlashInfer reads cubins from {used}, not {wanted}"
     cubins = sum(1 for _ in used.rglob("*.cubin"))
     assert cubins, f"{used} holds no cubins: `python -m flashinfer --download-cubin` did not run"
-    return f"FlashInfer reads {cubins} baked-in cubins from {used}"
+    from vllm.utils import flashinfer as vllm_flashinfer
+
+    assert vllm_flashinfer.has_flashinfer_cubin(), (
+        "vLLM does not count the baked cubins (VLLM_HAS_FLASHINFER_CUBIN unset): it would ask "
+        "NVIDIA's artifact server for TRT-LLM attention in every pod"
+    )
+    return f"FlashInfer reads {cubins} baked-in cubins from {used}, and vLLM counts them"
 
 
 RUNTIME_CHECKS: dict[str, Callable[[], str]] = {

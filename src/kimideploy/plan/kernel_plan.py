@@ -20,8 +20,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from kimideploy.config.images import Image
+from kimideploy.config.project import Project
 from kimideploy.paths import repository_root
+from kimideploy.plan.kernel_inputs import model_fingerprint
 
 KERNEL_PLANS = Path("docker") / "kernel-plans.json"
 DECODE_QUERY_LENGTHS = {"UNIFORM", "VARLEN"}
@@ -133,13 +134,17 @@ def _choice(raw: dict[str, Any]) -> KernelChoice:
     )
 
 
-def stored_plan(image_name: str, image: Image, arch: str) -> KernelPlan | None:
+def stored_plan(project: Project, image_name: str, arch: str) -> KernelPlan | None:
     """The stored plan of an image on an architecture, or None (no vLLM, none derived yet, or
-    derived from another vLLM or patch set than the image now pins)."""
+    derived from another vLLM or patch set than the image now pins, or for another model's
+    config.json than the project declares)."""
+    image = project.images[image_name]
     entry = stored_all().get(image_name)
     if image.vllm is None or entry is None or entry.get("vllm") != image.vllm:
         return None
     if entry.get("patches") != list(image.patches):
+        return None
+    if entry.get("model") != model_fingerprint(project):
         return None
     per_engine = entry.get("archs", {}).get(arch)
     if per_engine is None or "target" not in per_engine:

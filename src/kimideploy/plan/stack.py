@@ -20,9 +20,7 @@ def kernel_plan(ctx: PlanInputs) -> KernelPlan | None:
 
 
 def plan_on(project: Project, cluster_name: str, image_name: str) -> KernelPlan | None:
-    return stored_plan(
-        image_name, project.images[image_name], project.clusters[cluster_name].gpu.arch
-    )
+    return stored_plan(project, image_name, project.clusters[cluster_name].gpu.arch)
 
 
 def kernels_fact(ctx: PlanInputs, speculative: bool | None = None) -> str:
@@ -34,8 +32,8 @@ def kernels_fact(ctx: PlanInputs, speculative: bool | None = None) -> str:
         if ctx.project.images[name].vllm is None:
             return f"{name} has no vLLM"
         return (
-            f"not derived for {name} from the sources it pins now: "
-            f"`kimideploy image kernels {name} --write`"
+            f"not derived for {name} from the sources it pins now and this model's "
+            f"config.json: `kimideploy image kernels {name} --write`"
         )
     return found.describe(
         ctx.model.quantization,

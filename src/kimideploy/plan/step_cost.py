@@ -215,7 +215,7 @@ def uncalibrated(project: Project, cluster_name: str, image_name: str | None = N
         return DefaultCost(cluster.step_cost_per_token, cluster_name)
     name = image_name or cluster.images.serve
     image = project.images[name]
-    kernels = stored_plan(name, image, cluster.gpu.arch)
+    kernels = stored_plan(project, name, cluster.gpu.arch)
     prefill = kernels is not None and kernels.speculation_can_pay is False
     model = step_model(cluster, project.model_for(cluster_name), prefill)
     if model is None:
