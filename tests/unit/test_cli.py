@@ -200,3 +200,25 @@ def test_a_cluster_is_always_named_with_cluster() -> None:
            if isinstance(param, click.Option) and "cluster" in (param.name or "")
            and "--cluster" not in param.opts]  # fmt: skip
     assert odd == []
+
+
+def test_local_inputs_are_checked_before_the_cluster(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A missing prompt file or auth file, or an auth file without the registry's entry, is
+    named before any cluster is reached (no kubeconfig here: reaching one would fail on that)."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    missing = tmp_path / "prompts.jsonl"
+    code, _, err = run(capsys, "data", "put", str(missing), "--cluster", "rtx6000")
+    assert code == 2 and "prompts.jsonl" in err and "does not exist" in err
+    assert "kubeconfig" not in err.lower()
+    code, _, err = run(capsys, "prepare", "--cluster", "rtx6000", "--registry-auth", str(missing))
+    assert code == 2 and "does not exist" in err and "kubeconfig" not in err.lower()
+    other_registry = tmp_path / "auth.json"
+    other_registry.write_text('{"auths": {"quay.io": {"auth": "eDp5"}}}')
+    code, _, err = run(
+        capsys, "prepare", "--cluster", "rtx6000", "--dry-run", "--registry-auth",
+        str(other_registry),
+    )  # fmt: skip
+    assert code != 0 and "--registry-auth" in err and "quay.io" in err
+    assert "kubeconfig" not in err.lower()

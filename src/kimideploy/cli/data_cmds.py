@@ -120,7 +120,8 @@ def publish(
 
 
 @data.command()
-@click.argument("source", type=click.Path(path_type=Path, dir_okay=False))
+# exists: a missing file is named before the project or the cluster is asked anything.
+@click.argument("source", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @cluster_option
 @click.option(
     "--as",

@@ -17,13 +17,13 @@ from kimideploy.cli.table import format_table, machine
 @click.option("--dry-run", is_flag=True, help="Check only: say what would be created.")
 @click.option(
     "--registry-auth",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
     help="A Docker/ORAS auth file (`oras login` writes ~/.docker/config.json): the registry push "
     "and pull Secrets are created with its entry for the project registry's host only.",
 )
 @click.option(
     "--registry-pull-auth",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
     help="A separate auth file with pull rights only, for the pull Secret (the push Secret then "
     "takes --registry-auth's).",
 )
@@ -49,8 +49,9 @@ def prepare(
     from kimideploy.services.prerequisites import prepare as run
 
     loaded = state.project(None if dry_run else "prepare creates objects on a cluster")
-    session = open_session(loaded, cluster, context, namespace)
     auth = RegistryAuth(push=registry_auth, pull=registry_pull_auth)
+    auth.check(loaded)  # the files' own faults before any cluster is asked
+    session = open_session(loaded, cluster, context, namespace)
     rows = run(session, loaded, dry_run=dry_run, registry_auth=auth)
     table = [r.row() for r in rows]
     click.echo(machine(table, output) or format_table(table))

@@ -158,6 +158,15 @@ class RegistryAuth:
         option = "--registry-pull-auth" if path == self.pull else "--registry-auth"
         return registry_auth(path, registry_host(registry.repository), option)
 
+    def check(self, loaded: LoadedProject) -> None:
+        """Read each given file as its Secret will be made from it: a file without the project
+        registry's entry is refused before the cluster is reached."""
+        registry = loaded.project.registry
+        if registry is None:
+            return
+        for name in {registry.pull_secret, registry.push_secret}:
+            self.for_secret(loaded, name)
+
 
 def prepare(
     session: ClusterSession,
