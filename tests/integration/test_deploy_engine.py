@@ -335,6 +335,15 @@ def test_status_shows_the_serving_release(kd: Callable[..., tuple[int, str, str]
     report = json.loads(out)
     assert report["serving"]["drafter"] == "v3" and report["serving"]["phase"] == "ready"
     assert report["serving"]["revision"] == 1
+    assert report["serving"]["capture"] == "off (serve.capture is not set)"
+    # Capture, opted into: the revision's pods record into the release's folder, and say so.
+    capture = 'serve.capture={"retention_days": 3}'
+    assert kd("up", "serve", "--drafter", "v3", "--set", capture, *FAST)[0] == 0
+    report = json.loads(kd("status", "-o", "json")[1])
+    assert report["serving"]["revision"] == 2
+    assert report["serving"]["capture"].startswith(
+        "on, into capture/kimi-k25-serve on the datasets volume"
+    ), report["serving"]["capture"]
 
 
 def test_a_field_owned_by_another_manager_is_reported_and_taken_only_with_force(

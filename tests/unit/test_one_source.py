@@ -24,7 +24,7 @@ def test_every_workload_has_one_spec_model_and_the_cli_offers_exactly_those() ->
     assert list(WORKLOAD_CHOICE.choices) == list(WORKLOAD_NAMES)
     assert list(JOB_CHOICE.choices) == [*JOB_WORKLOADS, "calibrate"]
     assert set(WORKLOADS) == {*JOB_WORKLOADS, "publish", "drafter-check", "artifact-pull",
-                              "replay-capture", "replay-judge", "weights"}  # fmt: skip
+                              "replay-capture", "replay-judge", "weights", "capture-proxy"}  # fmt: skip
     assert isinstance(WORKLOAD_CHOICE, click.Choice)
 
 

@@ -320,6 +320,19 @@ class PublishSpec(WorkloadSpec):
     registry: RegistryAccess = Field(default_factory=RegistryAccess)
 
 
+class CaptureSpec(SpecModel):
+    """The serve pod's capture sidecar (workloads/capture_proxy.py): where it listens and writes,
+    and the operator's retention and identity rules (serve.capture)."""
+
+    directory: str = Field(description="This release's capture folder on the datasets volume.")
+    listen_port: int = Field(description="The API port the sidecar takes.")
+    engine_port: int = Field(description="vLLM's port on the pod's loopback.")
+    retention_days: int
+    max_prompts_per_day: int
+    sample_rate: float
+    keep_request_fields: list[str] = []
+
+
 class ServeSpec(WorkloadSpec):
     """Read by the serve pod's start-up GPU check and by `drafter check`."""
 
@@ -344,6 +357,16 @@ class ServeSpec(WorkloadSpec):
         "knows them (a published drafter's files, a drafter's `sha256`): the keeper and the "
         "engine swap in only files that match.",
     )
+    capture: CaptureSpec | None = Field(
+        default=None,
+        # Left out when unset: a spec without it hashes as before, so no running release rolls
+        # (a 25-minute reload) for a key it does not use.
+        exclude_if=lambda value: value is None,
+        description="Served prompts recorded (serve.capture); None: not recorded.",
+    )
+
+    def written_folders(self) -> list[str]:
+        return [self.capture.directory] if self.capture is not None else []
 
 
 class ReplayDrafter(SpecModel):

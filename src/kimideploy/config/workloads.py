@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kimideploy.config.base import LabelValue, Name, Port, QualifiedName, Quantity, StrictModel
 from kimideploy.config.target import SecretRef
@@ -74,6 +74,58 @@ class LoadSettings(StrictModel):
         "measured by the storage probe) below which the weights are copied to node-local NVMe "
         "once (595 GB at 2 GB/s is about 5 minutes a load).",
     )
+
+
+FORBIDDEN_CAPTURE_FIELDS = frozenset({"user", "safety_identifier", "prompt_cache_key"})
+"""Request fields that identify a person or a session: never recorded, whatever is allowed."""
+
+
+class CaptureSettings(StrictModel):
+    """Served prompts recorded for `drafter refresh`, with each request's own acceptance. Off
+    unless this block is set. A sidecar in each serve pod takes the API port and passes every
+    request through to vLLM unchanged (vLLM then listens on `engine_port`, on the pod's loopback
+    only); what it records is the conversation (each message's role and content), the answer
+    length asked, the fields listed in `keep_request_fields`, the UTC day, and the response's
+    acceptance. Never a header, an address, a request id, a message's `name`, or a user id."""
+
+    path: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")] = Field(
+        default="capture",
+        description="Folder on the datasets volume; each release writes under <path>/<release>/, "
+        "one file per UTC day.",
+    )
+    retention_days: Annotated[int, Field(ge=1, le=365)] = Field(
+        default=14,
+        description="Days a captured prompt is kept: older days' files are deleted by the sidecar "
+        "(at start and at each new day).",
+    )
+    max_prompts_per_day: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        default=20_000,
+        description="Requests recorded per UTC day at most; the rest pass unrecorded.",
+    )
+    sample_rate: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=1.0, description="Share of requests recorded (each drawn independently)."
+    )
+    keep_request_fields: list[Annotated[str, Field(pattern=r"^[a-z_]+$")]] = Field(
+        default_factory=list,
+        description="Top-level request fields recorded beside the messages (e.g. tools, "
+        "metadata). user, safety_identifier and prompt_cache_key are refused: they identify a "
+        "person or a session.",
+    )
+    engine_port: Port = Field(
+        default=8001,
+        description="Where vLLM listens inside the pod while the sidecar serves the port.",
+    )
+
+    @field_validator("keep_request_fields")
+    @classmethod
+    def _no_identities(cls, fields: list[str]) -> list[str]:
+        named = sorted(FORBIDDEN_CAPTURE_FIELDS & set(fields))
+        if named:
+            verb = "identifies" if len(named) == 1 else "identify"
+            raise ValueError(
+                f"{', '.join(named)} {verb} a person or a session and is never recorded"
+            )
+        return fields
 
 
 class ServeSettings(WorkloadSettings):
@@ -159,6 +211,22 @@ class ServeSettings(WorkloadSettings):
         description="A Secret key holding the API key vLLM requires on /v1 (VLLM_API_KEY); the "
         "bench and datagen pods that call this release send it. /health and /metrics stay open.",
     )
+    capture: CaptureSettings | None = Field(
+        default=None,
+        description="Record served prompts with their acceptance for `drafter refresh` (off "
+        "unless set; see its keys for what is and is never kept).",
+    )
+
+    @model_validator(mode="after")
+    def _capture_counts_per_request(self) -> Self:
+        if self.capture is not None and not self.per_request_spec_metrics:
+            raise ValueError(
+                "capture records each request's own acceptance, which needs "
+                "per_request_spec_metrics: true"
+            )
+        if self.capture is not None and self.capture.engine_port == self.port:
+            raise ValueError("capture.engine_port must differ from port (the sidecar takes port)")
+        return self
 
 
 class DatagenSettings(WorkloadSettings):

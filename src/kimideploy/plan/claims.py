@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kimideploy.config.base import quantity_to_float
 from kimideploy.config.project import Project
-from kimideploy.plan import online
+from kimideploy.plan import capture, online
 from kimideploy.plan.inputs import PlanInputs
 from kimideploy.plan.model import ObjectPlan
 from kimideploy.plan.pods import LABEL_PREFIX, standard_labels
@@ -23,6 +23,8 @@ def workload_claims(ctx: PlanInputs) -> dict[str, bool]:
     claims = dict(ctx.kind.claims)
     if online.is_online(ctx):
         claims.pop("hidden_states")
+    if capture.settings(ctx) is not None:
+        claims.update(capture.SIDECAR_CLAIMS)
     return claims
 
 

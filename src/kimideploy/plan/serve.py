@@ -33,7 +33,7 @@ from kimideploy.formats.drafter_swap import (
     drafter_version,
 )
 from kimideploy.formats.extraction_engine import version_tuple
-from kimideploy.plan import model_runner, page_cache, pods, publish, stack
+from kimideploy.plan import capture, model_runner, page_cache, pods, publish, stack
 from kimideploy.plan.asks import ServeAsk
 from kimideploy.plan.claims import workload_claims
 from kimideploy.plan.dashboard import dashboard_object
@@ -193,7 +193,7 @@ def vllm_args(ctx: PlanInputs) -> list[str]:
     model, serve = ctx.model, ctx.cluster.workloads.serve
     server = ServerBase(
         served_name=model.served_name,
-        port=serve.port,
+        port=capture.engine_port(ctx),
         tensor_parallel_size=ctx.cluster.gpu.per_node,
         max_model_len=model.max_model_len,
         gpu_memory_utilization=serve.gpu_memory_utilization,
@@ -357,7 +357,7 @@ def probes(ctx: PlanInputs) -> dict[str, Any]:
     /health, which vLLM's HTTP server offers only once the engine is built, stands in."""
     serve = ctx.cluster.workloads.serve
     period = serve.probe_period_s
-    port = serve.port
+    port = capture.engine_port(ctx)  # vLLM's own, never a sidecar's in front of it
     ready = HEALTH_PATH if serve.api_key else READY_PATH
     return {
         "startupProbe": http_probe(
@@ -385,6 +385,7 @@ def serve_spec(ctx: PlanInputs) -> ServeSpec:
         vllm_version=ctx.image.vllm,
         speculation=not ctx.asked(ServeAsk).speculation_off,
         drafter_sha256=drafter_sha256(drafter) if drafter else {},
+        capture=capture.capture_spec(ctx),
     )
 
 
@@ -529,7 +530,12 @@ def init_containers(ctx: PlanInputs) -> list[dict[str, Any]]:
 def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[ObjectPlan]:
     serve, gpus = ctx.cluster.workloads.serve, ctx.cluster.gpu.per_node
     labels = pods.standard_labels(ctx)
-    claim_vols, claim_mounts = pods.claim_volumes(ctx, workload_claims(ctx))
+    engine_claims = {
+        claim: read_only
+        for claim, read_only in workload_claims(ctx).items()
+        if claim not in capture.SIDECAR_CLAIMS
+    }
+    claim_vols, claim_mounts = pods.claim_volumes(ctx, engine_claims)
     shm_vol, shm_mount = pods.shm_volume(serve.shm_size)
     spec_vol, spec_mount = pods.spec_volume(ctx.object_name)
     writable_vols, writable_mounts = pods.writable_volumes()
@@ -537,6 +543,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
     local = page_cache.load_plan(ctx, ctx.storage_read_gbps).local_copy
     local_vols = [page_cache.node_local_volume(ctx)] if local else []
     local_mounts = [page_cache.node_local_mount(True)] if local else []
+    sidecars, sidecar_volumes = capture.sidecar(ctx)
     common = {"name": ctx.object_name, "namespace": ctx.namespace, "labels": labels}
     deployment = {
         **common,
@@ -577,7 +584,9 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
             gpus,
             memory_limit=page_cache.memory_limit(ctx),
         ),
-        "port": serve.port,
+        "port": capture.engine_port(ctx),
+        "port_name": capture.engine_port_name(ctx),
+        "sidecars": sidecars,
         "probes": probes(ctx),
         "init_containers": init_containers(ctx),
         "volumes": [
@@ -587,6 +596,7 @@ def serve_objects(ctx: PlanInputs, spec_json: str, spec_sha256: str) -> list[Obj
             *writable_vols,
             *publish.pull_volumes(ctx, publish.pulls(ctx)),
             *local_vols,
+            *sidecar_volumes,
         ],
         "volume_mounts": [*claim_mounts, shm_mount, spec_mount, *writable_mounts, *local_mounts],
         "security_context": pods.container_hardening(),

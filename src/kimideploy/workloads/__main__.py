@@ -23,6 +23,8 @@ from kimideploy.workloads.runtime import (
 WORKLOADS: dict[str, type[specs.WorkloadSpec]] = {
     **{name: specs.SPEC_TYPES[name] for name in (*JOB_WORKLOADS, PUBLISH)},
     "drafter-check": specs.SPEC_TYPES[SERVE],
+    # The serve pod's capture sidecar (serve.capture), which reads the serve spec too.
+    "capture-proxy": specs.SPEC_TYPES[SERVE],
     "artifact-pull": specs.WorkloadSpec,
     "weights": specs.WeightsSpec,
     # The replay Job's two containers (`drafter doctor`): the serving engine, then the judgement.

@@ -3,19 +3,22 @@ acceptance and recent runs."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kimideploy.cluster.jobs import job_phase
 from kimideploy.cluster.records import ReleaseRecord
 from kimideploy.cluster.session import ClusterSession
 from kimideploy.config.project import Project
+from kimideploy.config.specs import SPEC_FILE_NAME
+from kimideploy.formats.capture_status import capture_state
 from kimideploy.formats.startup_phases import StartupPhases
-from kimideploy.plan.inputs import CANARY_SUFFIX
+from kimideploy.plan.inputs import CANARY_SUFFIX, DATASETS_MOUNT
 from kimideploy.plan.stage_estimate import MeasuredRate, span
 from kimideploy.services.release import lifecycle
 from kimideploy.services.release.changes import canary_share, change_summary
 from kimideploy.services.release.swap import keepers_now
-from kimideploy.services.release.watch import live_acceptance
+from kimideploy.services.release.watch import live_acceptance, scrape_serve_pods
 from kimideploy.services.runs import rental
 
 
@@ -92,6 +95,8 @@ def status_report(
         ready = status.get("readyReplicas", 0)
         serving["phase"] = "ready" if ready == wanted else "progressing"
         serving["ready"] = f"{ready}/{wanted}"
+        if current is not None:
+            serving.update(capture_of(session, current))
         if current is not None and ready:
             serving.update(live_acceptance(session, current))
             in_pods = keepers_now(session, current.manifests, current.drafter)
@@ -131,6 +136,25 @@ def status_report(
         "rental": notice.to_dict() if notice else None,
         "rental_lines": _rental_lines(notice),
     }
+
+
+def capture_of(session: ClusterSession, record: ReleaseRecord) -> dict[str, Any]:
+    """Whether the serving revision records prompts (its spec has a capture), and what its
+    folder holds, from the sidecars' own series."""
+    spec: dict[str, Any] = next(
+        (
+            json.loads(o["data"][SPEC_FILE_NAME])
+            for o in record.manifests
+            if o["kind"] == "ConfigMap" and SPEC_FILE_NAME in o.get("data", {})
+        ),
+        {},
+    )
+    capture = spec.get("capture")
+    if not capture:
+        return {"capture": "off (serve.capture is not set)"}
+    folder = str(capture["directory"]).removeprefix(f"{DATASETS_MOUNT}/")
+    texts, _ = scrape_serve_pods(session, record.release, int(capture["listen_port"]))
+    return capture_state(texts, f"{folder} on the datasets volume")
 
 
 def _took(kept: MeasuredRate | None) -> str:
