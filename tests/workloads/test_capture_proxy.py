@@ -23,7 +23,11 @@ from kimideploy.config.specs import CaptureSpec, ServeSpec, TargetRef
 from kimideploy.workloads.capture_proxy import CaptureStore
 from tests.workloads.conftest import free_port, run_workload, workloads_python
 
-ACCEPTANCE = {"num_draft_tokens": 30, "num_accepted_tokens": 21, "mean_acceptance_length": 3.1}
+ACCEPTANCE = {
+    "mean_acceptance_length": 3.1, "draft_acceptance_rate": 0.7, "acceptance_histogram": [1, 2, 3, 4],
+    "num_spec_steps": 10, "num_accepted_draft_tokens": 21, "num_draft_tokens": 30, "num_spec_tokens": 3,
+}  # fmt: skip
+"""vLLM 0.32's SpeculativeDecodingMetrics (entrypoints/generate/base/protocol.py), summary level."""
 SEEN_HEADERS: list[dict[str, str]] = []
 
 

@@ -355,6 +355,64 @@ def new(state: CliState, *, name: str, cluster: str | None, base: str | None) ->
     click.echo(f"next: kimideploy run train --drafter {name} --cluster {cluster_name}", err=True)
 
 
+@drafter.command("refresh")
+@click.argument("name", shell_complete=complete_drafters)
+@click.option(
+    "--capture",
+    "capture",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="A release's captured day files (capture/<release>/ of the datasets volume).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where prompts.jsonl, held-out.jsonl and refresh.json are written (a new folder).",
+)
+@click.option("--max-prompts", type=click.IntRange(1, 1_000_000), default=2000, show_default=True)
+@click.option(
+    "--held-out-fraction", type=click.FloatRange(0.05, 0.5), default=0.2, show_default=True
+)
+@output_option()
+@click.pass_obj
+def refresh(
+    state: CliState,
+    *,
+    name: str,
+    capture: Path,
+    out: Path,
+    max_prompts: int,
+    held_out_fraction: float,
+    output: str,
+) -> None:
+    """Choose what a refresh of drafter NAME learns from its served traffic: the captured
+    conversations where it rejected the most draft tokens (low acceptance times how often they
+    were sent), written with their lineage for datagen to answer again on the non-speculative
+    target, and a held-out share (by a hash of each conversation) kept for the judgement."""
+    from kimideploy.services.drafters.refreshing import RefreshAsk, choose
+
+    loaded = state.project()
+    chosen = choose(loaded, RefreshAsk(name, capture, out, max_prompts, held_out_fraction))
+    text = machine(chosen, output)
+    if text:
+        click.echo(text)
+        return
+    click.echo(
+        f"{chosen['chosen']} of {chosen['conversations']} conversations chosen "
+        f"({chosen['requests']} requests; {chosen['rejected_draft_tokens_covered']:.0%} of the "
+        f"rejected draft tokens), {chosen['held_out']} held out, {chosen['unranked']} without "
+        f"acceptance; written to {out}"
+    )
+    click.echo(format_table(chosen["top"]))
+    click.echo(
+        f"next: kimideploy data put {out}/prompts.jsonl --cluster CLUSTER --as refresh/{name}.jsonl"
+        f", then datagen on the non-speculative target and `kimideploy drafter new {name}-r "
+        f"--base {name}`",
+        err=True,
+    )
+
+
 @drafter.command("publish")
 @click.argument("name", shell_complete=complete_drafters)
 @publish_options(
