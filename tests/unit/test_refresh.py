@@ -105,3 +105,15 @@ def test_the_command_writes_the_prompts_and_never_overwrites(
     missing = ["drafter", "refresh", "v3", "--capture", str(tmp_path / "x"), "--out",
                str(tmp_path / "o")]  # fmt: skip
     assert main(missing) == 2 and "no capture folder" in capsys.readouterr().err
+
+
+def test_an_anchor_without_a_base_drafter_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from kimideploy.config.workloads import TrainSettings
+
+    with pytest.raises(ValidationError, match="set base_drafter"):
+        TrainSettings(drafter="v4", anchor_weight=1.0, resources={"cpu": "1", "memory": "1Gi"})
+    kept = TrainSettings(drafter="v4", base_drafter="v3", anchor_weight=1.0,
+                         resources={"cpu": "1", "memory": "1Gi"})  # fmt: skip
+    assert kept.anchor_weight == 1.0

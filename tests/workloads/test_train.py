@@ -437,6 +437,42 @@ def test_a_bf16_base_drafter_is_fine_tuned_over_fp32_master_weights(
         assert steps[max(steps)] < steps[min(steps)], (precision, steps)
 
 
+DISTANCE = """
+import json, sys
+from safetensors.torch import load_file
+base = load_file(sys.argv[1] + "/model.safetensors")
+for tuned in sys.argv[2:]:
+    other = load_file(tuned + "/model.safetensors")
+    print(sum(float(((other[k].float() - v.float()) ** 2).sum()) for k, v in base.items()
+              if v.is_floating_point() and k in other))
+"""
+
+
+def test_the_anchor_keeps_a_fine_tune_near_its_base_drafter(
+    tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
+) -> None:
+    """A refresh fine-tunes on a narrow dataset: train.anchor_weight pulls the weights toward the
+    base drafter's (L2-SP), so the same steps move them far less than a plain fine-tune."""
+    code, _, err = train(
+        speculators_python, train_spec(tmp_path / "base", features, tiny_model, epochs=2)
+    )
+    assert code == 0, err
+    base = tmp_path / "base" / "drafter"
+    tuned = {}
+    for weight in (0.0, 50.0):
+        where = tmp_path / f"anchor-{weight:g}"
+        spec = train_spec(where, features, tiny_model, epochs=3, base_drafter_path=str(base),
+                          anchor_weight=weight, run_id=f"a{weight:g}")  # fmt: skip
+        code, _, err = train(speculators_python, spec)
+        assert code == 0, (weight, err[-3000:])
+        tuned[weight] = where / "drafter"
+    found = subprocess.run([str(speculators_python), "-c", DISTANCE, str(base),
+                            str(tuned[0.0]), str(tuned[50.0])],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    free, anchored = map(float, found.stdout.split())
+    assert free > 0 and anchored < 0.25 * free, (free, anchored)
+
+
 def test_loader_workers_feed_the_same_batches_in_the_same_order(
     tmp_path: Path, speculators_python: Path, tiny_model: Path, features: Path
 ) -> None:

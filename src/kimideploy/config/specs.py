@@ -215,6 +215,11 @@ class TrainSpec(WorkloadSpec):
     network_check: NetworkCheck | None = None
     ttt_steps: int = 3
     ttt_step_loss_decay: float = 1.0
+    anchor_weight: float = Field(
+        default=0.0,
+        description="With a base drafter: the weight of the pull toward its weights (the sum of "
+        "squared differences, L2-SP), so a fine-tune on a narrow dataset does not forget.",
+    )
     lr_schedule: Literal["cosine", "linear", "constant"] = "constant"
     warmup_ratio: float = 0.0
     min_lr_ratio: float = 1.0

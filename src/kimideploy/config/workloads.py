@@ -364,6 +364,13 @@ class OnlineTrainSettings(StrictModel):
 class TrainSettings(WorkloadSettings):
     drafter: Name = Field(description="Drafter record this run produces (its layer ids and vocab).")
     base_drafter: Name | None = Field(default=None, description="Drafter to fine-tune from.")
+    anchor_weight: Annotated[float, Field(ge=0, le=100)] = Field(
+        default=0.0,
+        description="With base_drafter: the weight of a pull toward its weights (the sum of "
+        "squared differences, added to the loss: L2-SP), so a fine-tune on a narrow dataset, "
+        "such as a refresh from captured traffic, does not forget what the base drafter knew. "
+        "0: a plain fine-tune.",
+    )
     conversations: Name | None = Field(
         default=None,
         description="A published dataset (datasets.<name>) this pipeline extracts and trains "
@@ -459,6 +466,14 @@ class TrainSettings(WorkloadSettings):
     shm_size: Quantity = "64Gi"
     """Size of /dev/shm in the training pods (NCCL and data loaders use it)."""
     online: OnlineTrainSettings = Field(default_factory=OnlineTrainSettings)
+
+    @model_validator(mode="after")
+    def _anchor_needs_a_base(self) -> Self:
+        if self.anchor_weight and self.base_drafter is None:
+            raise ValueError(
+                "anchor_weight pulls toward a base drafter's weights: set base_drafter"
+            )
+        return self
 
 
 PROMPT_SETS: tuple[str, ...] = ("chat", "reasoning")

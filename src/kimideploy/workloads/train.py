@@ -165,6 +165,12 @@ class TrainingLoop:
         d2t, t2d = vocab
         self.model = build_model(spec, d2t, t2d).to(self.device, dtype=torch.float32)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
+        # The base drafter's weights as loaded, before any checkpoint is resumed over them.
+        self.anchor = (
+            [(p, p.detach().clone()) for p in trainable]
+            if spec.anchor_weight and spec.base_drafter_path
+            else []
+        )
         self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=spec.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, spec)
         self.loss_config = _loss_config(spec.loss_implementation)
@@ -226,6 +232,8 @@ class TrainingLoop:
                         ttt_step_loss_decay=self.spec.ttt_step_loss_decay,
                         loss_config=self.loss_config,
                     )
+                if self.anchor:
+                    loss = loss + self.spec.anchor_weight * anchor_distance(self.anchor)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -415,6 +423,11 @@ def _loss_config(implementation: str) -> Any:
 
     fused = implementation == "fused" and torch.cuda.is_available()
     return resolve_loss_config("kl_div", "fused" if fused else "eager")
+
+
+def anchor_distance(anchor: list[tuple[Any, Any]]) -> Any:
+    """The sum of squared differences from the base drafter's weights (L2-SP)."""
+    return sum(((weight - base) ** 2).sum() for weight, base in anchor)
 
 
 def build_model(spec: TrainSpec, d2t: Any, t2d: Any) -> Any:
