@@ -175,8 +175,8 @@ def rendered(loaded: LoadedProject, workload: str, drafter: str | None = None,
                             if (e["name"].startswith("VLLM_") or e["name"] in KEEPER_ENV)
                             and "value" in e
                             and e["name"] not in COMPILE_CACHE_VARIABLES}  # fmt: skip
-            probe = container.get("readinessProbe")
-            if probe:
+            probe = container.get("readinessProbe") or {}
+            if "httpGet" in probe:  # vLLM's (a capture sidecar's is a TCP probe)
                 ready = probe["httpGet"]["path"]
     return Rendered(spec, model, args, manifests, secret_env, ready, vllm_env)
 

@@ -117,3 +117,26 @@ def test_an_anchor_without_a_base_drafter_is_refused() -> None:
     kept = TrainSettings(drafter="v4", base_drafter="v3", anchor_weight=1.0,
                          resources={"cpu": "1", "memory": "1Gi"})  # fmt: skip
     assert kept.anchor_weight == 1.0
+
+
+def test_the_paired_figure_is_vllms_mean_acceptance_length_difference() -> None:
+    def counts(accepted: int, steps: int) -> dict[str, int]:
+        return {"num_accepted_draft_tokens": accepted, "num_spec_steps": steps}
+
+    serving = [counts(10, 10), counts(5, 10), counts(0, 10)] * 10  # 1 + 15/30 = 1.5
+    refreshed = [counts(20, 10), counts(10, 10), counts(0, 10)] * 10  # 1 + 30/30 = 2.0
+    found = refresh.paired_requests(serving, refreshed, 3)
+    assert found["difference"] == 0.5 and found["turns"] == 30
+    assert (found["serving"], found["candidate"]) == (1.5, 2.0)
+    assert found["serving_ci95"][0] < 1.5 < found["serving_ci95"][1]
+    assert 0 < found["ci95"][0] <= 0.5 <= found["ci95"][1]
+    assert refresh.paired_requests(serving, serving, 3)["ci95"] == [0.0, 0.0]
+    # a small loss on the general set: below zero paired, within the serving drafter's interval
+    slightly = [counts(10, 10), counts(4, 10), counts(0, 10)] * 10
+    general = refresh.paired_requests(serving, slightly, 3)
+    assert general["ci95"][1] < 0 <= general["candidate"] - general["serving_ci95"][0]
+    assert refresh.verdict(found, general).keep
+    lost = refresh.paired_requests(serving, [counts(1, 10)] * 30, 3)
+    assert not refresh.verdict(found, lost).keep
+    with pytest.raises(ValueError, match="paired judgements"):
+        refresh.paired_requests(serving, refreshed[:-1], 3)

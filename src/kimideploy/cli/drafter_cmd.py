@@ -407,8 +407,8 @@ def refresh(
     click.echo(format_table(chosen["top"]))
     click.echo(
         f"next: kimideploy data put {out}/prompts.jsonl --cluster CLUSTER --as refresh/{name}.jsonl"
-        f", then datagen on the non-speculative target and `kimideploy drafter new {name}-r "
-        f"--base {name}`",
+        f", then datagen on the non-speculative target, `kimideploy drafter new {name}-r "
+        f"--base {name}` and a train run with train.anchor_weight (the pull toward {name})",
         err=True,
     )
 
