@@ -1,4 +1,4 @@
-"""A drafter that learns from production, on the engine (issue 64's proof): `good`, trained on the
+"""A drafter that learns from production, proven on the engine: `good`, trained on the
 tier's code conversations, is served behind the capture sidecar (the rendered serve spec with
 serve.capture) to a stream that is mostly prose; `drafter refresh good` chooses from what the
 sidecar recorded; datagen answers the chosen prompts again on the non-speculative target; the
@@ -232,7 +232,7 @@ def test_the_refresh_chose_the_prose_the_drafter_rejected(refreshed: dict[str, A
 def test_one_refresh_raises_acceptance_on_the_traffic_and_holds_it_elsewhere(
     judged: dict[str, Any],
 ) -> None:
-    """The issue's proof: vLLM's own count on the held-out part of the captured stream rises
+    """The loop's proof: vLLM's own count on the held-out part of the captured stream rises
     beyond the paired interval, and on the general held-out set it stays within its interval."""
     figures, pairs, verdict = judged["figures"], judged["pairs"], judged["verdict"]
     for part in ("captured", "general"):
